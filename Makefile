@@ -1,0 +1,68 @@
+SHELL := /bin/bash
+# csi-fastblk build and test entry points. Every target installs what it
+# needs (hack/install-deps.sh), so a fresh Debian machine with Go can run them.
+
+GO        ?= go
+BIN       := bin
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -s -w -X main.version=$(VERSION)
+PKGS      := ./...
+
+.PHONY: all build static deps run test unit sanity e2e-vm bench-engine bench-vm \
+        chart-test deploy image lint fmt vet clean
+
+all: build
+
+deps:
+	@hack/install-deps.sh
+
+build:
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/csi-fastblk ./cmd/csi-fastblk
+
+# A static binary for the VM initramfs and the container image.
+static:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/csi-fastblk-static ./cmd/csi-fastblk
+
+# Run the plugin on a local socket with default settings.
+run: deps build
+	mkdir -p /var/lib/csi-fastblk
+	$(BIN)/csi-fastblk serve --endpoint unix:///tmp/csi-fastblk.sock -v=2
+
+# Everything CI runs.
+test: deps vet unit sanity chart-test e2e-vm
+
+vet:
+	@test -z "$$(gofmt -l cmd pkg test)" || { gofmt -l cmd pkg test; echo "gofmt needed"; exit 1; }
+	$(GO) vet $(PKGS)
+
+unit:
+	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/)
+
+sanity:
+	$(GO) test -count=1 -timeout 30m -v ./test/sanity/ 2>&1 | tee $(BIN)/sanity.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|Ran )' ; test $${PIPESTATUS[0]} -eq 0
+
+# Real-kernel ublk tests in qemu on Debian's 6.12 and 7.3 kernels.
+e2e-vm: static
+	hack/vm/e2e.sh
+
+bench-engine: build
+	hack/bench/engine.sh
+
+bench-vm: static
+	hack/vm/bench.sh
+
+chart-test:
+	hack/chart/test.sh
+
+# Regenerate deploy/ from the chart.
+deploy:
+	hack/chart/render-deploy.sh
+
+image: static
+	hack/image/build.sh
+
+lint: vet
+	hack/lint.sh
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"k8s.io/klog/v2"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/driver"
+)
+
+type serveConfig struct {
+	endpoint       string
+	backend        string
+	metricsAddress string
+	driver         driver.Config
+	store          blockdev.StoreConfig
+	devices        blockdev.BackendConfig
+}
+
+func serveFlags(fs *flag.FlagSet) *serveConfig {
+	host, _ := os.Hostname()
+	c := &serveConfig{}
+	fs.StringVar(&c.endpoint, "endpoint", "unix:///run/csi-fastblk/csi.sock", "CSI endpoint: unix:///path or tcp://host:port")
+	fs.StringVar(&c.driver.NodeID, "node-id", host, "this node's ID (default: the hostname)")
+	fs.StringVar(&c.driver.Name, "driver-name", "fastblk.csi.io", "CSI driver name")
+	fs.StringVar(&c.store.Dir, "data-dir", "/var/lib/csi-fastblk", "directory holding volume files and metadata")
+	fs.Float64Var(&c.store.OverProvisionRatio, "over-provision-ratio", 1.0, "capacity reported to the scheduler = free space × ratio (≥ 1)")
+	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes this node accepts (0 = no limit)")
+	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk when /dev/ublk-control exists), ublk or loop")
+	fs.StringVar(&c.devices.DevDir, "dev-dir", "/dev/fastblk", "directory for stable device links <dev-dir>/<volume-id>")
+	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
+	fs.IntVar(&c.devices.Tuning.QueueDepth, "queue-depth", 0, "default ublk queue depth (0 = from the node's CPUs and memory)")
+	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /status (empty disables)")
+	return c
+}
+
+func runServe(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	cfg := serveFlags(fs)
+	klog.InitFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("serve: unexpected arguments %q", fs.Args())
+	}
+	defer klog.Flush()
+	cfg.driver.Version = version
+	cfg.driver.Tuning = cfg.devices.Tuning
+	cfg.devices.DataDir = cfg.store.Dir
+	return serve(ctx, cfg)
+}
+
+// serve wires config → store → backend → driver → gRPC server and runs
+// until ctx is cancelled (SIGTERM), then shuts down gracefully. Devices stay
+// attached: a restarted plugin adopts them.
+func serve(ctx context.Context, cfg *serveConfig) error {
+	store, err := blockdev.OpenStore(cfg.store)
+	if err != nil {
+		return fmt.Errorf("open store: %w", err)
+	}
+	backend, err := blockdev.NewBackend(cfg.backend, cfg.devices)
+	if err != nil {
+		return fmt.Errorf("backend: %w", err)
+	}
+	defer backend.Close()
+	drv, err := driver.New(cfg.driver, store, backend)
+	if err != nil {
+		return err
+	}
+	logStartup(cfg, store, backend)
+	if err := drv.Reconcile(ctx); err != nil {
+		klog.ErrorS(err, "some staged volumes could not be restored")
+	}
+	lis, err := driver.Listen(cfg.endpoint)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	stopMetrics, err := startMetrics(ctx, cfg.metricsAddress, drv)
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	defer stopMetrics()
+	klog.InfoS("serving", "endpoint", cfg.endpoint)
+	err = drv.Serve(ctx, lis)
+	klog.InfoS("stopped")
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backend) {
+	kernel := blockdev.KernelRelease()
+	avail, total, err := store.Capacity()
+	klog.InfoS("csi-fastblk starting", "version", version, "driver", cfg.driver.Name, "nodeID", cfg.driver.NodeID,
+		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir,
+		"capacityAvailable", avail, "capacityTotal", total, "capacityErr", err,
+		"volumes", len(store.Volumes()), "snapshots", len(store.Snapshots()))
+}

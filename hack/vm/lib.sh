@@ -1,0 +1,40 @@
+# shellcheck shell=bash
+# Shared helpers for the VM harness scripts in hack/vm. Source it; do not run it.
+
+VM_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO_ROOT="$(cd "$VM_DIR/../.." && pwd)"
+# Everything downloaded or built for the VMs lives here, outside the repo, so a
+# second run reuses it. Override with CSI_FASTBLK_VM_CACHE.
+VM_CACHE="${CSI_FASTBLK_VM_CACHE:-/var/cache/csi-fastblk-vm}"
+# The kernels we test: short name -> directory under $VM_CACHE/kernels.
+VM_KERNELS=(6.12 7.3)
+
+log() { printf '[vm] %s\n' "$*" >&2; }
+die() { printf '[vm] error: %s\n' "$*" >&2; exit 1; }
+
+# need_pkgs CMD:PKG... installs PKG with apt-get when CMD is missing.
+need_pkgs() {
+	local missing=() pair cmd pkg
+	for pair in "$@"; do
+		cmd="${pair%%:*}" pkg="${pair#*:}"
+		if ! command -v "$cmd" >/dev/null 2>&1 && [[ ! -x "$cmd" ]]; then
+			missing+=("$pkg")
+		fi
+	done
+	((${#missing[@]})) || return 0
+	log "installing ${missing[*]}"
+	if [[ ! -d /var/lib/apt/lists/partial ]] || [[ -z "$(ls /var/lib/apt/lists 2>/dev/null | grep -v partial)" ]]; then
+		apt-get update -qq
+	fi
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } ||
+		die "apt-get install ${missing[*]} failed"
+}
+
+# kernel_dir NAME prints the cache directory of kernel NAME (6.12 or 7.3).
+kernel_dir() {
+	case "$1" in
+	6.12 | 7.3) printf '%s/kernels/%s\n' "$VM_CACHE" "$1" ;;
+	*) die "unknown kernel '$1' (want one of: ${VM_KERNELS[*]})" ;;
+	esac
+}

@@ -1,0 +1,122 @@
+package blockdev
+
+import (
+	"context"
+	"time"
+)
+
+// Volume is the persisted record of one volume. The Store returns copies;
+// changing a returned Volume changes nothing until it is passed to Update.
+type Volume struct {
+	ID        string            `json:"id"`
+	Name      string            `json:"name"`
+	SizeBytes int64             `json:"sizeBytes"`
+	Params    map[string]string `json:"params,omitempty"`
+	// SourceSnapshotID or SourceVolumeID is set when the volume was
+	// created from a snapshot or cloned from another volume.
+	SourceSnapshotID string    `json:"sourceSnapshotID,omitempty"`
+	SourceVolumeID   string    `json:"sourceVolumeID,omitempty"`
+	CreatedAt        time.Time `json:"createdAt"`
+
+	// Node-side state, persisted so that a restarted plugin knows what
+	// it staged and published.
+	Node NodeState `json:"node,omitempty"`
+}
+
+// NodeState records what the node service did with a volume.
+type NodeState struct {
+	// StagingPath is where the volume is staged ("" when not staged).
+	StagingPath string `json:"stagingPath,omitempty"`
+	// Block is true when staged for raw block access.
+	Block bool `json:"block,omitempty"`
+	// FsType is the filesystem made on the device (mount access only).
+	FsType string `json:"fsType,omitempty"`
+	// Device is the stable device path (e.g. /dev/fastblk/<id>).
+	Device string `json:"device,omitempty"`
+	// Backend names the backend that attached it ("loop", "ublk").
+	Backend string `json:"backend,omitempty"`
+	// Tuning is what the backend chose for the device.
+	Tuning Tuning `json:"tuning,omitempty"`
+	// Targets maps each published target path to how it was published.
+	Targets map[string]Publish `json:"targets,omitempty"`
+}
+
+// Publish describes one NodePublishVolume target.
+type Publish struct {
+	ReadOnly bool `json:"readOnly,omitempty"`
+	// SingleWriter is true for SINGLE_NODE_SINGLE_WRITER publications.
+	SingleWriter bool `json:"singleWriter,omitempty"`
+}
+
+// Snapshot is the persisted record of one snapshot.
+type Snapshot struct {
+	ID             string    `json:"id"`
+	Name           string    `json:"name"`
+	SourceVolumeID string    `json:"sourceVolumeID"`
+	SizeBytes      int64     `json:"sizeBytes"`
+	CreatedAt      time.Time `json:"createdAt"`
+}
+
+// Tuning is the queue geometry of a device. Zero fields mean "choose".
+type Tuning struct {
+	Queues     int `json:"queues,omitempty"`
+	QueueDepth int `json:"queueDepth,omitempty"`
+}
+
+// Device is a block device that exposes one volume.
+type Device struct {
+	VolumeID string
+	// Path is the kernel device node, e.g. /dev/loop3 or /dev/ublkb2.
+	Path string
+	// Link is the stable path, <dev-dir>/<volume-id>, a symlink to Path.
+	// Callers use Link; kernel names can change across re-attachments.
+	Link string
+	// Backend names the backend that made it.
+	Backend string
+	Tuning  Tuning
+	// SizeBytes is the size the kernel reports for the device.
+	SizeBytes int64
+}
+
+// AttachRequest asks a backend to expose a volume file as a block device.
+type AttachRequest struct {
+	VolumeID string
+	// File is the volume's backing file.
+	File      string
+	SizeBytes int64
+	ReadOnly  bool
+	Tuning    Tuning
+}
+
+// Backend turns volume files into block devices.
+//
+// Implementations are safe for concurrent use on different volumes; callers
+// serialise calls for the same volume.
+type Backend interface {
+	// Name is a short identifier ("loop", "ublk").
+	Name() string
+	// Attach exposes the file as a block device. It is idempotent: when
+	// a device for req.VolumeID already exists it is returned unchanged.
+	Attach(ctx context.Context, req AttachRequest) (Device, error)
+	// Detach removes the volume's device. Detach of a volume with no
+	// device returns nil.
+	Detach(ctx context.Context, volumeID string) error
+	// Resize makes the device report sizeBytes after the backing file
+	// has grown. It returns an error wrapping ErrNotSupported when the
+	// kernel cannot resize an attached device, and ErrNotFound when the
+	// volume has no device.
+	Resize(ctx context.Context, volumeID string, sizeBytes int64) error
+	// List returns every device this backend made for this data
+	// directory, including those found again after a restart.
+	List(ctx context.Context) ([]Device, error)
+	// Close releases the backend's resources without detaching devices
+	// (devices outlive the process where the backend allows it).
+	Close() error
+}
+
+// Quiescer is implemented by backends that can hold a device's I/O while a
+// snapshot of its backing file is taken. Quiesce returns the function that
+// resumes I/O.
+type Quiescer interface {
+	Quiesce(ctx context.Context, volumeID string) (resume func() error, err error)
+}

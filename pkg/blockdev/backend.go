@@ -1,0 +1,41 @@
+package blockdev
+
+import (
+	"fmt"
+	"os"
+)
+
+// BackendConfig configures whichever backend is selected.
+type BackendConfig struct {
+	// DataDir is the Store's data directory; backends only list and
+	// adopt devices whose backing files live under it.
+	DataDir string
+	// DevDir holds the stable links <DevDir>/<volume-id> (default /dev/fastblk).
+	DevDir string
+	// Default tuning when a volume does not ask for its own (zero = auto).
+	Tuning Tuning
+}
+
+// UblkControl is the ublk control device; its presence selects ublk in "auto".
+const UblkControl = "/dev/ublk-control"
+
+// NewBackend returns the backend named kind: "loop", "ublk", or "auto"
+// (ublk when /dev/ublk-control exists, loop otherwise).
+func NewBackend(kind string, cfg BackendConfig) (Backend, error) {
+	switch kind {
+	case "auto":
+		if _, err := os.Stat(UblkControl); err == nil {
+			return newUblkBackend(cfg)
+		}
+		return newLoopBackend(cfg)
+	case "ublk":
+		return newUblkBackend(cfg)
+	case "loop":
+		return newLoopBackend(cfg)
+	}
+	return nil, fmt.Errorf("backend %q: %w (want auto, ublk or loop)", kind, ErrInvalid)
+}
+
+func newLoopBackend(cfg BackendConfig) (Backend, error) {
+	return nil, fmt.Errorf("loop backend: %w", errTODO)
+}

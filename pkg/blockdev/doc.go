@@ -1,0 +1,14 @@
+// Package blockdev owns csi-fastblk's volumes and the devices that expose them.
+//
+// A volume is a sparse file under the data directory plus a small metadata
+// record; a snapshot is a frozen copy of a volume's file (a reflink where the
+// filesystem can share extents, a sparse-aware copy otherwise). The Store keeps
+// both, crash-safely, and answers capacity questions. A Backend turns a volume
+// file into a block device (the kernel loop device, or a ublk device served by
+// this process) and finds the devices it made again after a restart.
+//
+// blockdev knows nothing of CSI or gRPC: it returns errors that wrap the
+// sentinels in errors.go, and the driver maps those to status codes. Store and
+// the backends are safe for concurrent use; callers serialise operations on the
+// same volume (the driver holds a lock per volume ID).
+package blockdev

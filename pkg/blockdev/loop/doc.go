@@ -1,0 +1,15 @@
+// Package loop attaches regular files to kernel loop devices (/dev/loopN)
+// through the loop ioctls in golang.org/x/sys/unix, and finds them again
+// through sysfs.
+//
+// Devices are configured in one LOOP_CONFIGURE call (Linux 5.8+) with direct
+// I/O and a chosen logical block size; kernels that refuse LOOP_CONFIGURE get
+// the older LOOP_SET_FD, LOOP_SET_STATUS64, LOOP_SET_BLOCK_SIZE and
+// LOOP_SET_DIRECT_IO sequence (probe by doing, no version checks).
+// LO_FLAGS_AUTOCLEAR is never set, so a device outlives the process that made
+// it and is found again by its backing file (/sys/block/loopN/loop/backing_file).
+//
+// The package knows nothing of volumes or CSI. It holds no state and no file
+// descriptors between calls; every function is safe for concurrent use, and
+// concurrent attaches that race for the same free device retry.
+package loop

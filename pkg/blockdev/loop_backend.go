@@ -1,0 +1,5 @@
+package blockdev
+
+import "errors"
+
+var errTODO = errors.New("not implemented yet")

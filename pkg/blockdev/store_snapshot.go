@@ -1,0 +1,92 @@
+package blockdev
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// CreateSnapshot snapshots a volume. Idempotent by name: a snapshot of the
+// same source volume is returned as it is; one of another volume is
+// ErrConflict. A missing source volume is ErrNotFound.
+//
+// When q is not nil the volume is quiesced (q) for the duration of the
+// reflink or copy and resumed right after, so that the snapshot of a volume
+// in use is crash-consistent. The snapshot is a file of its own: deleting the
+// volume later does not touch it.
+func (s *Store) CreateSnapshot(ctx context.Context, name, sourceVolumeID string, q Quiesce) (Snapshot, error) {
+	if err := checkName(name); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)
+	}
+	if !isVolumeID(sourceVolumeID) {
+		return Snapshot{}, fmt.Errorf("snapshot %q: source volume %q: %w", name, sourceVolumeID, ErrNotFound)
+	}
+	id := SnapshotID(name)
+	release, err := s.acquire(ctx, id, sourceVolumeID)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	defer release()
+	if snap, err := s.Snapshot(id); err == nil {
+		if snap.SourceVolumeID != sourceVolumeID {
+			return snap, fmt.Errorf("snapshot %q exists of volume %s: %w", name, snap.SourceVolumeID, ErrConflict)
+		}
+		return snap, nil
+	}
+	v, err := s.Volume(sourceVolumeID)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)
+	}
+	snap := Snapshot{ID: id, Name: name, SourceVolumeID: v.ID, SizeBytes: v.SizeBytes, CreatedAt: time.Now().UTC()}
+	if err := s.takeSnapshot(ctx, snap, q); err != nil {
+		return Snapshot{}, err
+	}
+	s.mu.Lock()
+	s.snapshots[id] = snap
+	s.mu.Unlock()
+	return snap, nil
+}
+
+// takeSnapshot copies the volume file while it is quiesced, then records
+// the snapshot. Nothing is left behind on error.
+func (s *Store) takeSnapshot(ctx context.Context, snap Snapshot, q Quiesce) error {
+	file, src := s.dataFile(snap.ID), s.dataFile(snap.SourceVolumeID)
+	var resume func() error
+	if q != nil {
+		var err error
+		if resume, err = q(ctx); err != nil {
+			return fmt.Errorf("quiesce volume %s: %w", snap.SourceVolumeID, err)
+		}
+	}
+	err := makeFile(ctx, file, src, snap.SizeBytes)
+	if resume != nil {
+		if rerr := resume(); rerr != nil && err == nil {
+			err = fmt.Errorf("resume volume %s: %w", snap.SourceVolumeID, rerr)
+		}
+	}
+	if err == nil {
+		err = s.writeRecord(snap.ID, record{State: stateReady, Snapshot: &snap})
+	}
+	if err != nil {
+		removeDurably(file)
+		return classify(fmt.Errorf("create snapshot %s: %w", snap.ID, err))
+	}
+	return nil
+}
+
+// DeleteSnapshot removes a snapshot. Unknown and invalid IDs return nil.
+// Volumes created from the snapshot are independent and not affected.
+func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
+	if !isSnapshotID(id) {
+		return nil
+	}
+	release, err := s.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if _, err := s.Snapshot(id); err != nil {
+		return nil
+	}
+	return s.deleteObject(id)
+}

@@ -1,0 +1,240 @@
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// CreateVolume creates a sparse volume file (or a copy of the source) and its
+// metadata. Idempotent by name: the same spec returns the existing volume;
+// a different size, params or source returns ErrConflict.
+//
+// SizeBytes is rounded up to SizeAlign; the returned Volume carries the
+// rounded size. With a source, SizeBytes 0 means the source's size, a size
+// below the source's is ErrOutOfRange, and a larger one grows the copy. A
+// missing source is ErrNotFound; a size the data directory cannot hold (see
+// Capacity) is ErrNoSpace.
+func (s *Store) CreateVolume(ctx context.Context, spec VolumeSpec) (Volume, error) {
+	size, srcID, err := checkSpec(spec)
+	if err != nil {
+		return Volume{}, err
+	}
+	id := VolumeID(spec.Name)
+	release, err := s.acquire(ctx, id, srcID)
+	if err != nil {
+		return Volume{}, err
+	}
+	defer release()
+	if v, err := s.Volume(id); err == nil {
+		return v, sameVolume(v, spec, size)
+	}
+	srcFile, srcSize, err := s.source(srcID)
+	if err != nil {
+		return Volume{}, err
+	}
+	if size == 0 {
+		size = srcSize
+	}
+	if size < srcSize {
+		return Volume{}, fmt.Errorf("size %d below the source's %d: %w", size, srcSize, ErrOutOfRange)
+	}
+	if err := s.reserve(id, size); err != nil {
+		return Volume{}, err
+	}
+	defer s.unreserve(id)
+	v := Volume{
+		ID: id, Name: spec.Name, SizeBytes: size, Params: maps.Clone(spec.Params),
+		SourceSnapshotID: spec.SourceSnapshotID, SourceVolumeID: spec.SourceVolumeID,
+		CreatedAt: time.Now().UTC(),
+	}
+	if err := s.commitFile(ctx, id, srcFile, size, record{State: stateReady, Volume: &v}); err != nil {
+		return Volume{}, err
+	}
+	s.mu.Lock()
+	s.volumes[id] = v
+	s.mu.Unlock()
+	return copyVolume(v), nil
+}
+
+// checkSpec validates a spec and returns its rounded size and source ID.
+func checkSpec(spec VolumeSpec) (size int64, srcID string, err error) {
+	if err := checkName(spec.Name); err != nil {
+		return 0, "", fmt.Errorf("volume %q: %w", spec.Name, err)
+	}
+	if spec.SourceSnapshotID != "" && spec.SourceVolumeID != "" {
+		return 0, "", fmt.Errorf("volume %q: both a snapshot and a volume source: %w", spec.Name, ErrInvalid)
+	}
+	srcID = spec.SourceSnapshotID + spec.SourceVolumeID
+	if srcID == "" && spec.SizeBytes == 0 {
+		return 0, "", fmt.Errorf("volume %q: no size: %w", spec.Name, ErrInvalid)
+	}
+	size, err = RoundSize(spec.SizeBytes)
+	if err != nil {
+		return 0, "", fmt.Errorf("volume %q: %w", spec.Name, err)
+	}
+	switch {
+	case spec.SourceSnapshotID != "" && !isSnapshotID(srcID),
+		spec.SourceVolumeID != "" && !isVolumeID(srcID):
+		return 0, "", fmt.Errorf("source %q: %w", srcID, ErrNotFound)
+	}
+	return size, srcID, nil
+}
+
+// sameVolume answers a repeated create: nil when spec matches v, ErrConflict
+// otherwise. A spec without a size (from a source) matches any size.
+func sameVolume(v Volume, spec VolumeSpec, size int64) error {
+	switch {
+	case size != 0 && size != v.SizeBytes:
+		return fmt.Errorf("volume %q exists with size %d, not %d: %w", v.Name, v.SizeBytes, size, ErrConflict)
+	case !maps.Equal(v.Params, spec.Params):
+		return fmt.Errorf("volume %q exists with other parameters: %w", v.Name, ErrConflict)
+	case v.SourceSnapshotID != spec.SourceSnapshotID || v.SourceVolumeID != spec.SourceVolumeID:
+		return fmt.Errorf("volume %q exists with another source: %w", v.Name, ErrConflict)
+	}
+	return nil
+}
+
+// source returns the data file and size of the source ID ("" for none).
+// The caller holds the source's guard.
+func (s *Store) source(id string) (file string, size int64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id == "" {
+		return "", 0, nil
+	}
+	if v, ok := s.volumes[id]; ok {
+		return s.dataFile(id), v.SizeBytes, nil
+	}
+	if snap, ok := s.snapshots[id]; ok {
+		return s.dataFile(id), snap.SizeBytes, nil
+	}
+	return "", 0, fmt.Errorf("source %q: %w", id, ErrNotFound)
+}
+
+// commitFile makes id's data file (empty, or a copy of src) of size bytes,
+// then writes its record. On error nothing of id is left behind.
+func (s *Store) commitFile(ctx context.Context, id, src string, size int64, r record) error {
+	file := s.dataFile(id)
+	err := makeFile(ctx, file, src, size)
+	if err == nil {
+		err = s.writeRecord(id, r)
+	}
+	if err != nil {
+		os.Remove(file)
+		return classify(fmt.Errorf("create %s: %w", id, err))
+	}
+	return nil
+}
+
+// classify adds ErrNoSpace to errors that mean the disk is full.
+func classify(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return fmt.Errorf("%w: %w", ErrNoSpace, err)
+	}
+	return err
+}
+
+// DeleteVolume removes the volume's file and metadata. Unknown and invalid
+// IDs return nil. A volume whose node state says it is staged or attached
+// returns ErrBusy. Snapshots of the volume are independent files and do not
+// block deletion.
+func (s *Store) DeleteVolume(ctx context.Context, id string) error {
+	if !isVolumeID(id) {
+		return nil
+	}
+	release, err := s.acquire(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer release()
+	v, err := s.Volume(id)
+	if err != nil {
+		return nil
+	}
+	if v.Node.StagingPath != "" || v.Node.Device != "" {
+		return fmt.Errorf("delete volume %s: staged at %q on %q: %w", id, v.Node.StagingPath, v.Node.Device, ErrBusy)
+	}
+	return s.deleteObject(id)
+}
+
+// deleteObject removes the record (the object is gone from then on), then
+// the data file; a crash in between leaves an orphan file OpenStore removes.
+func (s *Store) deleteObject(id string) error {
+	if err := removeDurably(s.metaPath(id)); err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	s.mu.Lock()
+	delete(s.volumes, id)
+	delete(s.snapshots, id)
+	s.mu.Unlock()
+	if err := removeDurably(s.dataFile(id)); err != nil {
+		return fmt.Errorf("delete %s: %w", id, err)
+	}
+	return nil
+}
+
+// UpdateNode replaces the volume's node state durably.
+func (s *Store) UpdateNode(ctx context.Context, id string, ns NodeState) (Volume, error) {
+	return s.update(ctx, id, func(v *Volume) error {
+		ns.Targets = maps.Clone(ns.Targets)
+		v.Node = ns
+		return nil
+	})
+}
+
+// ExpandVolume grows the volume file to at least sizeBytes (rounded up to
+// SizeAlign); it never shrinks, and a size at or below the current one
+// returns the volume unchanged. Growth beyond Capacity is ErrNoSpace.
+func (s *Store) ExpandVolume(ctx context.Context, id string, sizeBytes int64) (Volume, error) {
+	size, err := RoundSize(sizeBytes)
+	if err != nil {
+		return Volume{}, fmt.Errorf("expand volume %s: %w", id, err)
+	}
+	return s.update(ctx, id, func(v *Volume) error {
+		if size <= v.SizeBytes {
+			return nil
+		}
+		if err := s.reserve(id, size-v.SizeBytes); err != nil {
+			return err
+		}
+		defer s.unreserve(id)
+		if err := growFile(s.dataFile(id), size); err != nil {
+			return classify(fmt.Errorf("expand volume %s: %w", id, err))
+		}
+		v.SizeBytes = size
+		return nil
+	})
+}
+
+// update applies fn to a copy of the volume under its guard and persists
+// the result before publishing it.
+func (s *Store) update(ctx context.Context, id string, fn func(*Volume) error) (Volume, error) {
+	if !isVolumeID(id) {
+		return Volume{}, fmt.Errorf("volume %q: %w", id, ErrNotFound)
+	}
+	release, err := s.acquire(ctx, id)
+	if err != nil {
+		return Volume{}, err
+	}
+	defer release()
+	v, err := s.Volume(id)
+	if err != nil {
+		return Volume{}, err
+	}
+	if err := fn(&v); err != nil {
+		return Volume{}, err
+	}
+	if err := s.writeRecord(id, record{State: stateReady, Volume: &v}); err != nil {
+		return Volume{}, classify(err)
+	}
+	s.mu.Lock()
+	s.volumes[id] = v
+	s.mu.Unlock()
+	return copyVolume(v), nil
+}

@@ -1,0 +1,108 @@
+package ublk
+
+import "golang.org/x/sys/unix"
+
+// The pure core of the queue: descriptor decoding, the mapping of a ublk
+// request onto one backing-file operation, and the user_data encoding. No
+// I/O happens here; queue_linux.go drives it.
+
+// request is one decoded ublksrv_io_desc, in bytes rather than sectors.
+type request struct {
+	op    uint8
+	flags uint32 // op_flags >> 8 << 8 (the UBLK_IO_F_* bits)
+	off   int64  // start_sector << 9
+	len   uint32 // nr_sectors << 9
+}
+
+// decodeDesc turns the raw fields of a ublksrv_io_desc into a request.
+// Sectors are always 512 bytes, whatever the device's logical block size.
+func decodeDesc(opFlags, nrSectors uint32, startSector uint64) request {
+	return request{
+		op:    uint8(opFlags & 0xff),
+		flags: opFlags &^ 0xff,
+		off:   int64(startSector << 9),
+		len:   nrSectors << 9,
+	}
+}
+
+// action is what the queue does with a request.
+type action uint8
+
+const (
+	actFail      action = iota // commit -errno at once (unsupported op)
+	actRead                    // read the backing file into the buffer
+	actWrite                   // write the buffer to the backing file
+	actFsync                   // fdatasync the backing file
+	actFallocate               // punch a hole or zero a range
+	actComplete                // commit the full byte count at once (null target)
+)
+
+// plan is the single backing operation that serves a request.
+type plan struct {
+	act     action
+	rwFlags uint32 // RWF_DSYNC for FUA writes
+	mode    uint32 // fallocate mode
+	errno   int32  // negative errno for actFail
+}
+
+// planFor maps a request onto the backing-file operation for a target kind:
+//
+//	READ          → read at off, len
+//	WRITE         → write at off, len; FUA adds RWF_DSYNC
+//	FLUSH         → fsync with IORING_FSYNC_DATASYNC (fdatasync)
+//	DISCARD       → fallocate PUNCH_HOLE|KEEP_SIZE
+//	WRITE_ZEROES  → fallocate ZERO_RANGE|KEEP_SIZE with NOUNMAP,
+//	                PUNCH_HOLE|KEEP_SIZE otherwise (as the loop driver does)
+//	anything else → -EOPNOTSUPP
+//
+// The null target completes every supported op at once.
+func planFor(r request, kind TargetKind) plan {
+	var p plan
+	switch r.op {
+	case ioOpRead:
+		p.act = actRead
+	case ioOpWrite:
+		p.act = actWrite
+		if r.flags&ioFlagFUA != 0 {
+			p.rwFlags = unix.RWF_DSYNC
+		}
+	case ioOpFlush:
+		p.act = actFsync
+	case ioOpDiscard:
+		p.act, p.mode = actFallocate, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE
+	case ioOpWriteZeroes:
+		p.act, p.mode = actFallocate, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE
+		if r.flags&ioFlagNoUnmap != 0 {
+			p.mode = unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE
+		}
+	default:
+		return plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}
+	}
+	if kind == TargetNull {
+		p.act = actComplete
+	}
+	return p
+}
+
+// fullResult is what a fully served request commits: the byte count for
+// READ and WRITE (a short count makes the kernel requeue the rest), 0 for
+// FLUSH, DISCARD and WRITE_ZEROES.
+func fullResult(r request) int32 {
+	if r.op == ioOpRead || r.op == ioOpWrite {
+		return int32(r.len)
+	}
+	return 0
+}
+
+// user_data of every SQE the queue submits: the tag in bits 0–15 and the
+// kind of operation in bits 16–23. Integers only, never a Go pointer.
+const (
+	udCmd     = 1 // FETCH_REQ or COMMIT_AND_FETCH_REQ for the tag
+	udBacking = 2 // backing-file operation for the tag
+	udWake    = 3 // poll on the Stop eventfd (tag unused)
+	udRegBuf  = 4 // zero copy: REGISTER_IO_BUF/UNREGISTER_IO_BUF for the tag
+)
+
+func encodeUD(kind uint8, tag uint16) uint64 { return uint64(kind)<<16 | uint64(tag) }
+
+func decodeUD(ud uint64) (kind uint8, tag uint16) { return uint8(ud >> 16), uint16(ud) }

@@ -1,0 +1,228 @@
+package ublk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Device node paths.
+func charPath(id uint32) string  { return fmt.Sprintf("/dev/ublkc%d", id) }
+func blockPath(id uint32) string { return fmt.Sprintf("/dev/ublkb%d", id) }
+
+// nodeWait bounds how long a device node may take to appear.
+const nodeWait = 10 * time.Second
+
+// DeviceConfig describes a device to create or re-adopt.
+type DeviceConfig struct {
+	Target    Target
+	SizeBytes int64
+	Tuning    Tuning
+	// Flags are the ADD_DEV flags (see AddFlags).
+	Flags    uint64
+	ReadOnly bool
+	// DMAAlign is the memory alignment the backing file needs for direct
+	// I/O (statx dio_mem_align); 0 means 512.
+	DMAAlign uint32
+	// Owner is stored in dev_info.ublksrv_flags, which the kernel keeps
+	// for the server: it proves later which devices are ours.
+	Owner uint64
+	// Persist is called after ADD_DEV, before START_DEV makes the device
+	// visible, with the negotiated info; an error aborts the creation.
+	Persist func(DevInfo) error
+}
+
+// Device is a ublk device served by this process: the open /dev/ublkcN
+// and one Queue per hardware queue. Not safe for concurrent use; the
+// caller serialises operations on one device.
+type Device struct {
+	ctl    *Control // shared, not owned
+	info   DevInfo
+	char   int // /dev/ublkcN, -1 once released
+	queues []*Queue
+}
+
+// Info returns the device's negotiated info.
+func (d *Device) Info() DevInfo { return d.info }
+
+// ID is the ublk device id N.
+func (d *Device) ID() uint32 { return d.info.DevID }
+
+// BlockPath is /dev/ublkbN.
+func (d *Device) BlockPath() string { return blockPath(d.info.DevID) }
+
+// Stats returns every queue's counters.
+func (d *Device) Stats() []QueueStats {
+	s := make([]QueueStats, len(d.queues))
+	for i, q := range d.queues {
+		s[i] = q.Stats()
+	}
+	return s
+}
+
+// CreateDevice adds, configures and starts a device: ADD_DEV, Persist,
+// open /dev/ublkcN, SET_PARAMS, one queue per hardware queue pinned to a
+// CPU of its affinity, START_DEV, then waits for /dev/ublkbN. On failure
+// everything it made is removed again.
+func CreateDevice(ctx context.Context, ctl *Control, cfg DeviceConfig) (*Device, error) {
+	if cfg.SizeBytes <= 0 || cfg.SizeBytes%4096 != 0 {
+		return nil, fmt.Errorf("create ublk device: size %d is not a positive multiple of 4096: %w", cfg.SizeBytes, errInvalid)
+	}
+	info, err := ctl.AddDev(DevInfo{
+		NrHWQueues: uint16(cfg.Tuning.Queues), QueueDepth: uint16(cfg.Tuning.Depth),
+		MaxIOBufBytes: cfg.Tuning.MaxIOBytes, DevID: ^uint32(0), Flags: cfg.Flags, UblksrvFlags: cfg.Owner,
+	})
+	if err != nil {
+		return nil, err
+	}
+	d := &Device{ctl: ctl, info: info, char: -1}
+	if err := d.bringUp(ctx, cfg); err != nil {
+		return nil, errors.Join(err, d.teardown(context.WithoutCancel(ctx), false))
+	}
+	return d, nil
+}
+
+func (d *Device) bringUp(ctx context.Context, cfg DeviceConfig) error {
+	if cfg.Persist != nil {
+		if err := cfg.Persist(d.info); err != nil {
+			return fmt.Errorf("persist ublk device %d: %w", d.ID(), err)
+		}
+	}
+	if err := d.openChar(ctx); err != nil {
+		return err
+	}
+	if err := d.ctl.setParams(d.ID(), deviceParams(cfg, d.info)); err != nil {
+		return err
+	}
+	if err := d.startQueues(cfg.Target); err != nil {
+		return err
+	}
+	if err := d.ctl.StartDev(d.ID(), os.Getpid()); err != nil {
+		return err
+	}
+	return waitNode(ctx, d.BlockPath())
+}
+
+// deviceParams builds SET_PARAMS: 4 KiB logical and physical blocks,
+// VOLATILE_CACHE|FUA (so FLUSH and FUA reach the server), max_sectors
+// from max_io_buf_bytes, discard and write-zeroes in 4 KiB granules, and
+// the DMA alignment (kernels before 6.15 ignore the type they lack).
+func deviceParams(cfg DeviceConfig, info DevInfo) params {
+	p := params{Len: sizeofParams, Types: paramTypeBasic | paramTypeDiscard | paramTypeDMAAlign}
+	p.Basic = paramBasic{
+		Attrs:          attrVolatileCache | attrFUA,
+		LogicalBSShift: 12, PhysicalBSShift: 12, IOOptShift: 12, IOMinShift: 12,
+		MaxSectors: info.MaxIOBufBytes >> 9,
+		DevSectors: uint64(cfg.SizeBytes) >> 9,
+	}
+	if cfg.ReadOnly {
+		p.Basic.Attrs |= attrReadOnly
+	}
+	p.Discard = paramDiscard{
+		DiscardGranularity: 4096, MaxDiscardSectors: ^uint32(0) >> 9,
+		MaxWriteZeroesSectors: ^uint32(0) >> 9, MaxDiscardSegments: 1,
+	}
+	align := max(cfg.DMAAlign, 512)
+	if align > 4096 {
+		align = 4096
+	}
+	p.DMA.Alignment = align - 1
+	return p
+}
+
+// openChar opens /dev/ublkcN, polling until it appears. EBUSY (the old
+// server's fd not yet released) is retried too.
+func (d *Device) openChar(ctx context.Context) error {
+	path := charPath(d.ID())
+	err := poll(ctx, nodeWait, func() (bool, error) {
+		fd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EBUSY) {
+			return false, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		d.char = fd
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	return nil
+}
+
+// startQueues starts one queue per hardware queue, each pinned to the
+// first CPU of its affinity set not yet taken by another queue.
+func (d *Device) startQueues(t Target) error {
+	used := map[int]bool{}
+	for q := uint16(0); q < d.info.NrHWQueues; q++ {
+		cpus, err := d.ctl.QueueAffinity(d.ID(), q)
+		if err != nil {
+			return err
+		}
+		cpu := pickCPU(cpus, used)
+		queue, err := StartQueue(QueueConfig{
+			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
+			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, CPU: cpu, Target: t,
+		})
+		if err != nil {
+			return err
+		}
+		d.queues = append(d.queues, queue)
+	}
+	return nil
+}
+
+func pickCPU(cpus []int, used map[int]bool) int {
+	if len(cpus) == 0 {
+		return -1
+	}
+	for _, c := range cpus {
+		if !used[c] {
+			used[c] = true
+			return c
+		}
+	}
+	return cpus[0]
+}
+
+// waitNode polls until path exists.
+func waitNode(ctx context.Context, path string) error {
+	err := poll(ctx, nodeWait, func() (bool, error) {
+		_, err := os.Stat(path)
+		if errors.Is(err, os.ErrNotExist) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		return fmt.Errorf("wait for %s: %w", path, err)
+	}
+	return nil
+}
+
+// poll calls try every few milliseconds until it reports done, fails, the
+// context ends or limit passes (an error matching unix.ETIME).
+func poll(ctx context.Context, limit time.Duration, try func() (bool, error)) error {
+	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		done, err := try()
+		if done || err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("gave up after %s: %w", limit, unix.ETIME)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,271 @@
+package ublk
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// testDir is where backing files go: $FASTBLK_TEST_DIR (the VM's disk) or
+// a temporary directory. O_DIRECT needs a real filesystem, not tmpfs.
+func testDir(t *testing.T) string {
+	if d := os.Getenv("FASTBLK_TEST_DIR"); d != "" {
+		dir, err := os.MkdirTemp(d, "ublk-queue-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		return dir
+	}
+	return t.TempDir()
+}
+
+// backingFile creates a sparse file of size bytes and opens it O_DIRECT.
+func backingFile(t *testing.T, size int64) (*os.File, string) {
+	t.Helper()
+	path := filepath.Join(testDir(t), "vol.img")
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_DIRECT, 0o600)
+	if err != nil {
+		t.Fatalf("open backing: %v", err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	return f, path
+}
+
+// alignedBuf returns n bytes of page-aligned memory for O_DIRECT I/O.
+func alignedBuf(t *testing.T, n int) []byte {
+	b, err := unix.Mmap(-1, 0, n, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(b) })
+	return b
+}
+
+func fill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = seed + byte(i*7) + byte(i>>9)
+	}
+}
+
+type queueCase struct {
+	name   string
+	flags  uint64
+	queues uint16
+}
+
+func queueCases(t *testing.T, c *testCtl) []queueCase {
+	cases := []queueCase{{"copy/1q", 0, 1}, {"copy/2q", 0, 2}}
+	if c.features()&FlagAutoBufReg != 0 {
+		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1}, queueCase{"autobuf/2q", FlagAutoBufReg, 2})
+	} else {
+		t.Logf("kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", c.features())
+	}
+	return cases
+}
+
+// startQueues starts every queue of d on the backing fd and the device.
+func startQueues(t *testing.T, d *testDev, tgt Target) ([]*Queue, string) {
+	t.Helper()
+	var qs []*Queue
+	for qid := range d.info.NrHWQueues {
+		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
+			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes,
+			CPU: int(qid) % runtimeCPUs(), Target: tgt})
+		if err != nil {
+			t.Fatalf("start queue %d: %v", qid, err)
+		}
+		qs = append(qs, q)
+	}
+	t.Cleanup(func() {
+		d.stop()
+		for _, q := range qs {
+			q.Stop()
+			q.Wait()
+		}
+	})
+	return qs, d.start(t)
+}
+
+func runtimeCPUs() int {
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) != nil || set.Count() == 0 {
+		return 1
+	}
+	return set.Count()
+}
+
+func TestQueueDataPath(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	for _, qc := range queueCases(t, c) {
+		t.Run(qc.name, func(t *testing.T) {
+			const size = 64 << 20
+			f, path := backingFile(t, size)
+			d := addTestDev(t, c, qc.queues, 64, 512<<10, qc.flags, size)
+			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())))
+			checkReadWrite(t, dev, f)
+			checkDiscard(t, dev, path)
+			if err := d.stop(); err != nil {
+				t.Fatalf("stop dev: %v", err)
+			}
+			var total QueueStats
+			for _, q := range qs {
+				if err := q.Wait(); err != nil {
+					t.Fatalf("queue wait after STOP_DEV: %v", err)
+				}
+				total = total.Add(q.Stats())
+			}
+			if total.Reads == 0 || total.Writes == 0 || total.Flushes == 0 || total.Discards == 0 || total.InFlight != 0 {
+				t.Fatalf("stats = %+v", total)
+			}
+			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d enters %d",
+				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Enters)
+		})
+	}
+}
+
+// checkReadWrite writes patterns of several sizes through the device with
+// O_DIRECT, FUA and fsync, reads them back, and checks the backing file.
+func checkReadWrite(t *testing.T, dev string, backing *os.File) {
+	t.Helper()
+	bd, err := os.OpenFile(dev, os.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatalf("open %s: %v", dev, err)
+	}
+	defer bd.Close()
+	for _, tc := range []struct {
+		name string
+		off  int64
+		n    int
+	}{{"4k", 0, 4096}, {"64k", 1 << 20, 64 << 10}, {"1M", 8 << 20, 1 << 20}, {"2M split", 16 << 20, 2 << 20}, {"last 4k", 64<<20 - 4096, 4096}} {
+		w, r := alignedBuf(t, tc.n), alignedBuf(t, tc.n)
+		fill(w, byte(tc.off>>12))
+		if _, err := bd.WriteAt(w, tc.off); err != nil {
+			t.Fatalf("%s: write: %v", tc.name, err)
+		}
+		if _, err := bd.ReadAt(r, tc.off); err != nil || !bytes.Equal(w, r) {
+			t.Fatalf("%s: read back differs (err %v)", tc.name, err)
+		}
+		clear(r)
+		if _, err := backing.ReadAt(r, tc.off); err != nil || !bytes.Equal(w, r) {
+			t.Fatalf("%s: backing file differs (err %v)", tc.name, err)
+		}
+	}
+	fua, err := os.OpenFile(dev, os.O_RDWR|unix.O_DIRECT|unix.O_DSYNC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fua.Close()
+	w := alignedBuf(t, 4096)
+	fill(w, 99)
+	if _, err := fua.WriteAt(w, 4096); err != nil {
+		t.Fatalf("fua write: %v", err)
+	}
+	if err := bd.Sync(); err != nil {
+		t.Fatalf("fsync device: %v", err)
+	}
+}
+
+// checkDiscard discards and zeroes ranges and checks the data and that the
+// backing file gave the discarded space back.
+func checkDiscard(t *testing.T, dev, path string) {
+	t.Helper()
+	bd, err := os.OpenFile(dev, os.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bd.Close()
+	const off, n = 32 << 20, 8 << 20
+	w := alignedBuf(t, n)
+	fill(w, 7)
+	if _, err := bd.WriteAt(w, off); err != nil {
+		t.Fatal(err)
+	}
+	if err := bd.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	before := blocks(t, path)
+	rng := [2]uint64{off, n}
+	if err := ioctlRange(bd, unix.BLKDISCARD, &rng); err != nil {
+		t.Fatalf("BLKDISCARD: %v", err)
+	}
+	if after := blocks(t, path); before-after < n/512/2 {
+		t.Fatalf("discard freed %d sectors of %d", before-after, n/512)
+	}
+	fill(w, 8)
+	if _, err := bd.WriteAt(w[:1<<20], off); err != nil {
+		t.Fatal(err)
+	}
+	rng = [2]uint64{off, 1 << 20}
+	if err := ioctlRange(bd, unix.BLKZEROOUT, &rng); err != nil {
+		t.Fatalf("BLKZEROOUT: %v", err)
+	}
+	r := alignedBuf(t, 1<<20)
+	r[0] = 1
+	if _, err := bd.ReadAt(r, off); err != nil || !bytes.Equal(r, make([]byte, 1<<20)) {
+		t.Fatalf("zeroed range reads non-zero (err %v)", err)
+	}
+}
+
+func blocks(t *testing.T, path string) int64 {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks
+}
+
+func ioctlRange(f *os.File, req uint, rng *[2]uint64) error {
+	_, _, e := unix.Syscall(unix.SYS_IOCTL, f.Fd(), uintptr(req), uintptr(unsafe.Pointer(rng)))
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func TestQueueStop(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	const size = 16 << 20
+	f, _ := backingFile(t, size)
+	d := addTestDev(t, c, 1, 32, 128<<10, 0, size)
+	qs, _ := startQueues(t, d, FileTarget(int(f.Fd())))
+	qs[0].Stop()
+	if err := qs[0].Wait(); !errors.Is(err, ErrQueueStopped) {
+		t.Fatalf("Wait after Stop = %v, want ErrQueueStopped", err)
+	}
+	qs[0].Stop() // idempotent
+}
+
+func TestQueueNullTarget(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	d := addTestDev(t, c, 1, 32, 128<<10, 0, 16<<20)
+	qs, dev := startQueues(t, d, NullTarget())
+	bd, err := os.OpenFile(dev, os.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := alignedBuf(t, 64<<10)
+	for i := range 16 {
+		if _, err := bd.WriteAt(buf, int64(i)<<16); err != nil {
+			t.Fatalf("null write: %v", err)
+		}
+		if _, err := bd.ReadAt(buf, int64(i)<<16); err != nil {
+			t.Fatalf("null read: %v", err)
+		}
+	}
+	bd.Close()
+	if st := qs[0].Stats(); st.Reads < 16 || st.Writes < 16 {
+		t.Fatalf("stats = %+v", st)
+	}
+}

@@ -1,0 +1,141 @@
+package ublk
+
+import (
+	"errors"
+	"fmt"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+)
+
+// The per-request path of the queue thread. Nothing here allocates: errors
+// that end the queue are preallocated, everything else is integers.
+
+var (
+	errNoSQE     = errors.New("no free sqe (ring accounting broken)")
+	errBadTag    = errors.New("completion for a tag out of range")
+	errCmdFailed = errors.New("ublk i/o command failed")
+)
+
+// onCmd handles the completion of a FETCH or COMMIT_AND_FETCH: a new
+// request for tag, or the end of the tag.
+func (l *loop) onCmd(tag uint16, res int32) error {
+	if int(tag) >= len(l.tags) {
+		return errBadTag
+	}
+	t := &l.tags[tag]
+	switch {
+	case res == ioResOK:
+	case res == ioResAbort:
+		t.aborted = true
+		l.aborted++
+		return nil
+	default:
+		// -EINVAL (wrong thread, bad buffer), -EBUSY (fetch after the
+		// queue was ready) …: the tag is dead; the queue ends once every
+		// tag is, reporting the first such error.
+		if l.cmdErr == nil {
+			l.cmdErr = fmt.Errorf("%w: tag %d: %w", errCmdFailed, tag, unix.Errno(-res))
+		}
+		t.aborted = true
+		l.aborted++
+		return nil
+	}
+	t.req = l.descs.request(tag)
+	t.plan = planFor(t.req, l.cfg.Target.Kind)
+	t.done, t.retries, t.start = 0, 0, monoNow()
+	l.q.stats.inFlight.Add(1)
+	switch t.plan.act {
+	case actFail:
+		return l.commit(tag, t.plan.errno)
+	case actComplete:
+		return l.commit(tag, fullResult(t.req))
+	}
+	return l.issue(tag)
+}
+
+// issue queues the backing operation for the unserved part of tag's request.
+func (l *loop) issue(tag uint16) error {
+	t := &l.tags[tag]
+	sqe := l.ring.GetSQE()
+	if sqe == nil {
+		return errNoSQE
+	}
+	off := uint64(t.req.off) + uint64(t.done)
+	n := t.req.len - t.done
+	switch t.plan.act {
+	case actRead, actWrite:
+		l.prepRW(sqe, tag, off, n)
+	case actFsync:
+		sqe.PrepFsync(fileBacking, uring.IORING_FSYNC_DATASYNC)
+	case actFallocate:
+		sqe.PrepFallocate(fileBacking, t.plan.mode, off, uint64(n))
+	}
+	sqe.Flags |= uring.IOSQE_FIXED_FILE
+	sqe.UserData = encodeUD(udBacking, tag)
+	l.backing++
+	return nil
+}
+
+// prepRW fills a read or write of n bytes at off. In zero-copy mode the
+// request's own pages are fixed buffer #tag (registered by the kernel with
+// AUTO_BUF_REG) and addr is the offset into them; in copy mode the data
+// goes through the tag's buffer.
+func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
+	t := &l.tags[tag]
+	write := t.plan.act == actWrite
+	switch {
+	case l.zc && write:
+		sqe.PrepWriteFixed(fileBacking, uint64(t.done), n, off, tag)
+	case l.zc:
+		sqe.PrepReadFixed(fileBacking, uint64(t.done), n, off, tag)
+	case write:
+		sqe.PrepWrite(fileBacking, l.bufs.addr(tag, t.done), n, off)
+	default:
+		sqe.PrepRead(fileBacking, l.bufs.addr(tag, t.done), n, off)
+	}
+	sqe.OpFlags = t.plan.rwFlags
+}
+
+// onBacking handles a backing-file completion: continue a short transfer,
+// retry -EAGAIN, or commit the full byte count or the error.
+func (l *loop) onBacking(tag uint16, res int32) error {
+	if int(tag) >= len(l.tags) {
+		return errBadTag
+	}
+	l.backing--
+	t := &l.tags[tag]
+	switch {
+	case res == -int32(unix.EAGAIN) && t.retries < maxEAGAIN:
+		t.retries++
+		return l.issue(tag)
+	case res < 0:
+		return l.commit(tag, res)
+	case t.plan.act == actRead || t.plan.act == actWrite:
+		if res == 0 {
+			// End of file or a device that took nothing: never
+			// commit a short count the kernel would requeue forever.
+			return l.commit(tag, -int32(unix.EIO))
+		}
+		t.done += uint32(res)
+		if t.done < t.req.len {
+			t.retries = 0
+			return l.issue(tag)
+		}
+	}
+	return l.commit(tag, fullResult(t.req))
+}
+
+// commit queues COMMIT_AND_FETCH for tag with result (bytes or -errno),
+// which completes the request and re-arms the tag in one SQE. Stats are
+// recorded here, once per request.
+func (l *loop) commit(tag uint16, result int32) error {
+	t := &l.tags[tag]
+	if result == -int32(unix.EAGAIN) {
+		result = -int32(unix.EIO)
+	}
+	l.q.stats.inFlight.Add(-1)
+	l.q.stats.observe(t.req.op, t.req.len, result < 0, monoNow()-t.start)
+	return l.prepCmd(ioCommitAndFetchReq, tag, result)
+}

@@ -1,0 +1,172 @@
+package ublk
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+)
+
+// QueueConfig is what a queue needs from the control side.
+type QueueConfig struct {
+	DevID uint32
+	QID   uint16
+	Depth uint16
+	// CharFD is the one open /dev/ublkcN fd, shared by all queues of the
+	// device. The caller owns it and keeps it open until Wait returned.
+	CharFD int
+	// Flags are the negotiated UBLK_F_* flags as returned by ADD_DEV.
+	// With FlagAutoBufReg the queue runs zero copy (the kernel registers
+	// each request's pages in the queue's ring); otherwise it copies
+	// through per-tag buffers. USER_COPY and manual SUPPORT_ZERO_COPY
+	// without AUTO_BUF_REG are refused.
+	Flags uint64
+	// MaxIOBytes is the device's max_io_buf_bytes: the size of each
+	// per-tag buffer in copy mode.
+	MaxIOBytes uint32
+	// CPU is the CPU the queue thread is pinned to; -1 for none.
+	CPU int
+	// Target is the backing store: FileTarget or NullTarget.
+	Target Target
+}
+
+// ErrQueueStopped is what Wait returns when Stop ended the queue.
+var ErrQueueStopped = errors.New("queue stopped")
+
+// Queue serves one ublk hardware queue on its own locked OS thread, with
+// its own io_uring. Its methods are safe for concurrent use; the serving
+// state lives on the queue thread only (see queue_loop_linux.go).
+type Queue struct {
+	cfg      QueueConfig
+	stats    queueStats
+	waker    *uring.Waker
+	stopping atomic.Bool
+	done     chan struct{}
+	err      error // set before done is closed
+}
+
+func (c *QueueConfig) validate() error {
+	switch {
+	case c.Depth == 0 || c.Depth > maxQueueDepth:
+		return fmt.Errorf("depth %d: want 1..%d", c.Depth, maxQueueDepth)
+	case c.QID >= maxNrQueues:
+		return fmt.Errorf("queue id %d: want < %d", c.QID, maxNrQueues)
+	case c.CharFD < 0:
+		return fmt.Errorf("char device fd %d", c.CharFD)
+	case c.Target.Kind == TargetFile && c.Target.FD < 0:
+		return fmt.Errorf("backing file fd %d", c.Target.FD)
+	case c.Target.Kind != TargetFile && c.Target.Kind != TargetNull:
+		return fmt.Errorf("target kind %d", c.Target.Kind)
+	case c.Flags&FlagAutoBufReg == 0 && c.Flags&(FlagUserCopy|FlagSupportZeroCopy) != 0:
+		return fmt.Errorf("flags %#x: USER_COPY and manual zero copy are not supported, use AUTO_BUF_REG or copy mode", c.Flags)
+	case c.Flags&(FlagBatchIO|FlagPerIODaemon|FlagNeedGetData) != 0:
+		return fmt.Errorf("flags %#x: BATCH_IO, PER_IO_DAEMON and NEED_GET_DATA are not supported", c.Flags)
+	case c.Flags&FlagAutoBufReg == 0 && (c.MaxIOBytes == 0 || c.MaxIOBytes%512 != 0):
+		return fmt.Errorf("max i/o bytes %d: want a positive multiple of 512", c.MaxIOBytes)
+	}
+	return nil
+}
+
+// StartQueue starts the queue's goroutine on a locked OS thread and returns
+// once every tag has been FETCHed (submitted to the kernel), or with an error.
+// After an error nothing is left running.
+func StartQueue(cfg QueueConfig) (*Queue, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
+	}
+	w, err := uring.NewWaker()
+	if err != nil {
+		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
+	}
+	q := &Queue{cfg: cfg, waker: w, done: make(chan struct{})}
+	ready := make(chan error, 1)
+	go q.run(ready)
+	if err := <-ready; err != nil {
+		<-q.done
+		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
+	}
+	return q, nil
+}
+
+// Wait returns when the queue has stopped: nil once every tag was aborted
+// after STOP_DEV (-ENODEV), ErrQueueStopped after Stop, or the error that
+// ended it. The thread exits locked so the runtime discards it.
+func (q *Queue) Wait() error {
+	<-q.done
+	return q.err
+}
+
+// Done is closed when the queue has stopped.
+func (q *Queue) Done() <-chan struct{} { return q.done }
+
+// Stop makes the queue thread leave without committing anything more (used
+// on shutdown-for-upgrade: devices with USER_RECOVERY then stay QUIESCED
+// for the next process). It does not wait; call Wait. Stop is idempotent.
+func (q *Queue) Stop() {
+	if q.stopping.CompareAndSwap(false, true) {
+		q.waker.Wake()
+	}
+}
+
+// Stats returns a snapshot of the queue's counters.
+func (q *Queue) Stats() QueueStats { return q.stats.snapshot() }
+
+// run is the queue goroutine. It locks its OS thread for its whole life and
+// never unlocks it: the thread carries per-thread kernel state (affinity,
+// PR_SET_IO_FLUSHER, the ring's single issuer, the ublk daemon identity), so
+// the runtime must discard it when the goroutine returns.
+func (q *Queue) run(ready chan<- error) {
+	runtime.LockOSThread()
+	var l *loop
+	defer func() {
+		if r := recover(); r != nil {
+			q.err = fmt.Errorf("queue %d of ublk %d: panic: %v", q.cfg.QID, q.cfg.DevID, r)
+		}
+		if l != nil {
+			l.close()
+		}
+		q.waker.Close()
+		select {
+		case ready <- q.err: // setup failed or panicked before ready
+		default:
+		}
+		close(q.done)
+	}()
+	l, err := q.setup()
+	if err != nil {
+		q.err = err
+		return
+	}
+	if err := l.fetchAll(); err != nil {
+		q.err = err
+		return
+	}
+	ready <- nil
+	if err := l.serve(); err != nil {
+		q.err = fmt.Errorf("queue %d of ublk %d: %w", q.cfg.QID, q.cfg.DevID, err)
+	}
+}
+
+// threadSetup pins the locked thread and marks it an I/O flusher, so that
+// memory reclaim never waits on the device this thread serves.
+func threadSetup(cpu int) error {
+	if cpu >= 0 {
+		var set unix.CPUSet
+		set.Set(cpu)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			return fmt.Errorf("pin to cpu %d: %w", cpu, err)
+		}
+	}
+	// arg2 must be 1: 0 clears the flag. EPERM (no CAP_SYS_RESOURCE, as
+	// in an unprivileged test) and EINVAL (kernel < 5.6) only cost the
+	// reclaim protection, so they are not fatal.
+	err := unix.Prctl(unix.PR_SET_IO_FLUSHER, 1, 0, 0, 0)
+	if err != nil && !errors.Is(err, unix.EPERM) && !errors.Is(err, unix.EINVAL) {
+		return fmt.Errorf("set io flusher: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,213 @@
+package ublk
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+)
+
+// Registered-file indexes in every queue ring.
+const (
+	fileChar    = 0 // /dev/ublkcN
+	fileBacking = 1 // the target's backing file
+)
+
+// maxEAGAIN bounds how often one backing operation is retried on -EAGAIN
+// before the request fails with -EIO.
+const maxEAGAIN = 64
+
+// epoch is the origin of the queue's monotonic request timestamps.
+var epoch = time.Now()
+
+func monoNow() int64 { return int64(time.Since(epoch)) }
+
+// tagState is what the queue thread knows about one tag.
+type tagState struct {
+	req     request
+	plan    plan
+	done    uint32 // bytes of req served so far (short reads/writes)
+	start   int64  // monoNow at arrival, for the latency histogram
+	retries uint8  // -EAGAIN retries of the current backing op
+	aborted bool   // the kernel said -ENODEV: never re-fetch
+}
+
+// loop is the state of one queue thread. Only that thread touches it.
+type loop struct {
+	q       *Queue
+	cfg     *QueueConfig
+	ring    *uring.Ring
+	descs   *descArea
+	bufs    *bufArea // nil in zero-copy mode
+	zc      bool     // AUTO_BUF_REG: request pages are fixed buffer #tag
+	tags    []tagState
+	cqes    []uring.CQE
+	aborted int // tags that got -ENODEV
+	backing int // backing operations in flight
+	cmdErr  error
+}
+
+// ringFlags are the queue ring's setup flags; the engine drops the ones an
+// older kernel refuses (DEFER_TASKRUN first).
+const ringFlags = uring.IORING_SETUP_SINGLE_ISSUER | uring.IORING_SETUP_DEFER_TASKRUN |
+	uring.IORING_SETUP_COOP_TASKRUN | uring.IORING_SETUP_TASKRUN_FLAG
+
+// setup builds everything the loop needs, in the order the kernel wants:
+// thread state, ring, registered files, descriptors, buffers.
+func (q *Queue) setup() (*loop, error) {
+	cfg := &q.cfg
+	if err := threadSetup(cfg.CPU); err != nil {
+		return nil, err
+	}
+	d := uint32(cfg.Depth)
+	ring, err := uring.New(uring.Config{Entries: d + 1, CQEntries: 2*d + 2, Flags: ringFlags})
+	if err != nil {
+		return nil, fmt.Errorf("create ring: %w", err)
+	}
+	l := &loop{q: q, cfg: cfg, ring: ring, zc: cfg.Flags&FlagAutoBufReg != 0,
+		tags: make([]tagState, cfg.Depth), cqes: make([]uring.CQE, 2*d+2)}
+	if err := l.register(); err != nil {
+		l.close()
+		return nil, err
+	}
+	if l.descs, err = mapDescs(cfg.CharFD, cfg.QID, cfg.Depth); err != nil {
+		l.close()
+		return nil, err
+	}
+	if !l.zc {
+		if l.bufs, err = mapBuffers(cfg.Depth, cfg.MaxIOBytes); err != nil {
+			l.close()
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+func (l *loop) register() error {
+	files := []int32{int32(l.cfg.CharFD)}
+	if l.cfg.Target.Kind == TargetFile {
+		files = append(files, int32(l.cfg.Target.FD))
+	}
+	if err := l.ring.RegisterFiles(files); err != nil {
+		return fmt.Errorf("register files: %w", err)
+	}
+	if l.zc {
+		if err := l.ring.RegisterBuffersSparse(uint32(l.cfg.Depth)); err != nil {
+			return fmt.Errorf("register sparse buffer table: %w", err)
+		}
+	}
+	return nil
+}
+
+// close releases the loop's resources, ring first: closing it cancels the
+// parked uring_cmds (the kernel then quiesces or stops the device) and ends
+// the kernel's use of descriptors and buffers.
+func (l *loop) close() {
+	if l.ring != nil {
+		l.ring.Close()
+	}
+	l.descs.close()
+	l.bufs.close()
+}
+
+// fetchAll arms the waker and FETCHes every tag, in one submission.
+func (l *loop) fetchAll() error {
+	sqe := l.ring.GetSQE()
+	if sqe == nil {
+		return errors.New("no sqe for the waker")
+	}
+	l.q.waker.PrepPoll(sqe)
+	sqe.UserData = encodeUD(udWake, 0)
+	for tag := range l.tags {
+		if err := l.prepCmd(ioFetchReq, uint16(tag), 0); err != nil {
+			return err
+		}
+	}
+	if _, err := l.ring.Submit(); err != nil {
+		return fmt.Errorf("submit fetches: %w", err)
+	}
+	return nil
+}
+
+// prepCmd queues a FETCH_REQ or COMMIT_AND_FETCH_REQ for tag.
+func (l *loop) prepCmd(op uint32, tag uint16, result int32) error {
+	sqe := l.ring.GetSQE()
+	if sqe == nil {
+		return errNoSQE
+	}
+	sqe.PrepURingCmd(op, fileChar)
+	sqe.Flags |= uring.IOSQE_FIXED_FILE
+	sqe.UserData = encodeUD(udCmd, tag)
+	var addr uint64
+	if l.zc {
+		addr = uint64(tag) // ublk_auto_buf_reg: index = tag, no flags
+	} else {
+		addr = l.bufs.addr(tag, 0)
+	}
+	putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, addr)
+	if l.zc {
+		sqe.Addr = addr
+	}
+	return nil
+}
+
+// putIOCmd writes struct ublksrv_io_cmd into an SQE's 16-byte cmd area.
+func putIOCmd(c *[16]byte, qid, tag uint16, result int32, addr uint64) {
+	binary.LittleEndian.PutUint16(c[0:], qid)
+	binary.LittleEndian.PutUint16(c[2:], tag)
+	binary.LittleEndian.PutUint32(c[4:], uint32(result))
+	binary.LittleEndian.PutUint64(c[8:], addr)
+}
+
+// serve is the event loop: one io_uring_enter per batch submits every ready
+// SQE and waits for completions; every CQE is reaped and the head advanced
+// once; each CQE turns into at most one new SQE.
+func (l *loop) serve() error {
+	for {
+		if l.q.stopping.Load() {
+			return ErrQueueStopped
+		}
+		if l.aborted == len(l.tags) && l.backing == 0 {
+			return l.cmdErr
+		}
+		_, err := l.ring.SubmitAndWait(1, 0)
+		l.q.stats.enters.Add(1)
+		if err != nil && !errors.Is(err, unix.ETIME) {
+			return fmt.Errorf("submit and wait: %w", err)
+		}
+		n := l.ring.Reap(l.cqes)
+		for i := range n {
+			if err := l.handle(&l.cqes[i]); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// handle dispatches one CQE by the kind in its user_data.
+func (l *loop) handle(c *uring.CQE) error {
+	kind, tag := decodeUD(c.UserData)
+	switch kind {
+	case udCmd:
+		return l.onCmd(tag, c.Res)
+	case udBacking:
+		return l.onBacking(tag, c.Res)
+	case udWake:
+		l.q.waker.Drain()
+		if l.q.stopping.Load() {
+			return ErrQueueStopped
+		}
+		sqe := l.ring.GetSQE()
+		if sqe == nil {
+			return errors.New("no sqe for the waker")
+		}
+		l.q.waker.PrepPoll(sqe)
+		sqe.UserData = encodeUD(udWake, 0)
+		return nil
+	}
+	return fmt.Errorf("cqe with unknown user data %#x", c.UserData)
+}

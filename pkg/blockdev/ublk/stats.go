@@ -1,0 +1,127 @@
+package ublk
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// LatencyBuckets are the upper bounds of the latency histogram buckets in
+// QueueStats.Latency; the last bucket counts everything slower than the last
+// bound. Fixed so that recording is one atomic add and no allocation.
+var LatencyBuckets = [...]time.Duration{
+	10 * time.Microsecond,
+	25 * time.Microsecond,
+	50 * time.Microsecond,
+	100 * time.Microsecond,
+	250 * time.Microsecond,
+	500 * time.Microsecond,
+	time.Millisecond,
+	2500 * time.Microsecond,
+	5 * time.Millisecond,
+	10 * time.Millisecond,
+	25 * time.Millisecond,
+	50 * time.Millisecond,
+	100 * time.Millisecond,
+	250 * time.Millisecond,
+	time.Second,
+}
+
+// NumLatencyBuckets is len(LatencyBuckets)+1 (the overflow bucket).
+const NumLatencyBuckets = len(LatencyBuckets) + 1
+
+// QueueStats is a snapshot of one queue's counters. Counters only grow,
+// except InFlight, which is the number of requests the queue holds now.
+type QueueStats struct {
+	Reads, Writes, Flushes, Discards, WriteZeroes uint64
+	BytesRead, BytesWritten                       uint64
+	// Errors counts requests completed with an error.
+	Errors uint64
+	// InFlight is the number of requests received and not yet committed.
+	InFlight int64
+	// Latency counts requests by time from arrival to commit; bucket i
+	// holds those at most LatencyBuckets[i] (and above bucket i-1).
+	Latency [NumLatencyBuckets]uint64
+	// Enters counts io_uring_enter calls (batches) of the queue thread.
+	Enters uint64
+}
+
+// queueStats is the live, atomically updated form of QueueStats. The queue
+// thread writes it; Stats reads it from any goroutine.
+type queueStats struct {
+	reads, writes, flushes, discards, zeroes atomic.Uint64
+	bytesRead, bytesWritten                  atomic.Uint64
+	errors                                   atomic.Uint64
+	inFlight                                 atomic.Int64
+	latency                                  [NumLatencyBuckets]atomic.Uint64
+	enters                                   atomic.Uint64
+}
+
+// latencyBucket returns the histogram bucket for a duration in nanoseconds.
+func latencyBucket(ns int64) int {
+	for i, b := range LatencyBuckets {
+		if ns <= int64(b) {
+			return i
+		}
+	}
+	return len(LatencyBuckets)
+}
+
+// observe records one finished request.
+func (s *queueStats) observe(op uint8, bytes uint32, failed bool, ns int64) {
+	if failed {
+		s.errors.Add(1)
+		bytes = 0
+	}
+	switch op {
+	case ioOpRead:
+		s.reads.Add(1)
+		s.bytesRead.Add(uint64(bytes))
+	case ioOpWrite:
+		s.writes.Add(1)
+		s.bytesWritten.Add(uint64(bytes))
+	case ioOpFlush:
+		s.flushes.Add(1)
+	case ioOpDiscard:
+		s.discards.Add(1)
+	case ioOpWriteZeroes:
+		s.zeroes.Add(1)
+	}
+	s.latency[latencyBucket(ns)].Add(1)
+}
+
+func (s *queueStats) snapshot() QueueStats {
+	out := QueueStats{
+		Reads:        s.reads.Load(),
+		Writes:       s.writes.Load(),
+		Flushes:      s.flushes.Load(),
+		Discards:     s.discards.Load(),
+		WriteZeroes:  s.zeroes.Load(),
+		BytesRead:    s.bytesRead.Load(),
+		BytesWritten: s.bytesWritten.Load(),
+		Errors:       s.errors.Load(),
+		InFlight:     s.inFlight.Load(),
+		Enters:       s.enters.Load(),
+	}
+	for i := range out.Latency {
+		out.Latency[i] = s.latency[i].Load()
+	}
+	return out
+}
+
+// Add returns the element-wise sum of two snapshots (for per-device totals).
+func (a QueueStats) Add(b QueueStats) QueueStats {
+	a.Reads += b.Reads
+	a.Writes += b.Writes
+	a.Flushes += b.Flushes
+	a.Discards += b.Discards
+	a.WriteZeroes += b.WriteZeroes
+	a.BytesRead += b.BytesRead
+	a.BytesWritten += b.BytesWritten
+	a.Errors += b.Errors
+	a.InFlight += b.InFlight
+	a.Enters += b.Enters
+	for i := range a.Latency {
+		a.Latency[i] += b.Latency[i]
+	}
+	return a
+}

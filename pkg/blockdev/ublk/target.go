@@ -1,0 +1,29 @@
+package ublk
+
+// TargetKind says what backs a queue.
+type TargetKind uint8
+
+const (
+	// TargetFile serves I/O from a regular file opened O_RDWR|O_DIRECT.
+	TargetFile TargetKind = iota + 1
+	// TargetNull completes every request at once with its full byte
+	// count and moves no data. For benchmarks only, never for users.
+	TargetNull
+)
+
+// Target is the backing store of a device. It is a small value, not an
+// interface, so that the queue's per-I/O dispatch is a switch on Kind.
+type Target struct {
+	Kind TargetKind
+	// FD is the backing file (TargetFile): opened O_RDWR|O_DIRECT (or
+	// O_RDONLY|O_DIRECT for read-only devices) by the caller, who keeps
+	// it open until every queue using it has returned from Wait. Each
+	// queue registers it in its own ring, so one fd serves all queues.
+	FD int
+}
+
+// FileTarget returns a target that serves I/O from the open file fd.
+func FileTarget(fd int) Target { return Target{Kind: TargetFile, FD: fd} }
+
+// NullTarget returns the benchmark-only target that moves no data.
+func NullTarget() Target { return Target{Kind: TargetNull, FD: -1} }

@@ -1,0 +1,130 @@
+package ublk
+
+import (
+	"fmt"
+	"math/bits"
+	"os"
+)
+
+// Tuning limits and defaults. ChooseTuning is the one place the policy is
+// applied; its doc comment states it.
+const (
+	// DefaultMaxIOBytes is max_io_buf_bytes in copy mode: 256 KiB keeps a
+	// 1 MiB request at four commands while a tag's buffer stays small.
+	DefaultMaxIOBytes = 256 << 10
+	// ZeroCopyMaxIOBytes is max_io_buf_bytes with zero copy (no buffers).
+	ZeroCopyMaxIOBytes = 1 << 20
+	// DefaultMemoryBudget is the copy-mode buffer budget of one volume.
+	DefaultMemoryBudget = 16 << 20
+	// MaxMemoryBudget caps what explicit overrides may cost.
+	MaxMemoryBudget = 256 << 20
+	// DefaultMaxQueues caps the automatic queue count.
+	DefaultMaxQueues = 4
+	// DefaultDepth is the automatic queue depth before the budget applies.
+	DefaultDepth = 64
+	// MinAutoDepth is the smallest depth the budget may shrink a queue to
+	// before it removes queues instead.
+	MinAutoDepth = 16
+)
+
+// TuningInput is what the tuning policy looks at.
+type TuningInput struct {
+	// CPUs is the number of CPUs the plugin may run on (>= 1).
+	CPUs int
+	// Queues and Depth are per-volume overrides (StorageClass parameters
+	// "queues" and "queueDepth"); zero means choose.
+	Queues, Depth int
+	// ZeroCopy is true when the device will run without per-tag buffers
+	// (AUTO_BUF_REG or SUPPORT_ZERO_COPY negotiated).
+	ZeroCopy bool
+	// MemoryBudget is the copy-mode buffer budget in bytes; 0 = default.
+	MemoryBudget int64
+}
+
+// Tuning is the queue geometry chosen for one device.
+type Tuning struct {
+	Queues     int    `json:"queues"`
+	Depth      int    `json:"depth"`
+	MaxIOBytes uint32 `json:"maxIOBytes"`
+	// BufferBytes is what the per-tag buffers cost at most
+	// (Queues × Depth × MaxIOBytes; 0 with zero copy).
+	BufferBytes int64 `json:"bufferBytes"`
+	ZeroCopy    bool  `json:"zeroCopy,omitempty"`
+}
+
+// ChooseTuning picks the number of queues and the queue depth of a device.
+// The policy:
+//
+//  1. Overrides are validated: queues must be 1..min(CPUs, 4096) (the kernel
+//     clamps nr_hw_queues to nr_cpu_ids, so more would be silently lost);
+//     depth must be a power of two in 1..4096 (UBLK_MAX_QUEUE_DEPTH). A
+//     bad value is an error wrapping os.ErrInvalid, never silently fixed.
+//  2. max_io_buf_bytes is 256 KiB in copy mode and 1 MiB with zero copy.
+//  3. Without overrides: queues = min(CPUs, 4) (one thread per queue, so 64
+//     volumes on a 2-CPU node cost 128 threads), depth = 64.
+//  4. Copy mode must fit the memory budget (default 16 MiB per volume,
+//     Queues × Depth × max_io_buf_bytes): chosen values shrink, depth first
+//     (halving, down to 16), then queues; an overridden value never
+//     shrinks. Overrides together may cost at most 256 MiB, else error.
+//  5. Zero copy has no buffers, so the budget does not apply.
+//
+// The buffers are mmapped and touched lazily, so the resident cost of a
+// volume doing only 4 KiB I/O is far below BufferBytes.
+func ChooseTuning(in TuningInput) (Tuning, error) {
+	if in.CPUs < 1 {
+		return Tuning{}, fmt.Errorf("tuning: cpus %d: %w", in.CPUs, os.ErrInvalid)
+	}
+	if err := validateOverrides(in); err != nil {
+		return Tuning{}, err
+	}
+	budget := in.MemoryBudget
+	if budget <= 0 {
+		budget = DefaultMemoryBudget
+	}
+	t := Tuning{Queues: in.Queues, Depth: in.Depth, MaxIOBytes: DefaultMaxIOBytes, ZeroCopy: in.ZeroCopy}
+	if in.ZeroCopy {
+		t.MaxIOBytes = ZeroCopyMaxIOBytes
+	}
+	if t.Queues == 0 {
+		t.Queues = min(in.CPUs, DefaultMaxQueues)
+	}
+	if t.Depth == 0 {
+		t.Depth = DefaultDepth
+	}
+	if !in.ZeroCopy {
+		fitBudget(&t, in, budget)
+		t.BufferBytes = int64(t.Queues) * int64(t.Depth) * int64(t.MaxIOBytes)
+		if t.BufferBytes > MaxMemoryBudget {
+			return Tuning{}, fmt.Errorf("tuning: %d queues × depth %d × %d bytes exceeds %d: %w",
+				t.Queues, t.Depth, t.MaxIOBytes, MaxMemoryBudget, os.ErrInvalid)
+		}
+	}
+	return t, nil
+}
+
+func validateOverrides(in TuningInput) error {
+	if in.Queues < 0 || in.Queues > min(in.CPUs, maxNrQueues) {
+		return fmt.Errorf("tuning: queues %d not in 1..%d: %w", in.Queues, min(in.CPUs, maxNrQueues), os.ErrInvalid)
+	}
+	if in.Depth < 0 || in.Depth > maxQueueDepth || (in.Depth > 0 && bits.OnesCount(uint(in.Depth)) != 1) {
+		return fmt.Errorf("tuning: queueDepth %d is not a power of two in 1..%d: %w", in.Depth, maxQueueDepth, os.ErrInvalid)
+	}
+	return nil
+}
+
+// fitBudget shrinks the values the caller did not set until the buffers fit.
+func fitBudget(t *Tuning, in TuningInput, budget int64) {
+	cost := func() int64 { return int64(t.Queues) * int64(t.Depth) * int64(t.MaxIOBytes) }
+	for cost() > budget && in.Depth == 0 && t.Depth > MinAutoDepth {
+		t.Depth /= 2
+	}
+	for cost() > budget && in.Queues == 0 && t.Queues > 1 {
+		t.Queues--
+	}
+	for cost() > budget && in.Depth == 0 && t.Depth > 1 {
+		t.Depth /= 2
+	}
+}
+
+// errInvalid classifies bad arguments; the blockdev adapter maps it.
+var errInvalid = os.ErrInvalid

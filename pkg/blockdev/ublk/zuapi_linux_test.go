@@ -1,0 +1,91 @@
+package ublk
+
+import (
+	"testing"
+	"unsafe"
+)
+
+// TestUAPILayout pins the Go structs to the C layout of
+// include/uapi/linux/ublk_cmd.h (7.3) on LP64.
+func TestUAPILayout(t *testing.T) {
+	var p params
+	cases := []struct {
+		name      string
+		got, want uintptr
+	}{
+		{"sizeof ublksrv_ctrl_cmd", unsafe.Sizeof(ctrlCmd{}), 32},
+		{"sizeof ublksrv_ctrl_dev_info", unsafe.Sizeof(DevInfo{}), 64},
+		{"sizeof ublksrv_io_desc", unsafe.Sizeof(ioDesc{}), 24},
+		{"sizeof ublksrv_io_cmd", unsafe.Sizeof(ioCmd{}), 16},
+		{"sizeof ublk_params", unsafe.Sizeof(p), 152},
+		{"sizeof ublk_param_basic", unsafe.Sizeof(paramBasic{}), 32},
+		{"sizeof ublk_param_discard", unsafe.Sizeof(paramDiscard{}), 20},
+		{"sizeof ublk_param_zoned", unsafe.Sizeof(paramZoned{}), 32},
+		{"ctrl_cmd.addr", unsafe.Offsetof(ctrlCmd{}.Addr), 8},
+		{"ctrl_cmd.data", unsafe.Offsetof(ctrlCmd{}.Data), 16},
+		{"ctrl_cmd.dev_path_len", unsafe.Offsetof(ctrlCmd{}.DevPathLen), 24},
+		{"dev_info.max_io_buf_bytes", unsafe.Offsetof(DevInfo{}.MaxIOBufBytes), 8},
+		{"dev_info.ublksrv_pid", unsafe.Offsetof(DevInfo{}.UblksrvPID), 16},
+		{"dev_info.flags", unsafe.Offsetof(DevInfo{}.Flags), 24},
+		{"dev_info.owner_uid", unsafe.Offsetof(DevInfo{}.OwnerUID), 40},
+		{"io_desc.start_sector", unsafe.Offsetof(ioDesc{}.StartSector), 8},
+		{"io_desc.addr", unsafe.Offsetof(ioDesc{}.Addr), 16},
+		{"io_cmd.result", unsafe.Offsetof(ioCmd{}.Result), 4},
+		{"io_cmd.addr", unsafe.Offsetof(ioCmd{}.Addr), 8},
+		{"params.basic", unsafe.Offsetof(p.Basic), 8},
+		{"params.discard", unsafe.Offsetof(p.Discard), 40},
+		{"params.devt", unsafe.Offsetof(p.Devt), 60},
+		{"params.zoned", unsafe.Offsetof(p.Zoned), 76},
+		{"params.dma", unsafe.Offsetof(p.DMA), 108},
+		{"params.seg", unsafe.Offsetof(p.Seg), 120},
+		{"params.integrity", unsafe.Offsetof(p.Integrity), 136},
+		{"basic.max_sectors", unsafe.Offsetof(p.Basic.MaxSectors), 8},
+		{"basic.dev_sectors", unsafe.Offsetof(p.Basic.DevSectors), 16},
+		{"discard.max_discard_segments", unsafe.Offsetof(p.Discard.MaxDiscardSegments), 16},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.got != c.want {
+				t.Fatalf("got %d, want %d", c.got, c.want)
+			}
+		})
+	}
+}
+
+// TestCommandEncoding checks the ioctl encoding against the values the
+// kernel header's _IOR/_IOWR macros produce.
+func TestCommandEncoding(t *testing.T) {
+	cases := []struct {
+		name      string
+		got, want uint32
+	}{
+		{"GET_QUEUE_AFFINITY", cmdGetQueueAffinity, 0x80207501},
+		{"GET_DEV_INFO", cmdGetDevInfo, 0x80207502},
+		{"ADD_DEV", cmdAddDev, 0xC0207504},
+		{"DEL_DEV", cmdDelDev, 0xC0207505},
+		{"START_DEV", cmdStartDev, 0xC0207506},
+		{"STOP_DEV", cmdStopDev, 0xC0207507},
+		{"SET_PARAMS", cmdSetParams, 0xC0207508},
+		{"GET_PARAMS", cmdGetParams, 0x80207509},
+		{"START_USER_RECOVERY", cmdStartUserRecovery, 0xC0207510},
+		{"END_USER_RECOVERY", cmdEndUserRecovery, 0xC0207511},
+		{"GET_DEV_INFO2", cmdGetDevInfo2, 0x80207512},
+		{"GET_FEATURES", cmdGetFeatures, 0x80207513},
+		{"DEL_DEV_ASYNC", cmdDelDevAsync, 0x80207514},
+		{"UPDATE_SIZE", cmdUpdateSize, 0xC0207515},
+		{"QUIESCE_DEV", cmdQuiesceDev, 0xC0207516},
+		{"TRY_STOP_DEV", cmdTryStopDev, 0xC0207517},
+		{"IO_FETCH_REQ", ioFetchReq, 0xC0107520},
+		{"IO_COMMIT_AND_FETCH_REQ", ioCommitAndFetchReq, 0xC0107521},
+		{"IO_NEED_GET_DATA", ioNeedGetData, 0xC0107522},
+		{"IO_REGISTER_IO_BUF", ioRegisterIOBuf, 0xC0107523},
+		{"IO_UNREGISTER_IO_BUF", ioUnregisterIOBuf, 0xC0107524},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.got != c.want {
+				t.Fatalf("got %#x, want %#x", c.got, c.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,120 @@
+// Registered files, buffers and ring fd.
+//
+// Soundness: the argument arrays live on the Go heap only for the duration
+// of the io_uring_register call, which copies them (io_uring/rsrc.c@v6.1);
+// the buffers they describe must stay mapped while registered.
+
+package uring
+
+import (
+	"fmt"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// RegisterFiles registers fds as the fixed-file table (index i = fds[i]);
+// use index i as SQE.Fd with IOSQE_FIXED_FILE.
+func (r *Ring) RegisterFiles(fds []int32) error {
+	if r.closed {
+		return ErrClosed
+	}
+	if len(fds) == 0 {
+		return fmt.Errorf("register files: empty table: %w", unix.EINVAL)
+	}
+	if _, err := register(r.fd, IORING_REGISTER_FILES, unsafe.Pointer(&fds[0]), uint32(len(fds))); err != nil {
+		return fmt.Errorf("register files: %w", err)
+	}
+	return nil
+}
+
+// UnregisterFiles drops the fixed-file table.
+func (r *Ring) UnregisterFiles() error {
+	if r.closed {
+		return ErrClosed
+	}
+	if _, err := register(r.fd, IORING_UNREGISTER_FILES, nil, 0); err != nil {
+		return fmt.Errorf("unregister files: %w", err)
+	}
+	return nil
+}
+
+// RegisterBuffers registers bufs as fixed buffers (index i = bufs[i]) for
+// READ_FIXED/WRITE_FIXED. The memory must stay mapped until unregistered.
+func (r *Ring) RegisterBuffers(bufs [][]byte) error {
+	if r.closed {
+		return ErrClosed
+	}
+	if len(bufs) == 0 {
+		return fmt.Errorf("register buffers: empty table: %w", unix.EINVAL)
+	}
+	iov := make([]unix.Iovec, len(bufs))
+	for i, b := range bufs {
+		if len(b) == 0 {
+			return fmt.Errorf("register buffers: buffer %d is empty: %w", i, unix.EINVAL)
+		}
+		iov[i].Base = &b[0]
+		iov[i].SetLen(len(b))
+	}
+	if _, err := register(r.fd, IORING_REGISTER_BUFFERS, unsafe.Pointer(&iov[0]), uint32(len(iov))); err != nil {
+		return fmt.Errorf("register buffers: %w", err)
+	}
+	return nil
+}
+
+// RegisterBuffersSparse registers an empty buffer table of n slots, for the
+// kernel (ublk AUTO_BUF_REG, REGISTER_IO_BUF) to fill.
+func (r *Ring) RegisterBuffersSparse(n uint32) error {
+	if r.closed {
+		return ErrClosed
+	}
+	reg := rsrcRegister{Nr: n, Flags: IORING_RSRC_REGISTER_SPARSE}
+	if _, err := register(r.fd, IORING_REGISTER_BUFFERS2, unsafe.Pointer(&reg), uint32(unsafe.Sizeof(reg))); err != nil {
+		return fmt.Errorf("register sparse buffers: %w", err)
+	}
+	return nil
+}
+
+// UnregisterBuffers drops the buffer table.
+func (r *Ring) UnregisterBuffers() error {
+	if r.closed {
+		return ErrClosed
+	}
+	if _, err := register(r.fd, IORING_UNREGISTER_BUFFERS, nil, 0); err != nil {
+		return fmt.Errorf("unregister buffers: %w", err)
+	}
+	return nil
+}
+
+// RegisterRingFD registers the ring fd with the calling thread's io_uring
+// context; later enters pass the index with IORING_ENTER_REGISTERED_RING,
+// saving an fd lookup per call. Call it on the owner thread only.
+func (r *Ring) RegisterRingFD() error {
+	if r.closed {
+		return ErrClosed
+	}
+	if r.regFD {
+		return nil
+	}
+	upd := rsrcUpdate{Offset: ^uint32(0), Data: uint64(r.fd)} // any free slot
+	if _, err := register(r.fd, IORING_REGISTER_RING_FDS, unsafe.Pointer(&upd), 1); err != nil {
+		return fmt.Errorf("register ring fd: %w", err)
+	}
+	r.regFD = true
+	r.enterFD = int(upd.Offset)
+	r.enterFlags = IORING_ENTER_REGISTERED_RING
+	return nil
+}
+
+// SetMaxWorkers caps io-wq workers (bounded, unbounded); 0 leaves a value
+// unchanged. It returns the previous values.
+func (r *Ring) SetMaxWorkers(bounded, unbounded uint32) ([2]uint32, error) {
+	if r.closed {
+		return [2]uint32{}, ErrClosed
+	}
+	v := [2]uint32{bounded, unbounded}
+	if _, err := register(r.fd, IORING_REGISTER_IOWQ_MAX_WORKERS, unsafe.Pointer(&v), 2); err != nil {
+		return [2]uint32{}, fmt.Errorf("set io-wq max workers: %w", err)
+	}
+	return v, nil
+}

@@ -1,0 +1,125 @@
+package driver
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+// StorageClass parameters the driver understands.
+const (
+	ParamFsType     = "csi.storage.k8s.io/fstype"
+	ParamQueues     = "queues"
+	ParamQueueDepth = "queueDepth"
+	// Keys under this prefix are added by the external-provisioner
+	// (--extra-create-metadata) and are accepted and ignored.
+	paramCSIPrefix = "csi.storage.k8s.io/"
+)
+
+var supportedFsTypes = map[string]bool{"ext4": true, "xfs": true}
+
+const defaultFsType = "ext4"
+
+// Node-local volumes can be used by one node only.
+var supportedModes = map[csi.VolumeCapability_AccessMode_Mode]bool{
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER:        true,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY:   true,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER: true,
+	csi.VolumeCapability_AccessMode_SINGLE_NODE_MULTI_WRITER:  true,
+}
+
+// checkCapability reports why a capability cannot be served, or nil.
+func checkCapability(c *csi.VolumeCapability) error {
+	if c == nil {
+		return fmt.Errorf("volume capability is empty")
+	}
+	if c.GetAccessMode() == nil {
+		return fmt.Errorf("access mode is missing")
+	}
+	if m := c.GetAccessMode().GetMode(); !supportedModes[m] {
+		return fmt.Errorf("access mode %s is not supported by node-local volumes", m)
+	}
+	switch {
+	case c.GetBlock() != nil:
+	case c.GetMount() != nil:
+		if fs := c.GetMount().GetFsType(); fs != "" && !supportedFsTypes[fs] {
+			return fmt.Errorf("filesystem %q is not supported (ext4, xfs)", fs)
+		}
+	default:
+		return fmt.Errorf("access type must be block or mount")
+	}
+	return nil
+}
+
+func checkCapabilities(caps []*csi.VolumeCapability) error {
+	if len(caps) == 0 {
+		return fmt.Errorf("volume capabilities are missing")
+	}
+	for _, c := range caps {
+		if err := checkCapability(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkParams validates StorageClass parameters.
+func checkParams(p map[string]string) error {
+	for k, v := range p {
+		switch k {
+		case ParamFsType:
+			if !supportedFsTypes[v] {
+				return fmt.Errorf("parameter %s=%q: want ext4 or xfs", k, v)
+			}
+		case ParamQueues, ParamQueueDepth:
+		default:
+			if !strings.HasPrefix(k, paramCSIPrefix) {
+				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s)", k, ParamFsType, ParamQueues, ParamQueueDepth)
+			}
+		}
+	}
+	_, err := tuningFromParams(p)
+	return err
+}
+
+// tuningFromParams reads the per-volume queue overrides; the backend
+// validates them against the node's limits.
+func tuningFromParams(p map[string]string) (blockdev.Tuning, error) {
+	var t blockdev.Tuning
+	for key, dst := range map[string]*int{ParamQueues: &t.Queues, ParamQueueDepth: &t.QueueDepth} {
+		s, ok := p[key]
+		if !ok {
+			continue
+		}
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > 4096 {
+			return t, fmt.Errorf("parameter %s=%q: want an integer from 1 to 4096", key, s)
+		}
+		*dst = n
+	}
+	return t, nil
+}
+
+// fsTypeFor picks the filesystem: the capability's, then the parameter's,
+// then ext4.
+func fsTypeFor(c *csi.VolumeCapability, params map[string]string) string {
+	if fs := c.GetMount().GetFsType(); fs != "" {
+		return fs
+	}
+	if fs := params[ParamFsType]; fs != "" {
+		return fs
+	}
+	return defaultFsType
+}
+
+func isSingleWriter(c *csi.VolumeCapability) bool {
+	return c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER
+}
+
+func isReadOnlyMode(c *csi.VolumeCapability) bool {
+	return c.GetAccessMode().GetMode() == csi.VolumeCapability_AccessMode_SINGLE_NODE_READER_ONLY
+}

@@ -1,0 +1,329 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+const (
+	// defaultVolumeSize applies when CreateVolume has no capacity range.
+	defaultVolumeSize = 1 << 30
+	// sizeAlign is the allocation unit; every size is rounded up to it.
+	sizeAlign = 4096
+	// maxNameLen is the CSI limit for names and IDs.
+	maxNameLen = 128
+)
+
+// Controller implements csi.ControllerServer for the node's own volumes.
+type Controller struct {
+	csi.UnimplementedControllerServer
+	d *Driver
+}
+
+func (s *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerGetCapabilitiesRequest) (*csi.ControllerGetCapabilitiesResponse, error) {
+	var caps []*csi.ControllerServiceCapability
+	for _, t := range []csi.ControllerServiceCapability_RPC_Type{
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_VOLUME,
+		csi.ControllerServiceCapability_RPC_LIST_VOLUMES,
+		csi.ControllerServiceCapability_RPC_GET_CAPACITY,
+		csi.ControllerServiceCapability_RPC_CREATE_DELETE_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_LIST_SNAPSHOTS,
+		csi.ControllerServiceCapability_RPC_GET_SNAPSHOT,
+		csi.ControllerServiceCapability_RPC_CLONE_VOLUME,
+		csi.ControllerServiceCapability_RPC_EXPAND_VOLUME,
+		csi.ControllerServiceCapability_RPC_GET_VOLUME,
+		csi.ControllerServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+	} {
+		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
+			Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
+	}
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+}
+
+func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	spec, err := s.volumeSpec(req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
+		return nil, err
+	}
+	unlock, err := s.d.locks.lock(ctx, "name/"+req.GetName())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+
+	if err := s.d.sizeFromSource(&spec, req.GetCapacityRange()); err != nil {
+		return nil, toStatus(err)
+	}
+	v, err := s.d.store.CreateVolume(ctx, spec)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("create volume %q: %w", req.GetName(), err))
+	}
+	klog.InfoS("volume created", "volumeID", v.ID, "name", v.Name, "size", v.SizeBytes,
+		"snapshot", v.SourceSnapshotID, "clone", v.SourceVolumeID)
+	return &csi.CreateVolumeResponse{Volume: s.d.csiVolume(v, req.GetVolumeContentSource())}, nil
+}
+
+// volumeSpec validates a CreateVolume request into a store spec.
+func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSpec, error) {
+	var spec blockdev.VolumeSpec
+	if req.GetName() == "" {
+		return spec, invalid("volume name is missing")
+	}
+	if len(req.GetName()) > maxNameLen {
+		return spec, invalid("volume name is longer than %d bytes", maxNameLen)
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return spec, invalid("%v", err)
+	}
+	if err := checkParams(req.GetParameters()); err != nil {
+		return spec, invalid("%v", err)
+	}
+	size, err := sizeFor(req.GetCapacityRange())
+	if err != nil {
+		return spec, err
+	}
+	spec = blockdev.VolumeSpec{Name: req.GetName(), SizeBytes: size, Params: req.GetParameters()}
+	if src := req.GetVolumeContentSource(); src != nil {
+		switch {
+		case src.GetSnapshot() != nil:
+			spec.SourceSnapshotID = src.GetSnapshot().GetSnapshotId()
+			if spec.SourceSnapshotID == "" {
+				return spec, invalid("snapshot source has no ID")
+			}
+		case src.GetVolume() != nil:
+			spec.SourceVolumeID = src.GetVolume().GetVolumeId()
+			if spec.SourceVolumeID == "" {
+				return spec, invalid("volume source has no ID")
+			}
+		default:
+			return spec, invalid("unsupported volume content source")
+		}
+	}
+	return spec, nil
+}
+
+// sizeFor turns a capacity range into a size: the required bytes (or the
+// default), rounded up to sizeAlign, never above the limit.
+func sizeFor(cr *csi.CapacityRange) (int64, error) {
+	req, lim := cr.GetRequiredBytes(), cr.GetLimitBytes()
+	if req < 0 || lim < 0 {
+		return 0, invalid("capacity range must not be negative")
+	}
+	if lim > 0 && req > lim {
+		return 0, invalid("required bytes %d exceed limit bytes %d", req, lim)
+	}
+	size := req
+	if size == 0 {
+		size = defaultVolumeSize
+		if lim > 0 && lim < size {
+			size = lim
+		}
+	}
+	size = roundUp(size)
+	if lim > 0 && size > lim {
+		size = lim / sizeAlign * sizeAlign
+		if size < req || size == 0 {
+			return 0, status.Errorf(codes.OutOfRange, "no multiple of %d bytes lies in [%d, %d]", sizeAlign, req, lim)
+		}
+	}
+	return size, nil
+}
+
+func roundUp(n int64) int64 { return (n + sizeAlign - 1) / sizeAlign * sizeAlign }
+
+// sizeFromSource makes a volume created from a source at least as large as
+// the source when the request named no size.
+func (d *Driver) sizeFromSource(spec *blockdev.VolumeSpec, cr *csi.CapacityRange) error {
+	var srcSize int64
+	switch {
+	case spec.SourceSnapshotID != "":
+		snap, err := d.store.Snapshot(spec.SourceSnapshotID)
+		if err != nil {
+			return fmt.Errorf("source snapshot %s: %w", spec.SourceSnapshotID, err)
+		}
+		srcSize = snap.SizeBytes
+	case spec.SourceVolumeID != "":
+		v, err := d.store.Volume(spec.SourceVolumeID)
+		if err != nil {
+			return fmt.Errorf("source volume %s: %w", spec.SourceVolumeID, err)
+		}
+		srcSize = v.SizeBytes
+	default:
+		return nil
+	}
+	if cr.GetRequiredBytes() == 0 && spec.SizeBytes < srcSize {
+		if lim := cr.GetLimitBytes(); lim > 0 && srcSize > lim {
+			return fmt.Errorf("source is %d bytes, above the limit %d: %w", srcSize, lim, blockdev.ErrOutOfRange)
+		}
+		spec.SizeBytes = srcSize
+	}
+	return nil
+}
+
+// checkTopology refuses a volume when the requisite topology excludes this node.
+func (d *Driver) checkTopology(req *csi.TopologyRequirement) error {
+	if len(req.GetRequisite()) == 0 {
+		return nil
+	}
+	for _, t := range req.GetRequisite() {
+		if d.topologyMatches(t) {
+			return nil
+		}
+	}
+	return status.Errorf(codes.ResourceExhausted, "requisite topology does not include node %q", d.cfg.NodeID)
+}
+
+func (d *Driver) topologyMatches(t *csi.Topology) bool {
+	seg := t.GetSegments()
+	v, ok := seg[TopologyKey]
+	return ok && v == d.cfg.NodeID && len(seg) == 1
+}
+
+func (d *Driver) topology() *csi.Topology {
+	return &csi.Topology{Segments: map[string]string{TopologyKey: d.cfg.NodeID}}
+}
+
+func (d *Driver) csiVolume(v blockdev.Volume, src *csi.VolumeContentSource) *csi.Volume {
+	if src == nil {
+		switch {
+		case v.SourceSnapshotID != "":
+			src = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: v.SourceSnapshotID}}}
+		case v.SourceVolumeID != "":
+			src = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: v.SourceVolumeID}}}
+		}
+	}
+	return &csi.Volume{
+		VolumeId:           v.ID,
+		CapacityBytes:      v.SizeBytes,
+		ContentSource:      src,
+		AccessibleTopology: []*csi.Topology{d.topology()},
+	}
+}
+
+func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequest) (*csi.DeleteVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, invalid("volume ID is missing")
+	}
+	unlock, err := s.d.lockVolume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, err := s.d.store.Volume(id)
+	if errors.Is(err, blockdev.ErrNotFound) {
+		return &csi.DeleteVolumeResponse{}, nil
+	}
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if v.Node.StagingPath != "" {
+		return nil, precondition("volume %s is staged at %s", id, v.Node.StagingPath)
+	}
+	if err := s.d.store.DeleteVolume(ctx, id); err != nil {
+		return nil, toStatus(fmt.Errorf("delete volume %s: %w", id, err))
+	}
+	klog.InfoS("volume deleted", "volumeID", id)
+	return &csi.DeleteVolumeResponse{}, nil
+}
+
+func (s *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.ValidateVolumeCapabilitiesRequest) (*csi.ValidateVolumeCapabilitiesResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume ID is missing")
+	}
+	if len(req.GetVolumeCapabilities()) == 0 {
+		return nil, invalid("volume capabilities are missing")
+	}
+	v, err := s.d.store.Volume(req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if err := checkCapabilities(req.GetVolumeCapabilities()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	if err := checkParams(req.GetParameters()); err != nil {
+		return &csi.ValidateVolumeCapabilitiesResponse{Message: err.Error()}, nil
+	}
+	return &csi.ValidateVolumeCapabilitiesResponse{Confirmed: &csi.ValidateVolumeCapabilitiesResponse_Confirmed{
+		VolumeContext:      req.GetVolumeContext(),
+		VolumeCapabilities: req.GetVolumeCapabilities(),
+		Parameters:         v.Params,
+	}}, nil
+}
+
+func (s *Controller) ControllerGetVolume(ctx context.Context, req *csi.ControllerGetVolumeRequest) (*csi.ControllerGetVolumeResponse, error) {
+	if req.GetVolumeId() == "" {
+		return nil, invalid("volume ID is missing")
+	}
+	v, err := s.d.store.Volume(req.GetVolumeId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.ControllerGetVolumeResponse{
+		Volume: s.d.csiVolume(v, nil),
+		Status: &csi.ControllerGetVolumeResponse_VolumeStatus{},
+	}, nil
+}
+
+func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityRequest) (*csi.GetCapacityResponse, error) {
+	if t := req.GetAccessibleTopology(); t != nil && !s.d.topologyMatches(t) {
+		return &csi.GetCapacityResponse{}, nil
+	}
+	for _, c := range req.GetVolumeCapabilities() {
+		if checkCapability(c) != nil {
+			return &csi.GetCapacityResponse{}, nil
+		}
+	}
+	avail, _, err := s.d.store.Capacity()
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("capacity: %w", err))
+	}
+	return &csi.GetCapacityResponse{
+		AvailableCapacity: avail,
+		MaximumVolumeSize: wrapInt64(avail),
+		MinimumVolumeSize: wrapInt64(sizeAlign),
+	}, nil
+}
+
+func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, invalid("volume ID is missing")
+	}
+	if req.GetCapacityRange() == nil {
+		return nil, invalid("capacity range is missing")
+	}
+	if c := req.GetVolumeCapability(); c != nil {
+		if err := checkCapability(c); err != nil {
+			return nil, invalid("%v", err)
+		}
+	}
+	size, err := sizeFor(req.GetCapacityRange())
+	if err != nil {
+		return nil, err
+	}
+	unlock, err := s.d.lockVolume(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, err := s.d.store.ExpandVolume(ctx, id, size)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("expand volume %s: %w", id, err))
+	}
+	klog.InfoS("volume expanded", "volumeID", id, "size", v.SizeBytes)
+	return &csi.ControllerExpandVolumeResponse{CapacityBytes: v.SizeBytes, NodeExpansionRequired: true}, nil
+}

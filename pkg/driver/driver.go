@@ -1,0 +1,108 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+// TopologyKey is the topology segment every volume is accessible under.
+const TopologyKey = "topology.fastblk.csi.io/node"
+
+// Config is the driver's configuration; cmd/csi-fastblk binds flags to it.
+type Config struct {
+	Name    string // CSI driver name, e.g. fastblk.csi.io
+	Version string
+	NodeID  string
+	// MaxVolumesPerNode is reported by NodeGetInfo (0 = no limit).
+	MaxVolumesPerNode int64
+	// Tuning is the node-wide default device tuning (zero = auto).
+	Tuning blockdev.Tuning
+}
+
+var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)
+
+// Driver implements the three CSI services. Create it with New.
+type Driver struct {
+	cfg     Config
+	store   *blockdev.Store
+	backend blockdev.Backend
+	mounter *mount.SafeFormatAndMount
+	exec    utilexec.Interface
+	locks   *keyLocks
+}
+
+// New validates cfg and returns a Driver over store and backend.
+func New(cfg Config, store *blockdev.Store, backend blockdev.Backend) (*Driver, error) {
+	if !driverNameRE.MatchString(cfg.Name) {
+		return nil, fmt.Errorf("driver name %q: must be a DNS-like name of at most 63 characters", cfg.Name)
+	}
+	if cfg.NodeID == "" {
+		return nil, errors.New("node ID is empty")
+	}
+	if store == nil || backend == nil {
+		return nil, errors.New("store and backend are required")
+	}
+	ex := utilexec.New()
+	return &Driver{
+		cfg:     cfg,
+		store:   store,
+		backend: backend,
+		mounter: &mount.SafeFormatAndMount{Interface: mount.New(""), Exec: ex},
+		exec:    ex,
+		locks:   newKeyLocks(),
+	}, nil
+}
+
+// Reconcile brings devices back in line with persisted node state after a
+// restart: every staged volume gets its device again (Attach is idempotent,
+// so devices that survived are adopted, not recreated).
+func (d *Driver) Reconcile(ctx context.Context) error {
+	var errs []error
+	for _, v := range d.store.Volumes() {
+		if v.Node.StagingPath == "" {
+			continue
+		}
+		dev, err := d.backend.Attach(ctx, d.attachRequest(v))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("reattach %s: %w", v.ID, err))
+			continue
+		}
+		klog.InfoS("volume device restored", "volumeID", v.ID, "device", dev.Path, "link", dev.Link)
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Driver) attachRequest(v blockdev.Volume) blockdev.AttachRequest {
+	t := d.cfg.Tuning
+	if p, err := tuningFromParams(v.Params); err == nil {
+		if p.Queues != 0 {
+			t.Queues = p.Queues
+		}
+		if p.QueueDepth != 0 {
+			t.QueueDepth = p.QueueDepth
+		}
+	}
+	return blockdev.AttachRequest{
+		VolumeID:  v.ID,
+		File:      d.store.VolumeFile(v.ID),
+		SizeBytes: v.SizeBytes,
+		Tuning:    t,
+	}
+}
+
+// lockVolume serialises calls on one volume ID.
+func (d *Driver) lockVolume(ctx context.Context, id string) (func(), error) {
+	unlock, err := d.locks.lock(ctx, "volume/"+id)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("wait for volume %s: %w", id, err))
+	}
+	return unlock, nil
+}

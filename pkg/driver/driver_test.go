@@ -1,0 +1,146 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+// TestErrorCodes pins the mapping from blockdev's error classes to the gRPC
+// codes the CSI spec names for them.
+func TestErrorCodes(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want codes.Code
+	}{
+		{fmt.Errorf("volume x: %w", blockdev.ErrNotFound), codes.NotFound},
+		{fmt.Errorf("name y: %w", blockdev.ErrConflict), codes.AlreadyExists},
+		{blockdev.ErrInvalid, codes.InvalidArgument},
+		{fmt.Errorf("create: %w", blockdev.ErrNoSpace), codes.ResourceExhausted},
+		{blockdev.ErrOutOfRange, codes.OutOfRange},
+		{blockdev.ErrBusy, codes.FailedPrecondition},
+		{fmt.Errorf("resize: %w", blockdev.ErrNotSupported), codes.FailedPrecondition},
+		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{errors.New("disk on fire"), codes.Internal},
+		{status.Error(codes.Aborted, "busy"), codes.Aborted},
+	} {
+		t.Run(tc.err.Error(), func(t *testing.T) {
+			if got := status.Code(toStatus(tc.err)); got != tc.want {
+				t.Errorf("code = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestSizeFor(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		req, lim int64
+		want     int64
+		code     codes.Code
+	}{
+		{"default", 0, 0, defaultVolumeSize, codes.OK},
+		{"default capped by limit", 0, 1 << 20, 1 << 20, codes.OK},
+		{"rounded up", 1000, 0, 4096, codes.OK},
+		{"exact", 8192, 8192, 8192, codes.OK},
+		{"limit rounds down", 1, 6000, 4096, codes.OK},
+		{"no aligned size in range", 4097, 5000, 0, codes.OutOfRange},
+		{"required above limit", 10, 5, 0, codes.InvalidArgument},
+		{"negative", -1, 0, 0, codes.InvalidArgument},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := sizeFor(&csi.CapacityRange{RequiredBytes: tc.req, LimitBytes: tc.lim})
+			if status.Code(err) != tc.code {
+				t.Fatalf("err = %v, want code %v", err, tc.code)
+			}
+			if got != tc.want {
+				t.Errorf("size = %d, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestPaginate(t *testing.T) {
+	items := []int{0, 1, 2, 3, 4}
+	var got []int
+	token := ""
+	for range 10 {
+		page, next, err := paginate(items, token, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, page...)
+		if next == "" {
+			break
+		}
+		token = next
+	}
+	if fmt.Sprint(got) != fmt.Sprint(items) {
+		t.Errorf("pages joined = %v, want %v", got, items)
+	}
+	for _, bad := range []string{"x", "-1", strconv.Itoa(len(items) + 1)} {
+		if _, _, err := paginate(items, bad, 0); status.Code(err) != codes.Aborted {
+			t.Errorf("token %q: err = %v, want Aborted", bad, err)
+		}
+	}
+}
+
+func TestCheckParams(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		p    map[string]string
+		ok   bool
+	}{
+		{"empty", nil, true},
+		{"xfs and tuning", map[string]string{ParamFsType: "xfs", ParamQueues: "2", ParamQueueDepth: "128"}, true},
+		{"provisioner metadata", map[string]string{"csi.storage.k8s.io/pvc/name": "data"}, true},
+		{"bad fs", map[string]string{ParamFsType: "vfat"}, false},
+		{"bad queues", map[string]string{ParamQueues: "0"}, false},
+		{"huge depth", map[string]string{ParamQueueDepth: "100000"}, false},
+		{"unknown", map[string]string{"speed": "ludicrous"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := checkParams(tc.p); (err == nil) != tc.ok {
+				t.Errorf("checkParams(%v) = %v, want ok=%v", tc.p, err, tc.ok)
+			}
+		})
+	}
+}
+
+// TestKeyLocksSerialise proves a second locker waits for the first and
+// gives up when its context ends.
+func TestKeyLocksSerialise(t *testing.T) {
+	k := newKeyLocks()
+	unlock, err := k.lock(context.Background(), "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := k.lock(ctx, "v1"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second lock: %v, want deadline exceeded", err)
+	}
+	other, err := k.lock(context.Background(), "v2")
+	if err != nil {
+		t.Fatalf("other key must not wait: %v", err)
+	}
+	other()
+	unlock()
+	again, err := k.lock(context.Background(), "v1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again()
+	if n := len(k.locks); n != 0 {
+		t.Errorf("%d lock entries left, want 0", n)
+	}
+}

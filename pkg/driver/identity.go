@@ -1,0 +1,54 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// Identity implements csi.IdentityServer.
+type Identity struct {
+	csi.UnimplementedIdentityServer
+	d *Driver
+}
+
+func (s *Identity) GetPluginInfo(context.Context, *csi.GetPluginInfoRequest) (*csi.GetPluginInfoResponse, error) {
+	return &csi.GetPluginInfoResponse{Name: s.d.cfg.Name, VendorVersion: s.d.cfg.Version}, nil
+}
+
+func (s *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabilitiesRequest) (*csi.GetPluginCapabilitiesResponse, error) {
+	svc := func(t csi.PluginCapability_Service_Type) *csi.PluginCapability {
+		return &csi.PluginCapability{Type: &csi.PluginCapability_Service_{Service: &csi.PluginCapability_Service{Type: t}}}
+	}
+	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{
+		svc(csi.PluginCapability_Service_CONTROLLER_SERVICE),
+		svc(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
+		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{
+			Type: csi.PluginCapability_VolumeExpansion_ONLINE}}},
+	}}, nil
+}
+
+// Probe reports ready only when the data directory is usable and the
+// backend answers; the livenessprobe sidecar turns this into /healthz.
+func (s *Identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
+	if err := s.d.Healthy(ctx); err != nil {
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
+}
+
+// Healthy checks what the plugin needs to serve: free capacity can be read
+// from the data directory and the backend can list its devices.
+func (d *Driver) Healthy(ctx context.Context) error {
+	if _, _, err := d.store.Capacity(); err != nil {
+		return fmt.Errorf("data directory: %w", err)
+	}
+	if _, err := d.backend.List(ctx); err != nil {
+		return fmt.Errorf("%s backend: %w", d.backend.Name(), err)
+	}
+	return nil
+}

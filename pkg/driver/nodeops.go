@@ -1,0 +1,292 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"k8s.io/klog/v2"
+	mount "k8s.io/mount-utils"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+// stage attaches v's device and, for mount access, formats it if it is empty
+// and mounts it at staging. The node state is persisted before the mount so
+// that a crash in between leaves a record NodeUnstage can undo.
+func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c *csi.VolumeCapability) error {
+	block := c.GetBlock() != nil
+	if cur := v.Node.StagingPath; cur != "" {
+		if cur != staging {
+			return fmt.Errorf("already staged at %s: %w", cur, blockdev.ErrBusy)
+		}
+		if v.Node.Block != block {
+			return fmt.Errorf("already staged at %s with another access type: %w", cur, blockdev.ErrConflict)
+		}
+		if block {
+			return nil
+		}
+		if mounted, err := d.mounter.IsMountPoint(staging); err == nil && mounted {
+			return nil
+		}
+	}
+	dev, err := d.backend.Attach(ctx, d.attachRequest(v))
+	if err != nil {
+		return fmt.Errorf("attach: %w", err)
+	}
+	ns := blockdev.NodeState{
+		StagingPath: staging,
+		Block:       block,
+		Device:      devicePath(dev),
+		Backend:     dev.Backend,
+		Tuning:      dev.Tuning,
+	}
+	if !block {
+		ns.FsType = fsTypeFor(c, v.Params)
+	}
+	if _, err := d.store.UpdateNode(ctx, v.ID, ns); err != nil {
+		return errors.Join(fmt.Errorf("record staging: %w", err), d.backend.Detach(ctx, v.ID))
+	}
+	klog.InfoS("volume attached", "volumeID", v.ID, "device", dev.Path, "link", dev.Link,
+		"backend", dev.Backend, "queues", dev.Tuning.Queues, "queueDepth", dev.Tuning.QueueDepth)
+	if block {
+		return nil
+	}
+	opts := c.GetMount().GetMountFlags()
+	if err := d.mounter.FormatAndMount(ns.Device, staging, ns.FsType, opts); err != nil {
+		err = fmt.Errorf("format and mount %s (%s) at %s: %w", ns.Device, ns.FsType, staging, err)
+		return errors.Join(err, d.undoStage(ctx, v.ID))
+	}
+	klog.InfoS("volume staged", "volumeID", v.ID, "stagingPath", staging, "fsType", ns.FsType)
+	return nil
+}
+
+func devicePath(dev blockdev.Device) string {
+	if dev.Link != "" {
+		return dev.Link
+	}
+	return dev.Path
+}
+
+// undoStage detaches and forgets a half-made staging.
+func (d *Driver) undoStage(ctx context.Context, id string) error {
+	if err := d.backend.Detach(ctx, id); err != nil {
+		return fmt.Errorf("detach after failed stage: %w", err)
+	}
+	_, err := d.store.UpdateNode(ctx, id, blockdev.NodeState{})
+	return err
+}
+
+// unstage unmounts the staging path and detaches the device. Unstaging a
+// volume that is not staged succeeds.
+func (d *Driver) unstage(ctx context.Context, v blockdev.Volume, staging string) error {
+	if v.Node.StagingPath != "" && v.Node.StagingPath != staging {
+		return fmt.Errorf("staged at %s, not %s: %w", v.Node.StagingPath, staging, blockdev.ErrBusy)
+	}
+	if n := len(v.Node.Targets); n > 0 {
+		return fmt.Errorf("still published at %d target(s): %w", n, blockdev.ErrBusy)
+	}
+	if err := d.unmountIfMounted(staging); err != nil {
+		return err
+	}
+	if err := d.backend.Detach(ctx, v.ID); err != nil {
+		return fmt.Errorf("detach: %w", err)
+	}
+	if v.Node.StagingPath == "" {
+		return nil
+	}
+	if _, err := d.store.UpdateNode(ctx, v.ID, blockdev.NodeState{}); err != nil {
+		return fmt.Errorf("record unstaging: %w", err)
+	}
+	klog.InfoS("volume unstaged", "volumeID", v.ID, "stagingPath", staging)
+	return nil
+}
+
+func (d *Driver) unmountIfMounted(path string) error {
+	mounted, err := d.mounter.IsMountPoint(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check mount %s: %w", path, err)
+	}
+	if !mounted {
+		return nil
+	}
+	if err := d.mounter.Unmount(path); err != nil {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	return nil
+}
+
+// publish bind-mounts the staged filesystem (or the device, for block
+// access) at target.
+func (d *Driver) publish(ctx context.Context, v blockdev.Volume, staging, target string, c *csi.VolumeCapability, pub blockdev.Publish) error {
+	ns := v.Node
+	if ns.StagingPath != staging {
+		return fmt.Errorf("volume is not staged at %s: %w", staging, blockdev.ErrBusy)
+	}
+	block := c.GetBlock() != nil
+	if block != ns.Block {
+		return fmt.Errorf("staged for %s access: %w", accessName(ns.Block), blockdev.ErrConflict)
+	}
+	if cur, ok := ns.Targets[target]; ok {
+		if cur != pub {
+			return fmt.Errorf("already published at %s with other options: %w", target, blockdev.ErrConflict)
+		}
+	} else if err := checkSingleWriter(ns.Targets, pub); err != nil {
+		return err
+	}
+	ns.Targets = maps.Clone(ns.Targets)
+	if ns.Targets == nil {
+		ns.Targets = map[string]blockdev.Publish{}
+	}
+	ns.Targets[target] = pub
+	if _, err := d.store.UpdateNode(ctx, v.ID, ns); err != nil {
+		return fmt.Errorf("record publication: %w", err)
+	}
+	if err := d.bindMount(ns, target, c, pub.ReadOnly); err != nil {
+		delete(ns.Targets, target)
+		_, uerr := d.store.UpdateNode(ctx, v.ID, ns)
+		return errors.Join(err, uerr)
+	}
+	klog.InfoS("volume published", "volumeID", v.ID, "target", target, "readOnly", pub.ReadOnly)
+	return nil
+}
+
+// checkSingleWriter enforces SINGLE_NODE_SINGLE_WRITER: such a volume is
+// published at one target only.
+func checkSingleWriter(targets map[string]blockdev.Publish, pub blockdev.Publish) error {
+	for t, p := range targets {
+		if pub.SingleWriter || p.SingleWriter {
+			return fmt.Errorf("single-writer volume already published at %s: %w", t, blockdev.ErrBusy)
+		}
+	}
+	return nil
+}
+
+func accessName(block bool) string {
+	if block {
+		return "block"
+	}
+	return "mount"
+}
+
+func (d *Driver) bindMount(ns blockdev.NodeState, target string, c *csi.VolumeCapability, ro bool) error {
+	source := ns.StagingPath
+	if ns.Block {
+		source = ns.Device
+		if err := os.MkdirAll(filepath.Dir(target), 0o750); err != nil {
+			return fmt.Errorf("create target parent: %w", err)
+		}
+		f, err := os.OpenFile(target, os.O_CREATE|os.O_RDONLY, 0o640)
+		if err != nil {
+			return fmt.Errorf("create target file: %w", err)
+		}
+		f.Close()
+	} else if err := os.MkdirAll(target, 0o750); err != nil {
+		return fmt.Errorf("create target directory: %w", err)
+	}
+	if mounted, err := d.mounter.IsMountPoint(target); err != nil {
+		return fmt.Errorf("check mount %s: %w", target, err)
+	} else if mounted {
+		return nil
+	}
+	opts := []string{"bind"}
+	if ro {
+		opts = append(opts, "ro")
+	}
+	opts = append(opts, c.GetMount().GetMountFlags()...)
+	if err := d.mounter.Mount(source, target, "", opts); err != nil {
+		return fmt.Errorf("bind mount %s at %s: %w", source, target, err)
+	}
+	return nil
+}
+
+// unpublish removes the bind mount and the target path it created.
+func (d *Driver) unpublish(ctx context.Context, v blockdev.Volume, target string) error {
+	if err := d.cleanupTarget(target); err != nil {
+		return err
+	}
+	if _, ok := v.Node.Targets[target]; !ok {
+		return nil
+	}
+	ns := v.Node
+	ns.Targets = maps.Clone(ns.Targets)
+	delete(ns.Targets, target)
+	if _, err := d.store.UpdateNode(ctx, v.ID, ns); err != nil {
+		return fmt.Errorf("record unpublication: %w", err)
+	}
+	klog.InfoS("volume unpublished", "volumeID", v.ID, "target", target)
+	return nil
+}
+
+func (d *Driver) cleanupTarget(target string) error {
+	if err := mount.CleanupMountPoint(target, d.mounter, true); err != nil {
+		return fmt.Errorf("clean up %s: %w", target, err)
+	}
+	return nil
+}
+
+// usedAt reports whether the volume is staged or published at path.
+func usedAt(ns blockdev.NodeState, path string) bool {
+	if path == ns.StagingPath {
+		return true
+	}
+	_, ok := ns.Targets[path]
+	return ok
+}
+
+func (d *Driver) volumeStats(path string) (*csi.NodeGetVolumeStatsResponse, error) {
+	isDev, err := blockdev.IsBlockDevice(path)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if isDev {
+		size, err := blockdev.DeviceSize(path)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+			{Unit: csi.VolumeUsage_BYTES, Total: size},
+		}}, nil
+	}
+	st, err := blockdev.StatFS(path)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.NodeGetVolumeStatsResponse{Usage: []*csi.VolumeUsage{
+		{Unit: csi.VolumeUsage_BYTES, Total: st.TotalBytes, Available: st.AvailableBytes, Used: st.UsedBytes},
+		{Unit: csi.VolumeUsage_INODES, Total: st.TotalInodes, Available: st.FreeInodes, Used: st.UsedInodes},
+	}}, nil
+}
+
+// expand grows the device to the volume's size and then, for mount access,
+// the filesystem, online.
+func (d *Driver) expand(ctx context.Context, v blockdev.Volume, path string, size int64) (int64, error) {
+	ns := v.Node
+	if ns.StagingPath == "" {
+		return 0, fmt.Errorf("volume is not staged on this node: %w", blockdev.ErrNotFound)
+	}
+	if !usedAt(ns, path) {
+		return 0, fmt.Errorf("volume is not staged or published at %s: %w", path, blockdev.ErrNotFound)
+	}
+	if size > v.SizeBytes {
+		return 0, fmt.Errorf("requested %d bytes but the volume has %d; expand it on the controller first: %w",
+			size, v.SizeBytes, blockdev.ErrOutOfRange)
+	}
+	if err := d.backend.Resize(ctx, v.ID, v.SizeBytes); err != nil {
+		return 0, fmt.Errorf("resize device: %w", err)
+	}
+	if ns.Block {
+		return v.SizeBytes, nil
+	}
+	if _, err := mount.NewResizeFs(d.exec).Resize(ns.Device, ns.StagingPath); err != nil {
+		return 0, fmt.Errorf("grow %s filesystem: %w", ns.FsType, err)
+	}
+	return v.SizeBytes, nil
+}

@@ -1,0 +1,171 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+	"k8s.io/klog/v2"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
+	name, src := req.GetName(), req.GetSourceVolumeId()
+	if name == "" {
+		return nil, invalid("snapshot name is missing")
+	}
+	if len(name) > maxNameLen {
+		return nil, invalid("snapshot name is longer than %d bytes", maxNameLen)
+	}
+	if src == "" {
+		return nil, invalid("source volume ID is missing")
+	}
+	if len(req.GetParameters()) > 0 {
+		return nil, invalid("snapshots take no parameters")
+	}
+	// The source volume's lock keeps it from being staged, unstaged or
+	// deleted while it is copied.
+	unlock, err := s.d.lockVolume(ctx, src)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	v, err := s.d.store.Volume(src)
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("source volume %s: %w", src, err))
+	}
+	snap, err := s.d.store.CreateSnapshot(ctx, name, src, s.d.quiesceFor(v))
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("create snapshot %q: %w", name, err))
+	}
+	klog.InfoS("snapshot created", "snapshotID", snap.ID, "volumeID", src, "size", snap.SizeBytes)
+	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
+}
+
+// quiesceFor returns how to hold a volume steady while it is copied: freeze
+// its filesystem when it is mounted; a raw block volume in use gets its
+// device flushed by the backend if the backend can hold I/O.
+func (d *Driver) quiesceFor(v blockdev.Volume) blockdev.Quiesce {
+	switch {
+	case v.Node.StagingPath == "":
+		return nil
+	case !v.Node.Block:
+		path := v.Node.StagingPath
+		return func(ctx context.Context) (func() error, error) { return blockdev.FreezeFS(ctx, path) }
+	}
+	if q, ok := d.backend.(blockdev.Quiescer); ok {
+		id := v.ID
+		return func(ctx context.Context) (func() error, error) { return q.Quiesce(ctx, id) }
+	}
+	return nil
+}
+
+func csiSnapshot(s blockdev.Snapshot) *csi.Snapshot {
+	return &csi.Snapshot{
+		SnapshotId:     s.ID,
+		SourceVolumeId: s.SourceVolumeID,
+		SizeBytes:      s.SizeBytes,
+		CreationTime:   timestamppb.New(s.CreatedAt),
+		ReadyToUse:     true,
+	}
+}
+
+func (s *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshotRequest) (*csi.DeleteSnapshotResponse, error) {
+	id := req.GetSnapshotId()
+	if id == "" {
+		return nil, invalid("snapshot ID is missing")
+	}
+	unlock, err := s.d.locks.lock(ctx, "snapshot/"+id)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	defer unlock()
+	if err := s.d.store.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, blockdev.ErrNotFound) {
+		return nil, toStatus(fmt.Errorf("delete snapshot %s: %w", id, err))
+	}
+	klog.InfoS("snapshot deleted", "snapshotID", id)
+	return &csi.DeleteSnapshotResponse{}, nil
+}
+
+func (s *Controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotRequest) (*csi.GetSnapshotResponse, error) {
+	if req.GetSnapshotId() == "" {
+		return nil, invalid("snapshot ID is missing")
+	}
+	snap, err := s.d.store.Snapshot(req.GetSnapshotId())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &csi.GetSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
+}
+
+func (s *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	var all []blockdev.Snapshot
+	for _, snap := range s.d.store.Snapshots() {
+		if id := req.GetSnapshotId(); id != "" && snap.ID != id {
+			continue
+		}
+		if src := req.GetSourceVolumeId(); src != "" && snap.SourceVolumeID != src {
+			continue
+		}
+		all = append(all, snap)
+	}
+	page, next, err := paginate(all, req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListSnapshotsResponse{NextToken: next}
+	for _, snap := range page {
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: csiSnapshot(snap)})
+	}
+	return resp, nil
+}
+
+func (s *Controller) ListVolumes(ctx context.Context, req *csi.ListVolumesRequest) (*csi.ListVolumesResponse, error) {
+	page, next, err := paginate(s.d.store.Volumes(), req.GetStartingToken(), req.GetMaxEntries())
+	if err != nil {
+		return nil, err
+	}
+	resp := &csi.ListVolumesResponse{NextToken: next}
+	for _, v := range page {
+		resp.Entries = append(resp.Entries, &csi.ListVolumesResponse_Entry{
+			Volume: s.d.csiVolume(v, nil),
+			Status: &csi.ListVolumesResponse_VolumeStatus{},
+		})
+	}
+	return resp, nil
+}
+
+// paginate returns the page of items (already in a stable order) that starts
+// at the index encoded in token. The next token is the index after the page,
+// or "" at the end.
+func paginate[T any](items []T, token string, max int32) ([]T, string, error) {
+	if max < 0 {
+		return nil, "", invalid("max_entries must not be negative")
+	}
+	start := 0
+	if token != "" {
+		n, err := strconv.Atoi(token)
+		if err != nil || n < 0 || n > len(items) {
+			return nil, "", status.Errorf(codes.Aborted, "invalid starting token %q", token)
+		}
+		start = n
+	}
+	end := len(items)
+	if max > 0 && start+int(max) < end {
+		end = start + int(max)
+	}
+	next := ""
+	if end < len(items) {
+		next = strconv.Itoa(end)
+	}
+	return items[start:end], next, nil
+}
+
+func wrapInt64(n int64) *wrapperspb.Int64Value { return wrapperspb.Int64(n) }
