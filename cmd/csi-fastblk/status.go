@@ -2,15 +2,136 @@ package main
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/driver"
+	"github.com/fastblk/csi-fastblk/pkg/metrics"
 )
 
-func runStatus(ctx context.Context, args []string) error {
-	return errors.New("status: not implemented yet")
+// startMetrics serves /metrics, /status and /healthz unless addr is empty.
+func startMetrics(ctx context.Context, addr string, d *driver.Driver) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	srv, err := metrics.Start(addr, d.Status)
+	if err != nil {
+		return nil, err
+	}
+	klog.InfoS("serving metrics", "address", srv.Addr())
+	return func() {
+		if err := srv.Close(); err != nil {
+			klog.ErrorS(err, "stop metrics server")
+		}
+	}, nil
 }
 
-func startMetrics(ctx context.Context, addr string, d *driver.Driver) (stop func(), err error) {
-	return func() {}, nil
+// runStatus shows a node's volumes, devices, tuning, state and I/O figures,
+// read from the running plugin's /status endpoint.
+func runStatus(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	addr := fs.String("address", "http://127.0.0.1:9811", "the plugin's metrics address")
+	asJSON := fs.Bool("json", false, "print the raw status as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	st, raw, err := fetchStatus(ctx, *addr)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		_, err := os.Stdout.Write(raw)
+		return err
+	}
+	printStatus(os.Stdout, st)
+	return nil
+}
+
+func fetchStatus(ctx context.Context, addr string) (driver.NodeStatus, []byte, error) {
+	var st driver.NodeStatus
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(addr, "/")+"/status", nil)
+	if err != nil {
+		return st, nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return st, nil, fmt.Errorf("reach the plugin at %s (is it running with --metrics-address?): %w", addr, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return st, nil, fmt.Errorf("read status: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return st, nil, fmt.Errorf("status: %s: %s", resp.Status, strings.TrimSpace(string(raw)))
+	}
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return st, nil, fmt.Errorf("decode status: %w", err)
+	}
+	return st, raw, nil
+}
+
+func printStatus(w io.Writer, st driver.NodeStatus) {
+	health := "healthy"
+	if !st.Healthy {
+		health = "UNHEALTHY: " + st.HealthError
+	}
+	fmt.Fprintf(w, "node %s  driver %s %s  kernel %s  backend %s  %s\n",
+		st.NodeID, st.Driver, st.Version, st.Kernel, st.Backend, health)
+	fmt.Fprintf(w, "capacity %s available of %s  volumes %d  snapshots %d\n\n",
+		human(st.CapacityAvailable), human(st.CapacityTotal), len(st.Volumes), st.Snapshots)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
+	for _, v := range st.Volumes {
+		state, reads, writes, rb, wb, inflight := "detached", "-", "-", "-", "-", "-"
+		if v.Device != "" {
+			state = "live"
+			if v.IO != nil && v.IO.State != "" {
+				state = v.IO.State
+			}
+		}
+		if d := v.Disk; d != nil {
+			reads, writes = fmt.Sprint(d.ReadIOs), fmt.Sprint(d.WriteIOs)
+			rb, wb = human(int64(d.ReadSectors*512)), human(int64(d.WriteSectors*512))
+			inflight = fmt.Sprint(d.InFlight)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			v.ID, v.Name, human(v.SizeBytes), dash(v.Access), dash(v.Device), dash(v.Backend),
+			v.Tuning.Queues, v.Tuning.QueueDepth, state, reads, writes, rb, wb, inflight)
+	}
+	tw.Flush()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func human(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
 }

@@ -120,3 +120,32 @@ type Backend interface {
 type Quiescer interface {
 	Quiesce(ctx context.Context, volumeID string) (resume func() error, err error)
 }
+
+// IOStats are a backend's own measurements of one device, beyond the
+// kernel's disk counters: latency distribution, device state, recoveries.
+type IOStats struct {
+	// State is the device's state as the backend sees it ("live",
+	// "quiesced", "recovering", "dead").
+	State string
+	// Recoveries counts how often the device was re-adopted after a
+	// plugin restart.
+	Recoveries uint64
+	// Errors counts I/Os completed with an error.
+	Errors uint64
+	// InFlight is the number of I/Os the server holds right now.
+	InFlight int64
+	// LatencyBounds are the histogram's upper bounds in seconds and
+	// LatencyCounts the cumulative counts per bound (Prometheus style);
+	// LatencySum is the sum of all latencies in seconds and
+	// LatencyCount their number.
+	LatencyBounds []float64
+	LatencyCounts []uint64
+	LatencySum    float64
+	LatencyCount  uint64
+}
+
+// IOStatser is implemented by backends that measure their devices' I/O
+// themselves (the ublk server does; the kernel loop device does not).
+type IOStatser interface {
+	IOStats(volumeID string) (IOStats, bool)
+}

@@ -35,7 +35,3 @@ func NewBackend(kind string, cfg BackendConfig) (Backend, error) {
 	}
 	return nil, fmt.Errorf("backend %q: %w (want auto, ublk or loop)", kind, ErrInvalid)
 }
-
-func newLoopBackend(cfg BackendConfig) (Backend, error) {
-	return nil, fmt.Errorf("loop backend: %w", errTODO)
-}

@@ -1,9 +1,175 @@
 package blockdev
 
-import "fmt"
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
 
-// newUblkBackend builds the ublk backend. Placeholder until the ublk
-// package lands; owned by the ublk work.
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
+)
+
+// ublkBackend adapts ublk.Server to Backend: it checks IDs, keeps the
+// stable links <DevDir>/<volume-id>, and maps ublk's errors (standard
+// library sentinels and errnos) onto this package's classes.
+type ublkBackend struct {
+	cfg     BackendConfig
+	srv     *ublk.Server
+	startup []error
+}
+
+var _ Backend = (*ublkBackend)(nil)
+
+// UblkStateDir is where the ublk backend records its devices, under the
+// data directory: one <volume-id>.json per device.
+const UblkStateDir = "ublk"
+
+// newUblkBackend opens the ublk control device and re-adopts the devices
+// recorded under DataDir/ublk (user recovery), deleting those whose volume
+// file is gone. Per-device failures there do not fail construction; they
+// are returned by StartupErrors for the caller to log.
 func newUblkBackend(cfg BackendConfig) (Backend, error) {
-	return nil, fmt.Errorf("ublk backend: %w", ErrNotSupported)
+	if cfg.DevDir == "" {
+		cfg.DevDir = "/dev/fastblk"
+	}
+	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
+		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
+	})
+	if err != nil {
+		return nil, ublkErr("ublk backend", err)
+	}
+	b := &ublkBackend{cfg: cfg, srv: srv, startup: startup}
+	for _, s := range srv.List() {
+		if _, err := b.link(s.VolumeID, s.Path); err != nil {
+			b.startup = append(b.startup, err)
+		}
+	}
+	return b, nil
+}
+
+// StartupErrors returns what went wrong re-adopting or sweeping devices.
+func (b *ublkBackend) StartupErrors() []error { return b.startup }
+
+// Features returns the ublk driver's UBLK_F_* flags.
+func (b *ublkBackend) Features() uint64 { return b.srv.Features() }
+
+func (b *ublkBackend) Name() string { return "ublk" }
+
+// Attach serves the volume file as /dev/ublkbN. Idempotent: a device
+// already serving the volume is returned.
+func (b *ublkBackend) Attach(ctx context.Context, req AttachRequest) (Device, error) {
+	if !isVolumeID(req.VolumeID) {
+		return Device{}, fmt.Errorf("attach %q: volume id: %w", req.VolumeID, ErrInvalid)
+	}
+	t := req.Tuning
+	if t.Queues == 0 {
+		t.Queues = b.cfg.Tuning.Queues
+	}
+	if t.QueueDepth == 0 {
+		t.QueueDepth = b.cfg.Tuning.QueueDepth
+	}
+	s, err := b.srv.Attach(ctx, ublk.AttachSpec{VolumeID: req.VolumeID, File: req.File, SizeBytes: req.SizeBytes,
+		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth})
+	if err != nil {
+		return Device{}, ublkErr("attach "+req.VolumeID, err)
+	}
+	link, err := b.link(req.VolumeID, s.Path)
+	if err != nil {
+		return Device{}, err
+	}
+	return b.device(s, link), nil
+}
+
+func (b *ublkBackend) device(s ublk.Served, link string) Device {
+	size, err := ublk.DeviceSize(s.DevID)
+	if err != nil {
+		size = s.SizeBytes
+	}
+	return Device{VolumeID: s.VolumeID, Path: s.Path, Link: link, Backend: b.Name(),
+		Tuning: Tuning{Queues: s.Tuning.Queues, QueueDepth: s.Tuning.Depth}, SizeBytes: size}
+}
+
+// Detach removes the volume's device and link. Unknown volumes return
+// nil; a mounted or exclusively open device returns ErrBusy.
+func (b *ublkBackend) Detach(ctx context.Context, volumeID string) error {
+	if !isVolumeID(volumeID) {
+		return nil
+	}
+	if err := b.srv.Detach(ctx, volumeID); err != nil {
+		return ublkErr("detach "+volumeID, err)
+	}
+	link := filepath.Join(b.cfg.DevDir, volumeID)
+	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("detach %s: remove link: %w", volumeID, err)
+	}
+	return nil
+}
+
+// Resize makes the device report sizeBytes (UPDATE_SIZE, Linux 6.16+);
+// older kernels get an error wrapping ErrNotSupported.
+func (b *ublkBackend) Resize(ctx context.Context, volumeID string, sizeBytes int64) error {
+	if !isVolumeID(volumeID) {
+		return fmt.Errorf("resize %q: %w", volumeID, ErrNotFound)
+	}
+	return ublkErr("resize "+volumeID, b.srv.Resize(ctx, volumeID, sizeBytes))
+}
+
+// List returns the devices this backend serves, including re-adopted ones.
+func (b *ublkBackend) List(ctx context.Context) ([]Device, error) {
+	var out []Device
+	for _, s := range b.srv.List() {
+		out = append(out, b.device(s, filepath.Join(b.cfg.DevDir, s.VolumeID)))
+	}
+	return out, nil
+}
+
+// Close stops serving but leaves every device in place, quiesced with its
+// I/O held, for the next process to re-adopt.
+func (b *ublkBackend) Close() error { return ublkErr("close ublk backend", b.srv.Close()) }
+
+// link points <DevDir>/<id> at path, replacing any older link atomically.
+func (b *ublkBackend) link(id, path string) (string, error) {
+	link := filepath.Join(b.cfg.DevDir, id)
+	if cur, err := os.Readlink(link); err == nil && cur == path {
+		return link, nil
+	}
+	if err := os.MkdirAll(b.cfg.DevDir, 0o755); err != nil {
+		return "", fmt.Errorf("link %s: %w", link, err)
+	}
+	tmp := link + ".tmp"
+	os.Remove(tmp)
+	if err := os.Symlink(path, tmp); err != nil {
+		return "", fmt.Errorf("link %s: %w", link, err)
+	}
+	if err := os.Rename(tmp, link); err != nil {
+		os.Remove(tmp)
+		return "", fmt.Errorf("link %s: %w", link, err)
+	}
+	return link, nil
+}
+
+// ublkErr wraps err with op and the class its cause belongs to.
+func ublkErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var class error
+	switch {
+	case errors.Is(err, errors.ErrUnsupported):
+		class = ErrNotSupported
+	case errors.Is(err, os.ErrInvalid):
+		class = ErrInvalid
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, unix.ENODEV):
+		class = ErrNotFound
+	case errors.Is(err, os.ErrExist):
+		class = ErrConflict
+	case errors.Is(err, unix.EBUSY):
+		class = ErrBusy
+	default:
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return fmt.Errorf("%s: %w: %w", op, class, err)
 }

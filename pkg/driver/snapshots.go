@@ -30,6 +30,9 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if len(req.GetParameters()) > 0 {
 		return nil, invalid("snapshots take no parameters")
 	}
+	if err := s.d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
+		return nil, err
+	}
 	// The source volume's lock keeps it from being staged, unstaged or
 	// deleted while it is copied.
 	unlock, err := s.d.lockVolume(ctx, src)
@@ -46,7 +49,7 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 		return nil, toStatus(fmt.Errorf("create snapshot %q: %w", name, err))
 	}
 	klog.InfoS("snapshot created", "snapshotID", snap.ID, "volumeID", src, "size", snap.SizeBytes)
-	return &csi.CreateSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
+	return &csi.CreateSnapshotResponse{Snapshot: s.d.csiSnapshot(snap)}, nil
 }
 
 // quiesceFor returns how to hold a volume steady while it is copied: freeze
@@ -67,8 +70,11 @@ func (d *Driver) quiesceFor(v blockdev.Volume) blockdev.Quiesce {
 	return nil
 }
 
-func csiSnapshot(s blockdev.Snapshot) *csi.Snapshot {
+// csiSnapshot describes a snapshot; like volumes, snapshots live on this
+// node's disk and can only be restored here.
+func (d *Driver) csiSnapshot(s blockdev.Snapshot) *csi.Snapshot {
 	return &csi.Snapshot{
+		AccessibleTopology: []*csi.Topology{d.topology()},
 		SnapshotId:     s.ID,
 		SourceVolumeId: s.SourceVolumeID,
 		SizeBytes:      s.SizeBytes,
@@ -102,7 +108,7 @@ func (s *Controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotReques
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	return &csi.GetSnapshotResponse{Snapshot: csiSnapshot(snap)}, nil
+	return &csi.GetSnapshotResponse{Snapshot: s.d.csiSnapshot(snap)}, nil
 }
 
 func (s *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
@@ -122,7 +128,7 @@ func (s *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRe
 	}
 	resp := &csi.ListSnapshotsResponse{NextToken: next}
 	for _, snap := range page {
-		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: csiSnapshot(snap)})
+		resp.Entries = append(resp.Entries, &csi.ListSnapshotsResponse_Entry{Snapshot: s.d.csiSnapshot(snap)})
 	}
 	return resp, nil
 }

@@ -74,3 +74,25 @@ securityContext:
       apiVersion: v1
       fieldPath: metadata.namespace
 {{- end -}}
+
+{{/* validate fails the render on combinations the schema cannot express. */}}
+{{- define "csi-fastblk.validate" -}}
+{{- $ports := dict -}}
+{{- $_ := set $ports (toString .Values.healthPort) "healthPort" -}}
+{{- $r := toString .Values.registrar.healthPort -}}
+{{- if hasKey $ports $r -}}
+{{- fail (printf "registrar.healthPort %s is already used by %s: the node pod's ports must differ" $r (get $ports $r)) -}}
+{{- end -}}
+{{- $_ := set $ports $r "registrar.healthPort" -}}
+{{- if .Values.metrics.enabled -}}
+{{- $m := toString .Values.metrics.port -}}
+{{- if hasKey $ports $m -}}
+{{- fail (printf "metrics.port %s is already used by %s: the node pod's ports must differ" $m (get $ports $m)) -}}
+{{- end -}}
+{{- end -}}
+{{- $k := include "csi-fastblk.kubeletDir" . -}}
+{{- $d := .Values.dataDir | trimSuffix "/" -}}
+{{- if or (eq $d $k) (hasPrefix (printf "%s/" $k) $d) -}}
+{{- fail (printf "dataDir %s must not be inside kubeletDir %s (it would overlap the kubelet mounts)" .Values.dataDir .Values.kubeletDir) -}}
+{{- end -}}
+{{- end -}}

@@ -108,9 +108,9 @@ func (c *Control) submit(name string, op uint32, h ctrlCmd, timeout time.Duratio
 	if sqe == nil {
 		return 0, fmt.Errorf("ublk %s: control ring full", name)
 	}
-	sqe.SQE.PrepURingCmd(c.fd, op)
+	sqe.SQE.PrepURingCmd(int32(c.fd), op)
 	sqe.SQE.UserData = uint64(op)
-	putCtrlCmd(sqe.Cmd(), h)
+	putCtrlCmd(sqe.Cmd()[:], h)
 	if _, err := c.ring.SubmitAndWait(1, timeout); err != nil {
 		if errors.Is(err, unix.ETIME) {
 			c.abandon()

@@ -226,3 +226,102 @@ func poll(ctx context.Context, limit time.Duration, try func() (bool, error)) er
 		}
 	}
 }
+
+// stopQueues makes every queue thread leave and waits for it.
+func (d *Device) stopQueues(ctx context.Context) error {
+	for _, q := range d.queues {
+		q.Stop()
+	}
+	return d.waitQueues(ctx)
+}
+
+// waitQueues waits for every queue to return, bounded by ctx and nodeWait.
+func (d *Device) waitQueues(ctx context.Context) error {
+	done := make(chan error, 1)
+	go func() {
+		var errs []error
+		for _, q := range d.queues {
+			errs = append(errs, q.Wait())
+		}
+		done <- errors.Join(errs...)
+	}()
+	timer := time.NewTimer(nodeWait)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		d.queues = nil
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("wait for queues of ublk device %d: %w", d.ID(), ctx.Err())
+	case <-timer.C:
+		return fmt.Errorf("wait for queues of ublk device %d: %w", d.ID(), unix.ETIME)
+	}
+}
+
+func (d *Device) closeChar() error {
+	if d.char < 0 {
+		return nil
+	}
+	err := unix.Close(d.char)
+	d.char = -1
+	return err
+}
+
+// teardown removes the device: STOP_DEV when it was started (the queues
+// then see -ENODEV and leave), queues stopped, /dev/ublkcN closed, then
+// DEL_DEV_ASYNC (DEL_DEV, bounded, on kernels before 6.9) so a process
+// still holding /dev/ublkbN open cannot hang us.
+func (d *Device) teardown(ctx context.Context, started bool) error {
+	var errs []error
+	if started {
+		if err := d.ctl.StopDev(d.ID()); err != nil && !errors.Is(err, unix.ENODEV) {
+			errs = append(errs, err)
+		}
+	}
+	if started && len(errs) == 0 {
+		errs = append(errs, d.waitQueues(ctx))
+	} else {
+		errs = append(errs, d.stopQueues(ctx))
+	}
+	errs = append(errs, d.closeChar())
+	errs = append(errs, deleteDev(d.ctl, d.ID()))
+	return errors.Join(errs...)
+}
+
+// Delete stops and removes the device. The block device disappears; a
+// mount on it must be gone first (the caller unmounts before Detach).
+func (d *Device) Delete(ctx context.Context) error {
+	return d.teardown(ctx, true)
+}
+
+// Release stops serving without stopping the device: queue threads leave,
+// /dev/ublkcN is closed, and the kernel keeps the device QUIESCED (user
+// recovery) with its I/O held until another process re-adopts it.
+func (d *Device) Release(ctx context.Context) error {
+	return errors.Join(d.stopQueues(ctx), d.closeChar())
+}
+
+// Resize changes the size of the live device (UPDATE_SIZE). Without
+// UBLK_F_UPDATE_SIZE it returns an error wrapping errors.ErrUnsupported.
+func (d *Device) Resize(sizeBytes int64) error {
+	if d.info.Flags&FlagUpdateSize == 0 {
+		return fmt.Errorf("resize ublk device %d: driver lacks UPDATE_SIZE (Linux 6.16+): %w", d.ID(), errors.ErrUnsupported)
+	}
+	if sizeBytes <= 0 || sizeBytes%4096 != 0 {
+		return fmt.Errorf("resize ublk device %d: size %d: %w", d.ID(), sizeBytes, errInvalid)
+	}
+	return d.ctl.UpdateSize(d.ID(), sizeBytes)
+}
+
+// deleteDev sends DEL_DEV_ASYNC, or DEL_DEV where the kernel lacks it.
+// An already deleted device (ENODEV) is success.
+func deleteDev(ctl *Control, id uint32) error {
+	err := ctl.DelDev(id, true)
+	if err != nil && errnoUnknown(err) {
+		err = ctl.DelDev(id, false)
+	}
+	if errors.Is(err, unix.ENODEV) {
+		return nil
+	}
+	return err
+}

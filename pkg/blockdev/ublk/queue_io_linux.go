@@ -87,13 +87,15 @@ func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	write := t.plan.act == actWrite
 	switch {
 	case l.zc && write:
-		sqe.PrepWriteFixed(fileBacking, uint64(t.done), n, off, tag)
+		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, fileBacking, uint64(t.done), n, off)
+		sqe.BufIndex = tag
 	case l.zc:
-		sqe.PrepReadFixed(fileBacking, uint64(t.done), n, off, tag)
+		sqe.PrepRW(uring.IORING_OP_READ_FIXED, fileBacking, uint64(t.done), n, off)
+		sqe.BufIndex = tag
 	case write:
-		sqe.PrepWrite(fileBacking, l.bufs.addr(tag, t.done), n, off)
+		sqe.PrepRW(uring.IORING_OP_WRITE, fileBacking, l.bufs.addr(tag, t.done), n, off)
 	default:
-		sqe.PrepRead(fileBacking, l.bufs.addr(tag, t.done), n, off)
+		sqe.PrepRW(uring.IORING_OP_READ, fileBacking, l.bufs.addr(tag, t.done), n, off)
 	}
 	sqe.OpFlags = t.plan.rwFlags
 }

@@ -63,8 +63,10 @@ func (c *QueueConfig) validate() error {
 		return fmt.Errorf("target kind %d", c.Target.Kind)
 	case c.Flags&FlagAutoBufReg == 0 && c.Flags&(FlagUserCopy|FlagSupportZeroCopy) != 0:
 		return fmt.Errorf("flags %#x: USER_COPY and manual zero copy are not supported, use AUTO_BUF_REG or copy mode", c.Flags)
-	case c.Flags&(FlagBatchIO|FlagPerIODaemon|FlagNeedGetData) != 0:
-		return fmt.Errorf("flags %#x: BATCH_IO, PER_IO_DAEMON and NEED_GET_DATA are not supported", c.Flags)
+	case c.Flags&(FlagBatchIO|FlagNeedGetData) != 0:
+		// PER_IO_DAEMON is fine: newer drivers always report it, and one
+		// thread serving every tag of a queue is a valid per-I/O daemon.
+		return fmt.Errorf("flags %#x: BATCH_IO and NEED_GET_DATA are not supported", c.Flags)
 	case c.Flags&FlagAutoBufReg == 0 && (c.MaxIOBytes == 0 || c.MaxIOBytes%512 != 0):
 		return fmt.Errorf("max i/o bytes %d: want a positive multiple of 512", c.MaxIOBytes)
 	}

@@ -120,8 +120,7 @@ func (l *loop) fetchAll() error {
 	if sqe == nil {
 		return errors.New("no sqe for the waker")
 	}
-	l.q.waker.PrepPoll(sqe)
-	sqe.UserData = encodeUD(udWake, 0)
+	l.q.waker.PrepPoll(sqe, encodeUD(udWake, 0))
 	for tag := range l.tags {
 		if err := l.prepCmd(ioFetchReq, uint16(tag), 0); err != nil {
 			return err
@@ -139,7 +138,7 @@ func (l *loop) prepCmd(op uint32, tag uint16, result int32) error {
 	if sqe == nil {
 		return errNoSQE
 	}
-	sqe.PrepURingCmd(op, fileChar)
+	sqe.PrepURingCmd(fileChar, op)
 	sqe.Flags |= uring.IOSQE_FIXED_FILE
 	sqe.UserData = encodeUD(udCmd, tag)
 	var addr uint64
@@ -205,8 +204,7 @@ func (l *loop) handle(c *uring.CQE) error {
 		if sqe == nil {
 			return errors.New("no sqe for the waker")
 		}
-		l.q.waker.PrepPoll(sqe)
-		sqe.UserData = encodeUD(udWake, 0)
+		l.q.waker.PrepPoll(sqe, encodeUD(udWake, 0))
 		return nil
 	}
 	return fmt.Errorf("cqe with unknown user data %#x", c.UserData)

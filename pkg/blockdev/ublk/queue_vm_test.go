@@ -62,7 +62,7 @@ func (c *testCtl) cmd(op uint32, devID uint32, buf unsafe.Pointer, n int, data u
 	if s == nil {
 		return 0, errors.New("no sqe")
 	}
-	s.SQE.PrepURingCmd(op, int32(c.fd))
+	s.SQE.PrepURingCmd(int32(c.fd), op)
 	a := s.Cmd()
 	binary.LittleEndian.PutUint32(a[0:], devID)
 	binary.LittleEndian.PutUint16(a[4:], 0xffff)

@@ -95,6 +95,7 @@ type Ring struct {
 	arg    geteventsArg // EXT_ARG for timed waits; arg.Ts points at ts
 	ts     kernelTimespec
 	enters uint64
+	intrs  uint64 // EINTR retries, for tests and diagnostics
 	regFD  bool
 }
 

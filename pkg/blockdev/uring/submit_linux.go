@@ -138,6 +138,7 @@ func (r *Ring) SubmitAndWait(minComplete uint32, timeout time.Duration) (int, er
 
 // enterLoop calls io_uring_enter until it succeeds, times out or fails.
 func (r *Ring) enterLoop(toSubmit, want, flags uint32, deadline time.Time) (int, error) {
+	done := 0
 	for {
 		var arg unsafe.Pointer
 		var argSize uintptr
@@ -145,7 +146,7 @@ func (r *Ring) enterLoop(toSubmit, want, flags uint32, deadline time.Time) (int,
 		if !deadline.IsZero() {
 			left := time.Until(deadline)
 			if left <= 0 {
-				return 0, unix.ETIME
+				return done, unix.ETIME
 			}
 			r.ts.Sec, r.ts.Nsec = int64(left/time.Second), int64(left%time.Second)
 			arg, argSize = unsafe.Pointer(&r.arg), unsafe.Sizeof(r.arg)
@@ -156,17 +157,24 @@ func (r *Ring) enterLoop(toSubmit, want, flags uint32, deadline time.Time) (int,
 		switch err {
 		case nil:
 			r.inflight += uint32(n)
-			return n, nil
+			done += n
+			if toSubmit == 0 || want == 0 || r.Ready() >= int(want) {
+				return done, nil
+			}
+			// The kernel returns the submit count even when its wait
+			// was cut short (signal, timeout): keep waiting.
+			toSubmit = 0
 		case unix.EINTR:
+			r.intrs++
 			// Nothing was consumed (the kernel returns the count when
 			// it consumed any); retry with the same deadline.
 		case unix.EAGAIN, unix.EBUSY:
 			if toSubmit == 0 || want == 0 {
-				return 0, nil
+				return done, nil
 			}
 			toSubmit = 0 // wait for completions; resubmit next time
 		default:
-			return 0, err
+			return done, err
 		}
 	}
 }

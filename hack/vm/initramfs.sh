@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# initramfs.sh builds the test VM's initramfs for each kernel fetched by
+# kernels.sh: $VM_CACHE/initramfs/initramfs-<6.12|7.3>.cpio (uncompressed, so
+# TCG spends no time decompressing). Layout inside:
+#   /init                       hack/vm/guest/init
+#   /bin, /sbin                 busybox-static and its applet links
+#   /usr/bin, /usr/sbin         real tools (fio, util-linux, e2fsprogs, xfsprogs)
+#                               with their shared libraries; call them by
+#                               absolute path, busybox sh prefers its applets
+#   /usr/bin/csi-fastblk        bin/csi-fastblk-static (make static), if built
+#   /opt/fastblk/<pkg>/<name>.test  Go test binaries of hack/vm/tests.list
+#   /opt/fastblk/vm/            run-steps.sh, lib.sh and steps/
+#   /usr/lib/modules/           the kernel's modules and modules.load
+#
+# Usage: hack/vm/initramfs.sh [--keep-going]
+#   --keep-going  skip test packages that fail to compile instead of failing
+set -euo pipefail
+# shellcheck source=hack/vm/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+OUT="$VM_CACHE/initramfs"
+ROOT="$OUT/root"
+# Real tools copied with their libraries: name, then the package that has it.
+TOOLS=(
+	fio:fio
+	mkfs.ext4:e2fsprogs mke2fs:e2fsprogs e2fsck:e2fsprogs fsck.ext4:e2fsprogs
+	resize2fs:e2fsprogs tune2fs:e2fsprogs dumpe2fs:e2fsprogs
+	mkfs.xfs:xfsprogs xfs_growfs:xfsprogs xfs_repair:xfsprogs xfs_io:xfsprogs xfs_db:xfsprogs
+	blkid:util-linux losetup:mount mount:mount umount:mount findmnt:util-linux fsck:util-linux
+	blockdev:util-linux lsblk:util-linux fallocate:util-linux wipefs:util-linux
+)
+KEEP_GOING=0
+
+# busybox_static prints the path of a statically linked busybox.
+busybox_static() {
+	local b
+	for b in /bin/busybox /usr/bin/busybox; do
+		if [[ -x $b ]] && file -L "$b" | grep -q 'statically linked'; then
+			echo "$b"
+			return
+		fi
+	done
+	need_pkgs /nonexistent:busybox-static
+	echo /bin/busybox
+}
+
+# copy_elf SRC DST copies a dynamic binary to DST inside $ROOT with its libraries.
+copy_elf() {
+	local src=$1 dst=$2 lib
+	install -D -m 0755 "$src" "$ROOT$dst"
+	while read -r lib; do
+		[[ -e "$ROOT$lib" ]] && continue
+		mkdir -p "$ROOT$(dirname "$lib")"
+		cp -L "$lib" "$ROOT$lib"
+	done < <(ldd "$src" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
+}
+
+stage_base() {
+	local bb applet
+	rm -rf "$ROOT"
+	mkdir -p "$ROOT"/{bin,usr/bin,usr/sbin,usr/lib,usr/lib64,etc,proc,sys,dev,run,tmp,data,root,opt/fastblk/vm}
+	ln -s bin "$ROOT/sbin"
+	ln -s usr/lib "$ROOT/lib"
+	ln -s usr/lib64 "$ROOT/lib64"
+	bb=$(busybox_static)
+	cp "$bb" "$ROOT/bin/busybox"
+	for applet in $("$bb" --list); do
+		[[ $applet == busybox ]] || ln -s busybox "$ROOT/bin/$applet"
+	done
+	install -m 0755 "$VM_DIR/guest/init" "$ROOT/init"
+	cat >"$ROOT/etc/passwd" <<-EOF
+		root:x:0:0:root:/root:/bin/sh
+		nobody:x:65534:65534:nobody:/nonexistent:/bin/false
+	EOF
+	printf 'root:x:0:\nnogroup:x:65534:\n' >"$ROOT/etc/group"
+	printf '127.0.0.1 localhost fastblk-vm\n::1 localhost\n' >"$ROOT/etc/hosts"
+	printf 'passwd: files\ngroup: files\nhosts: files\n' >"$ROOT/etc/nsswitch.conf"
+	: >"$ROOT/etc/fstab"
+	ln -s /proc/self/mounts "$ROOT/etc/mtab"
+	[[ ! -f /etc/mke2fs.conf ]] || cp /etc/mke2fs.conf "$ROOT/etc/"
+}
+
+stage_tools() {
+	local pair tool path pkgs=()
+	for pair in "${TOOLS[@]}"; do pkgs+=("${pair%%:*}:${pair#*:}"); done
+	need_pkgs "${pkgs[@]}"
+	for pair in "${TOOLS[@]}"; do
+		tool=${pair%%:*}
+		path=$(command -v "$tool") || die "$tool not found after installing ${pair#*:}"
+		path=$(realpath -s "$path")
+		case "$path" in
+		/sbin/* | /usr/sbin/*) copy_elf "$path" "/usr/sbin/$tool" ;;
+		*) copy_elf "$path" "/usr/bin/$tool" ;;
+		esac
+	done
+	# No ld.so.cache: the loader then searches its multiarch default paths.
+	rm -f "$ROOT/etc/ld.so.cache"
+}
+
+# stage_binaries builds the test binaries of tests.list and adds csi-fastblk.
+stage_binaries() {
+	local pkg rel name out failed=()
+	command -v go >/dev/null || die "go not found (the Go toolchain of go.mod is needed to build the test binaries)"
+	if [[ -x $REPO_ROOT/bin/csi-fastblk-static ]]; then
+		install -m 0755 "$REPO_ROOT/bin/csi-fastblk-static" "$ROOT/usr/bin/csi-fastblk"
+	else
+		log "warning: bin/csi-fastblk-static missing (run make static); the image has no csi-fastblk"
+	fi
+	while read -r pkg; do
+		pkg=${pkg%%#*}
+		pkg=${pkg//[[:space:]]/}
+		[[ -n $pkg ]] || continue
+		rel=${pkg#./}
+		name=$(basename "$rel")
+		out="$ROOT/opt/fastblk/$rel"
+		mkdir -p "$out"
+		log "go test -c $pkg"
+		if ! (cd "$REPO_ROOT" && CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$out/$name.test" "$pkg"); then
+			((KEEP_GOING)) || die "test package $pkg does not compile"
+			failed+=("$pkg")
+			continue
+		fi
+		[[ -f $out/$name.test ]] || log "warning: $pkg has no test files"
+		[[ ! -d $REPO_ROOT/$rel/testdata ]] || cp -r "$REPO_ROOT/$rel/testdata" "$out/"
+	done <"$VM_DIR/tests.list"
+	((${#failed[@]} == 0)) || log "warning: skipped (did not compile): ${failed[*]}"
+	cp "$VM_DIR/guest/run-steps.sh" "$VM_DIR/guest/lib.sh" "$ROOT/opt/fastblk/vm/"
+	cp -r "$VM_DIR/guest/steps" "$ROOT/opt/fastblk/vm/"
+	chmod 0755 "$ROOT/opt/fastblk/vm/run-steps.sh" "$ROOT"/opt/fastblk/vm/steps/*.sh
+	(cd "$REPO_ROOT" && git describe --always --dirty 2>/dev/null || echo unknown) >"$ROOT/opt/fastblk/BUILD"
+}
+
+# pack DIR OUT writes DIR as a newc cpio archive owned by root.
+pack() {
+	(cd "$1" && find . -mindepth 1 -print0 | LC_ALL=C sort -z |
+		cpio --null --quiet -o -H newc -R 0:0) >"$2.tmp"
+	mv "$2.tmp" "$2"
+}
+
+# pack_kernel NAME writes initramfs-NAME.cpio: the common part plus modules.
+pack_kernel() {
+	local name=$1 kdir release mod
+	kdir=$(kernel_dir "$name")
+	[[ -f $kdir/ready ]] || die "kernel $name not fetched: run hack/vm/kernels.sh"
+	release=$(cat "$kdir/release")
+	mod="$OUT/mod-$name"
+	rm -rf "$mod"
+	mkdir -p "$mod/usr/lib/modules"
+	cp -r "$kdir/modules" "$mod/usr/lib/modules/$release"
+	cp "$kdir/modules.load" "$mod/usr/lib/modules/modules.load"
+	pack "$mod" "$OUT/mod-$name.cpio"
+	cat "$OUT/common.cpio" "$OUT/mod-$name.cpio" >"$OUT/initramfs-$name.cpio.tmp"
+	mv "$OUT/initramfs-$name.cpio.tmp" "$OUT/initramfs-$name.cpio"
+	rm -rf "$mod" "$OUT/mod-$name.cpio"
+	log "initramfs-$name.cpio: $(du -h "$OUT/initramfs-$name.cpio" | cut -f1) for $release"
+}
+
+main() {
+	case "${1:-}" in
+	--keep-going) KEEP_GOING=1 ;;
+	"") ;;
+	*) die "usage: $0 [--keep-going]" ;;
+	esac
+	need_pkgs cpio:cpio file:file
+	mkdir -p "$OUT"
+	stage_base
+	stage_tools
+	stage_binaries
+	pack "$ROOT" "$OUT/common.cpio"
+	local name
+	for name in "${VM_KERNELS[@]}"; do pack_kernel "$name"; done
+}
+
+main "$@"

@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# run.sh boots a kernel fetched by kernels.sh with the initramfs from
+# initramfs.sh in qemu (TCG), with a fresh sparse raw disk that the guest
+# formats and mounts at /data, runs a command in the guest, streams the serial
+# console to stdout and a log file, and exits with the command's exit status.
+# It exits non-zero on timeout (124), kernel panic, oops or a missing end marker,
+# showing the last lines of the log.
+#
+# Usage: hack/vm/run.sh --kernel 6.12|7.3 [options] -- <guest command...>
+#   --disk-size SIZE   size of the /data disk (default 4G)
+#   --fs ext4|xfs      filesystem on /data (default ext4)
+#   --timeout S        kill the VM after S seconds (default 1800)
+#   --mem MiB --smp N  guest memory and CPUs (default 2048, 2)
+#   --log FILE         console log (default $VM_CACHE/logs/<kernel>-<time>.log)
+#   --quiet            do not stream the console, only the log file
+# Example: hack/vm/run.sh --kernel 7.3 -- /opt/fastblk/vm/run-steps.sh '00-*'
+set -euo pipefail
+# shellcheck source=hack/vm/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+KERNEL="" DISK_SIZE=4G FS=ext4 TIMEOUT=1800 MEM=2048 SMP=2 LOG="" QUIET=0
+
+usage() { sed -n '/^# Usage:/,/^# Example:/s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+
+parse_args() {
+	while (($#)); do
+		case "$1" in
+		--kernel) KERNEL=${2:?}; shift 2 ;;
+		--disk-size) DISK_SIZE=${2:?}; shift 2 ;;
+		--fs) FS=${2:?}; shift 2 ;;
+		--timeout) TIMEOUT=${2:?}; shift 2 ;;
+		--mem) MEM=${2:?}; shift 2 ;;
+		--smp) SMP=${2:?}; shift 2 ;;
+		--log) LOG=${2:?}; shift 2 ;;
+		--quiet) QUIET=1; shift ;;
+		--) shift; break ;;
+		-h | --help) usage ;;
+		*) echo "run.sh: unknown argument $1" >&2; usage ;;
+		esac
+	done
+	[[ -n $KERNEL ]] || { echo "run.sh: --kernel is required" >&2; usage; }
+	(($#)) || { echo "run.sh: no guest command after --" >&2; usage; }
+	[[ $FS == ext4 || $FS == xfs ]] || die "--fs must be ext4 or xfs, not $FS"
+	[[ $TIMEOUT =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds, not $TIMEOUT"
+	GUEST_CMD=$(printf '%q ' "$@")
+}
+
+main() {
+	parse_args "$@"
+	need_pkgs qemu-system-x86_64:qemu-system-x86
+	local kdir initrd disk nonce cmdline rc start marker
+	kdir=$(kernel_dir "$KERNEL")
+	initrd="$VM_CACHE/initramfs/initramfs-$KERNEL.cpio"
+	[[ -s $kdir/vmlinuz ]] || die "kernel $KERNEL missing: run hack/vm/kernels.sh"
+	[[ -s $initrd ]] || die "$initrd missing: run hack/vm/initramfs.sh"
+	mkdir -p "$VM_CACHE/disks" "$VM_CACHE/logs"
+	LOG=${LOG:-$VM_CACHE/logs/$KERNEL-$(date +%Y%m%d-%H%M%S)-$$.log}
+	disk=$(mktemp "$VM_CACHE/disks/data-$KERNEL.XXXXXX.raw")
+	trap 'rm -f "$disk"' EXIT
+	truncate -s "$DISK_SIZE" "$disk"
+	nonce=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
+	cmdline="console=ttyS0 loglevel=5 panic=1 fastblk.nonce=$nonce fastblk.fs=$FS"
+	cmdline+=" fastblk.cmd=$(printf '%s' "$GUEST_CMD" | base64 -w0)"
+	((${#cmdline} < 2000)) || die "guest command too long for the kernel command line"
+	log "booting $(cat "$kdir/release") ($KERNEL), disk $DISK_SIZE $FS, timeout ${TIMEOUT}s, log $LOG"
+	start=$(date +%s)
+	set +e
+	timeout -k 10 "$TIMEOUT" qemu-system-x86_64 \
+		-accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM" \
+		-kernel "$kdir/vmlinuz" -initrd "$initrd" -append "$cmdline" \
+		-drive "if=virtio,format=raw,cache=none,aio=io_uring,file=$disk" \
+		-nodefaults -nographic -serial stdio -net none -no-reboot </dev/null 2>&1 |
+		tr -d '\r' | tee "$LOG" | { if ((QUIET)); then cat >/dev/null; else cat; fi; }
+	rc=${PIPESTATUS[0]}
+	set -e
+	log "VM ran $(($(date +%s) - start))s (qemu exit $rc)"
+	check_log "$rc" "$nonce"
+}
+
+# check_log QEMU_RC NONCE exits with the guest command's status from the log.
+check_log() {
+	local qrc=$1 nonce=$2 marker status
+	marker=$(grep -a -o "@@FASTBLK-VM-END $nonce rc=[0-9]*@@" "$LOG" | tail -n1 || true)
+	local kmsg='^\[ *[0-9]+\.[0-9]+\] '
+	if grep -a -q -E "$kmsg"'(WARNING:|------------\[ cut here)' "$LOG"; then
+		log "note: the guest kernel logged a WARNING (see $LOG)"
+	fi
+	if grep -a -q -E "$kmsg"'(Kernel panic|BUG: |Oops: |general protection fault)' "$LOG"; then
+		tail_log "kernel panic or oops in the guest"
+		exit 1
+	fi
+	if [[ -z $marker ]]; then
+		((qrc == 124 || qrc == 137)) && { tail_log "timed out after ${TIMEOUT}s"; exit 124; }
+		tail_log "VM exited (qemu status $qrc) without the end marker"
+		exit 1
+	fi
+	status=${marker##*rc=}
+	status=${status%@@}
+	log "guest command exited $status"
+	exit "$status"
+}
+
+tail_log() {
+	log "FAIL: $1; last lines of $LOG:"
+	tail -n 40 "$LOG" | sed 's/^/    /' >&2
+}
+
+main "$@"

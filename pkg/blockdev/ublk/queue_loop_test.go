@@ -1,0 +1,208 @@
+package ublk
+
+import (
+	"bytes"
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+)
+
+// hostLoop builds a queue loop on a real ring whose two registered files
+// are a scratch file, with a descriptor array in ordinary memory that the
+// test fills in place of the kernel. It exercises the dispatch path on any
+// kernel with io_uring: the backing I/O is real, the ublk commands fail
+// (a regular file has no uring_cmd) and are reaped by the test.
+func hostLoop(t *testing.T, depth uint16, kind TargetKind) (*loop, *os.File) {
+	t.Helper()
+	runtime.LockOSThread()
+	t.Cleanup(runtime.UnlockOSThread)
+	f, err := os.OpenFile(filepath.Join(t.TempDir(), "backing"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := f.Truncate(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	q := &Queue{cfg: QueueConfig{Depth: depth, CharFD: int(f.Fd()), MaxIOBytes: 64 << 10,
+		CPU: -1, Target: Target{Kind: kind, FD: int(f.Fd())}}}
+	d := uint32(depth)
+	ring, err := uring.New(uring.Config{Entries: d + 1, CQEntries: 2*d + 2, Flags: ringFlags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := &loop{q: q, cfg: &q.cfg, ring: ring, tags: make([]tagState, depth), cqes: make([]uring.CQE, 2*d+2)}
+	t.Cleanup(l.close)
+	if err := l.register(); err != nil {
+		t.Fatal(err)
+	}
+	l.descs = &descArea{mem: make([]byte, int(depth)*sizeofIODesc), depth: int(depth)}
+	if l.bufs, err = mapBuffers(depth, q.cfg.MaxIOBytes); err != nil {
+		t.Fatal(err)
+	}
+	return l, f
+}
+
+// setDesc writes tag's descriptor as the kernel would.
+func setDesc(l *loop, tag uint16, opFlags, nrSectors uint32, start uint64) {
+	b := l.descs.mem[int(tag)*sizeofIODesc:]
+	binary.LittleEndian.PutUint32(b[0:], opFlags)
+	binary.LittleEndian.PutUint32(b[4:], nrSectors)
+	binary.LittleEndian.PutUint64(b[8:], start)
+}
+
+// step submits what the loop prepared, waits for one completion and hands
+// backing completions to the loop; it returns the ublk command results.
+func step(t testing.TB, l *loop, cmds []int32) []int32 {
+	if _, err := l.ring.SubmitAndWait(1, 5*time.Second); err != nil {
+		t.Fatalf("submit and wait: %v", err)
+	}
+	n := l.ring.Reap(l.cqes)
+	for i := range n {
+		c := &l.cqes[i]
+		kind, tag := decodeUD(c.UserData)
+		if kind == udCmd {
+			cmds = append(cmds, c.Res)
+			continue
+		}
+		if err := l.onBacking(tag, c.Res); err != nil {
+			t.Fatalf("onBacking: %v", err)
+		}
+	}
+	return cmds
+}
+
+// serveOne drives one request of tag from arrival to its COMMIT SQE.
+func serveOne(t testing.TB, l *loop, tag uint16) {
+	if err := l.onCmd(tag, ioResOK); err != nil {
+		t.Fatalf("onCmd: %v", err)
+	}
+	var cmds [4]int32
+	for got := cmds[:0]; len(got) == 0; {
+		got = step(t, l, got)
+	}
+}
+
+func TestLoopReadWrite(t *testing.T) {
+	l, f := hostLoop(t, 4, TargetFile)
+	want := bytes.Repeat([]byte("fastblk!"), 1024) // 8 KiB
+	copy(l.bufs.slice(1), want)
+	setDesc(l, 1, ioOpWrite|ioFlagFUA, 16, 8) // 8 KiB at 4 KiB
+	serveOne(t, l, 1)
+	got := make([]byte, len(want))
+	if _, err := f.ReadAt(got, 4096); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("backing file after WRITE differs (err %v)", err)
+	}
+	clear(l.bufs.slice(2))
+	setDesc(l, 2, ioOpRead, 16, 8)
+	serveOne(t, l, 2)
+	if !bytes.Equal(l.bufs.slice(2)[:len(want)], want) {
+		t.Fatal("buffer after READ differs")
+	}
+	setDesc(l, 3, ioOpDiscard, 16, 8)
+	serveOne(t, l, 3)
+	clear(got[:1])
+	if _, err := f.ReadAt(got, 4096); err != nil || !bytes.Equal(got, make([]byte, len(got))) {
+		t.Fatalf("discarded range is not zero (err %v)", err)
+	}
+	setDesc(l, 0, ioOpFlush, 0, 0)
+	serveOne(t, l, 0)
+	st := l.q.stats.snapshot()
+	if st.Reads != 1 || st.Writes != 1 || st.Discards != 1 || st.Flushes != 1 || st.Errors != 0 || st.InFlight != 0 {
+		t.Fatalf("stats = %+v", st)
+	}
+}
+
+func TestLoopReadPastEOF(t *testing.T) {
+	l, _ := hostLoop(t, 2, TargetFile)
+	setDesc(l, 0, ioOpRead, 8, 1<<20>>9) // starts at EOF: read returns 0
+	serveOne(t, l, 0)
+	if st := l.q.stats.snapshot(); st.Errors != 1 {
+		t.Fatalf("a read at EOF must fail, stats = %+v", st)
+	}
+}
+
+func TestLoopDispatchAllocs(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		kind TargetKind
+		op   uint32
+	}{{"file read", TargetFile, ioOpRead}, {"file write", TargetFile, ioOpWrite}, {"null read", TargetNull, ioOpRead}} {
+		t.Run(c.name, func(t *testing.T) {
+			l, _ := hostLoop(t, 2, c.kind)
+			setDesc(l, 0, c.op, 8, 0)
+			serveOne(t, l, 0) // warm up
+			if n := testing.AllocsPerRun(200, func() { serveOne(t, l, 0) }); n != 0 {
+				t.Fatalf("%v allocations per request", n)
+			}
+		})
+	}
+}
+
+func TestDescLayout(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		qid      uint16
+		depth    uint16
+		pageSize int
+		off      int64
+		length   int
+	}{
+		{"q0 4k pages", 0, 128, 4096, 0, 4096},
+		{"q1 4k pages", 1, 128, 4096, 98304, 4096},
+		{"q3 depth 4096", 3, 4096, 4096, 3 * 98304, 98304},
+		{"q1 64k pages", 1, 128, 65536, 131072, 65536},
+		{"q2 depth 171", 2, 171, 4096, 2 * 98304, 8192},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if off := descOffset(c.qid, c.pageSize); off != c.off {
+				t.Fatalf("descOffset = %d, want %d", off, c.off)
+			}
+			if n := descLength(c.depth, c.pageSize); n != c.length {
+				t.Fatalf("descLength = %d, want %d", n, c.length)
+			}
+		})
+	}
+}
+
+func TestQueueConfigValidate(t *testing.T) {
+	good := QueueConfig{Depth: 64, CharFD: 3, MaxIOBytes: 512 << 10, CPU: -1, Target: FileTarget(4)}
+	cases := []struct {
+		name string
+		mod  func(*QueueConfig)
+		ok   bool
+	}{
+		{"good", func(*QueueConfig) {}, true},
+		{"zero copy needs no buffer size", func(c *QueueConfig) { c.Flags, c.MaxIOBytes = FlagAutoBufReg, 0 }, true},
+		{"null target", func(c *QueueConfig) { c.Target = NullTarget() }, true},
+		{"depth 0", func(c *QueueConfig) { c.Depth = 0 }, false},
+		{"depth 4097", func(c *QueueConfig) { c.Depth = 4097 }, false},
+		{"no char fd", func(c *QueueConfig) { c.CharFD = -1 }, false},
+		{"no backing fd", func(c *QueueConfig) { c.Target.FD = -1 }, false},
+		{"no target", func(c *QueueConfig) { c.Target = Target{} }, false},
+		{"user copy", func(c *QueueConfig) { c.Flags = FlagUserCopy }, false},
+		{"manual zero copy", func(c *QueueConfig) { c.Flags = FlagSupportZeroCopy }, false},
+		{"batch io", func(c *QueueConfig) { c.Flags = FlagBatchIO | FlagAutoBufReg }, false},
+		{"odd buffer", func(c *QueueConfig) { c.MaxIOBytes = 1000 }, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := good
+			c.mod(&cfg)
+			if err := cfg.validate(); (err == nil) != c.ok {
+				t.Fatalf("validate = %v, want ok=%v", err, c.ok)
+			}
+		})
+	}
+}
+
+func TestStartQueueRejectsBadConfig(t *testing.T) {
+	if _, err := StartQueue(QueueConfig{Depth: 0}); err == nil {
+		t.Fatal("StartQueue accepted depth 0")
+	}
+}

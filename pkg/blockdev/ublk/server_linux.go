@@ -1,0 +1,340 @@
+package ublk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+
+	"golang.org/x/sys/unix"
+)
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	// StateDir holds one State file per device (created if missing).
+	StateDir string
+	// ZeroCopy chooses between zero copy and copy mode.
+	ZeroCopy ZeroCopyMode
+	// CPUs is the CPU count the tuning policy uses (0 = runtime.NumCPU).
+	CPUs int
+	// MemoryBudget is the copy-mode buffer budget per device (0 = default).
+	MemoryBudget int64
+}
+
+// AttachSpec asks for a volume's device.
+type AttachSpec struct {
+	VolumeID  string
+	File      string
+	SizeBytes int64 // 0 = the file's size
+	ReadOnly  bool
+	// Queues and Depth override the tuning policy (0 = choose).
+	Queues, Depth int
+	// Null serves a null target instead of File (benchmarks only).
+	Null bool
+}
+
+// Served describes a device the Server serves.
+type Served struct {
+	State
+	Path string // /dev/ublkbN
+}
+
+// Server serves the ublk devices of one plugin instance: it creates them,
+// records them in StateDir, re-adopts them after a restart and removes
+// those whose volume is gone. It is safe for concurrent use on different
+// volumes; callers serialise calls for the same volume.
+type Server struct {
+	cfg      ServerConfig
+	ctl      *Control
+	features uint64
+	owner    uint64
+
+	mu   sync.Mutex // guards devs only; never held across a control command
+	devs map[string]*served
+}
+
+type served struct {
+	st   State
+	dev  *Device
+	file *os.File // nil for the null target
+}
+
+// NewServer opens the control device, checks the kernel (Features), and
+// re-adopts or sweeps the devices recorded in StateDir (see Adopt).
+func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) {
+	if cfg.CPUs <= 0 {
+		cfg.CPUs = runtime.NumCPU()
+	}
+	if cfg.ZeroCopy == "" {
+		cfg.ZeroCopy = ZeroCopyAuto
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("create ublk state dir: %w", err)
+	}
+	ctl, err := OpenControl()
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := Features(ctl)
+	if err != nil {
+		ctl.Close()
+		return nil, nil, err
+	}
+	s := &Server{cfg: cfg, ctl: ctl, features: f, owner: OwnerToken(cfg.StateDir), devs: map[string]*served{}}
+	return s, s.adopt(ctx), nil
+}
+
+// Features returns the driver's UBLK_F_* flags.
+func (s *Server) Features() uint64 { return s.features }
+
+// Control returns the server's control connection.
+func (s *Server) Control() *Control { return s.ctl }
+
+func (s *Server) get(id string) *served {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.devs[id]
+}
+
+func (s *Server) put(id string, sv *served) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sv == nil {
+		delete(s.devs, id)
+	} else {
+		s.devs[id] = sv
+	}
+}
+
+// Attach returns the volume's device, creating it if needed. An existing
+// device for the same file is returned as is; one for another file is an
+// error wrapping os.ErrExist.
+func (s *Server) Attach(ctx context.Context, spec AttachSpec) (Served, error) {
+	if err := validName(spec.VolumeID); err != nil {
+		return Served{}, err
+	}
+	if sv := s.get(spec.VolumeID); sv != nil {
+		if sv.st.File != spec.File {
+			return Served{}, fmt.Errorf("attach %s: served from %s: %w", spec.VolumeID, sv.st.File, os.ErrExist)
+		}
+		return sv.info(), nil
+	}
+	file, size, dio, err := openBacking(spec)
+	if err != nil {
+		return Served{}, err
+	}
+	sv, err := s.create(ctx, spec, file, size, dio)
+	if err != nil {
+		if file != nil {
+			file.Close()
+		}
+		return Served{}, err
+	}
+	s.put(spec.VolumeID, sv)
+	return sv.info(), nil
+}
+
+func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, size int64, dio uint32) (*served, error) {
+	flags, err := addFlags(s.features, s.cfg.ZeroCopy)
+	if err != nil {
+		return nil, err
+	}
+	tun, err := ChooseTuning(TuningInput{CPUs: s.cfg.CPUs, Queues: spec.Queues, Depth: spec.Depth,
+		ZeroCopy: zeroCopy(flags), MemoryBudget: s.cfg.MemoryBudget})
+	if err != nil {
+		return nil, err
+	}
+	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun, Owner: s.owner}
+	target := NullTarget()
+	if file != nil {
+		target = FileTarget(int(file.Fd()))
+	}
+	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
+		DMAAlign: dio, Owner: s.owner, Persist: func(info DevInfo) error {
+			st.DevID, st.Flags = info.DevID, info.Flags
+			if spec.Null {
+				return nil // benchmark devices are never re-adopted
+			}
+			return saveState(s.cfg.StateDir, st)
+		}}
+	dev, err := CreateDevice(ctx, s.ctl, cfg)
+	if err != nil {
+		if st.Flags != 0 && !spec.Null {
+			err = errors.Join(err, removeState(s.cfg.StateDir, spec.VolumeID))
+		}
+		return nil, err
+	}
+	return &served{st: st, dev: dev, file: file}, nil
+}
+
+func (sv *served) info() Served { return Served{State: sv.st, Path: blockPath(sv.st.DevID)} }
+
+// openBacking opens the volume file for direct I/O and returns it, the
+// device size and the file's direct-I/O memory alignment.
+func openBacking(spec AttachSpec) (*os.File, int64, uint32, error) {
+	if spec.Null {
+		if spec.SizeBytes <= 0 {
+			return nil, 0, 0, fmt.Errorf("null device: size %d: %w", spec.SizeBytes, errInvalid)
+		}
+		return nil, spec.SizeBytes, 0, nil
+	}
+	mode := os.O_RDWR
+	if spec.ReadOnly {
+		mode = os.O_RDONLY
+	}
+	f, err := os.OpenFile(spec.File, mode|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, 0, 0, fmt.Errorf("open backing file: %w", err)
+	}
+	var stx unix.Statx_t
+	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_SIZE|unix.STATX_DIOALIGN, &stx); err != nil {
+		f.Close()
+		return nil, 0, 0, fmt.Errorf("statx %s: %w", spec.File, err)
+	}
+	size := spec.SizeBytes
+	if size == 0 {
+		size = int64(stx.Size)
+	}
+	if stx.Dio_offset_align > 4096 || size > int64(stx.Size) {
+		f.Close()
+		return nil, 0, 0, fmt.Errorf("backing file %s: size %d (want %d), direct I/O alignment %d (max 4096): %w",
+			spec.File, stx.Size, size, stx.Dio_offset_align, errInvalid)
+	}
+	return f, size, stx.Dio_mem_align, nil
+}
+
+// Detach deletes the volume's device and forgets it. Unknown volumes
+// return nil.
+func (s *Server) Detach(ctx context.Context, id string) error {
+	if err := validName(id); err != nil {
+		return err
+	}
+	sv := s.get(id)
+	if sv == nil {
+		return s.detachRecorded(id)
+	}
+	if err := checkIdle(sv.dev.BlockPath()); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	if err := sv.dev.Delete(ctx); err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	s.put(id, nil)
+	if sv.file != nil {
+		sv.file.Close()
+	}
+	return removeState(s.cfg.StateDir, id)
+}
+
+// detachRecorded removes a device that has a state file but is not served
+// (its re-adoption failed).
+func (s *Server) detachRecorded(id string) error {
+	sts, err := loadStates(s.cfg.StateDir)
+	for _, st := range sts {
+		if st.VolumeID == id {
+			if err := DeleteOwned(s.ctl, st.DevID, s.owner); err != nil && !errors.Is(err, ErrNotOwned) {
+				return fmt.Errorf("detach %s: %w", id, err)
+			}
+			return removeState(s.cfg.StateDir, id)
+		}
+	}
+	_ = err // an unreadable unrelated state file does not block this detach
+	return nil
+}
+
+// Resize grows the volume's live device (UPDATE_SIZE, 6.16+). Without the
+// feature the error wraps errors.ErrUnsupported; an unknown volume
+// os.ErrNotExist.
+func (s *Server) Resize(ctx context.Context, id string, sizeBytes int64) error {
+	sv := s.get(id)
+	if sv == nil {
+		return fmt.Errorf("resize %s: %w", id, os.ErrNotExist)
+	}
+	if sizeBytes == sv.st.SizeBytes {
+		return nil
+	}
+	if err := sv.dev.Resize(sizeBytes); err != nil {
+		return err
+	}
+	st := sv.st
+	st.SizeBytes = sizeBytes
+	if err := saveState(s.cfg.StateDir, st); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	sv.st = st
+	s.mu.Unlock()
+	return nil
+}
+
+// List returns every served device, sorted by volume ID.
+func (s *Server) List() []Served {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Served, 0, len(s.devs))
+	for _, sv := range s.devs {
+		out = append(out, sv.info())
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].VolumeID < out[j].VolumeID })
+	return out
+}
+
+// Stats returns the queue counters of a volume's device.
+func (s *Server) Stats(id string) []QueueStats {
+	if sv := s.get(id); sv != nil {
+		return sv.dev.Stats()
+	}
+	return nil
+}
+
+// Close stops serving without stopping the devices: they stay QUIESCED,
+// their I/O held, until the next Server re-adopts them. Idempotent.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	devs := s.devs
+	s.devs = map[string]*served{}
+	s.mu.Unlock()
+	var errs []error
+	for _, sv := range devs {
+		if sv.file == nil {
+			// Null devices are never re-adopted: remove them.
+			errs = append(errs, sv.dev.Delete(context.Background()))
+			continue
+		}
+		errs = append(errs, sv.dev.Release(context.Background()))
+		sv.file.Close()
+	}
+	return errors.Join(append(errs, s.ctl.Close())...)
+}
+
+// checkIdle fails with an error wrapping unix.EBUSY when the block device
+// is mounted or held open exclusively: deleting it then would leave the
+// holder with a dead device (and DEL_DEV would wait for it).
+func checkIdle(path string) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_EXCL|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("%s is in use: %w", path, err)
+	}
+	if err == nil {
+		unix.Close(fd)
+	}
+	return nil
+}
+
+// DeviceSize returns the size the kernel reports for /dev/ublkbN.
+func DeviceSize(devID uint32) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/sys/block/ublkb%d/size", devID))
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("parse size of ublkb%d: %w", devID, err)
+	}
+	return n << 9, nil
+}

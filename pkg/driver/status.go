@@ -1,0 +1,88 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+// NodeStatus is what the plugin reports about its node: served at /status
+// and shown by `csi-fastblk status`; the metrics collector reads it too.
+type NodeStatus struct {
+	Driver            string         `json:"driver"`
+	Version           string         `json:"version"`
+	NodeID            string         `json:"nodeID"`
+	Kernel            string         `json:"kernel"`
+	Backend           string         `json:"backend"`
+	Healthy           bool           `json:"healthy"`
+	HealthError       string         `json:"healthError,omitempty"`
+	CapacityAvailable int64          `json:"capacityAvailable"`
+	CapacityTotal     int64          `json:"capacityTotal"`
+	Volumes           []VolumeStatus `json:"volumes"`
+	Snapshots         int            `json:"snapshots"`
+}
+
+// VolumeStatus describes one volume and, when attached, its device.
+type VolumeStatus struct {
+	ID          string              `json:"id"`
+	Name        string              `json:"name"`
+	SizeBytes   int64               `json:"sizeBytes"`
+	StagingPath string              `json:"stagingPath,omitempty"`
+	Access      string              `json:"access,omitempty"`
+	FsType      string              `json:"fsType,omitempty"`
+	Targets     int                 `json:"targets"`
+	Device      string              `json:"device,omitempty"`
+	Link        string              `json:"link,omitempty"`
+	Backend     string              `json:"backend,omitempty"`
+	Tuning      blockdev.Tuning     `json:"tuning"`
+	Disk        *blockdev.DiskStats `json:"disk,omitempty"`
+	IO          *blockdev.IOStats   `json:"io,omitempty"`
+}
+
+// Status gathers the node's status: volumes from the store, devices from the
+// backend, I/O counters from the kernel and the backend.
+func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
+	st := NodeStatus{
+		Driver:  d.cfg.Name,
+		Version: d.cfg.Version,
+		NodeID:  d.cfg.NodeID,
+		Kernel:  blockdev.KernelRelease(),
+		Backend: d.backend.Name(),
+		Healthy: true,
+	}
+	if err := d.Healthy(ctx); err != nil {
+		st.Healthy, st.HealthError = false, err.Error()
+	}
+	st.CapacityAvailable, st.CapacityTotal, _ = d.store.Capacity()
+	st.Snapshots = len(d.store.Snapshots())
+	devs, err := d.backend.List(ctx)
+	if err != nil {
+		return st, fmt.Errorf("list devices: %w", err)
+	}
+	byVolume := map[string]blockdev.Device{}
+	for _, dev := range devs {
+		byVolume[dev.VolumeID] = dev
+	}
+	statser, _ := d.backend.(blockdev.IOStatser)
+	for _, v := range d.store.Volumes() {
+		vs := VolumeStatus{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, StagingPath: v.Node.StagingPath,
+			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning}
+		if v.Node.StagingPath != "" {
+			vs.Access = accessName(v.Node.Block)
+		}
+		if dev, ok := byVolume[v.ID]; ok {
+			vs.Device, vs.Link, vs.Backend, vs.Tuning = dev.Path, dev.Link, dev.Backend, dev.Tuning
+			if ds, err := blockdev.ReadDiskStats(dev.Path); err == nil {
+				vs.Disk = &ds
+			}
+			if statser != nil {
+				if io, ok := statser.IOStats(v.ID); ok {
+					vs.IO = &io
+				}
+			}
+		}
+		st.Volumes = append(st.Volumes, vs)
+	}
+	return st, nil
+}

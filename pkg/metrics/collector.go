@@ -1,0 +1,126 @@
+package metrics
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/klog/v2"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/driver"
+)
+
+// StatusFunc returns the node's current status.
+type StatusFunc func(ctx context.Context) (driver.NodeStatus, error)
+
+const ns = "fastblk"
+
+var (
+	volLabels = []string{"volume_id", "name"}
+
+	descUp        = prometheus.NewDesc(ns+"_healthy", "1 when the plugin's backend and data directory are usable.", []string{"backend", "kernel"}, nil)
+	descCapAvail  = prometheus.NewDesc(ns+"_node_capacity_available_bytes", "Bytes the node can still provision (after over-provisioning).", nil, nil)
+	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the data directory's filesystem.", nil, nil)
+	descVolumes   = prometheus.NewDesc(ns+"_volumes", "Volumes on this node.", nil, nil)
+	descSnapshots = prometheus.NewDesc(ns+"_snapshots", "Snapshots on this node.", nil, nil)
+	descSize      = prometheus.NewDesc(ns+"_volume_size_bytes", "Provisioned size of the volume.", volLabels, nil)
+	descState     = prometheus.NewDesc(ns+"_volume_device_state", "1 for the device's current state.", append(volLabels, "backend", "state"), nil)
+	descQueues    = prometheus.NewDesc(ns+"_volume_queues", "Hardware queues of the volume's device.", volLabels, nil)
+	descDepth     = prometheus.NewDesc(ns+"_volume_queue_depth", "Depth of each queue of the volume's device.", volLabels, nil)
+	descIOs       = prometheus.NewDesc(ns+"_volume_ios_total", "I/Os completed by the device.", append(volLabels, "op"), nil)
+	descBytes     = prometheus.NewDesc(ns+"_volume_bytes_total", "Bytes transferred (or discarded) by the device.", append(volLabels, "op"), nil)
+	descIOTime    = prometheus.NewDesc(ns+"_volume_io_time_seconds_total", "Time I/Os of the op spent in the device (kernel accounting).", append(volLabels, "op"), nil)
+	descInFlight  = prometheus.NewDesc(ns+"_volume_in_flight_ios", "I/Os in flight on the device.", volLabels, nil)
+	descErrors    = prometheus.NewDesc(ns+"_volume_errors_total", "I/Os the server completed with an error.", volLabels, nil)
+	descRecovered = prometheus.NewDesc(ns+"_volume_recoveries_total", "Times the device was re-adopted after a plugin restart.", volLabels, nil)
+	descLatency   = prometheus.NewDesc(ns+"_volume_io_latency_seconds", "Latency of I/Os served by the plugin's ublk server.", volLabels, nil)
+)
+
+// Collector is a prometheus.Collector over a StatusFunc.
+type Collector struct {
+	status StatusFunc
+}
+
+// NewCollector returns a collector that calls status at every scrape.
+func NewCollector(status StatusFunc) *Collector { return &Collector{status: status} }
+
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descUp, descCapAvail, descCapTotal, descVolumes, descSnapshots, descSize,
+		descState, descQueues, descDepth, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency} {
+		ch <- d
+	}
+}
+
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := c.status(ctx)
+	if err != nil {
+		klog.ErrorS(err, "collect metrics")
+	}
+	gauge := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l...)
+	}
+	counter := func(d *prometheus.Desc, v float64, l ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
+	}
+	gauge(descUp, b2f(st.Healthy), st.Backend, st.Kernel)
+	gauge(descCapAvail, float64(st.CapacityAvailable))
+	gauge(descCapTotal, float64(st.CapacityTotal))
+	gauge(descVolumes, float64(len(st.Volumes)))
+	gauge(descSnapshots, float64(st.Snapshots))
+	for _, v := range st.Volumes {
+		l := []string{v.ID, v.Name}
+		gauge(descSize, float64(v.SizeBytes), l...)
+		if v.Device == "" {
+			continue
+		}
+		gauge(descState, 1, append(l, v.Backend, deviceState(v))...)
+		gauge(descQueues, float64(v.Tuning.Queues), l...)
+		gauge(descDepth, float64(v.Tuning.QueueDepth), l...)
+		if d := v.Disk; d != nil {
+			collectDisk(counter, gauge, l, d)
+		}
+		if io := v.IO; io != nil {
+			counter(descErrors, float64(io.Errors), l...)
+			counter(descRecovered, float64(io.Recoveries), l...)
+			if len(io.LatencyBounds) > 0 && len(io.LatencyBounds) == len(io.LatencyCounts) {
+				buckets := make(map[float64]uint64, len(io.LatencyBounds))
+				for i, b := range io.LatencyBounds {
+					buckets[b] = io.LatencyCounts[i]
+				}
+				ch <- prometheus.MustNewConstHistogram(descLatency, io.LatencyCount, io.LatencySum, buckets, l...)
+			}
+		}
+	}
+}
+
+func collectDisk(counter, gauge func(*prometheus.Desc, float64, ...string), l []string, d *blockdev.DiskStats) {
+	const sector = 512
+	with := func(op string) []string { return append(append([]string(nil), l...), op) }
+	counter(descIOs, float64(d.ReadIOs), with("read")...)
+	counter(descIOs, float64(d.WriteIOs), with("write")...)
+	counter(descIOs, float64(d.DiscardIOs), with("discard")...)
+	counter(descIOs, float64(d.FlushIOs), with("flush")...)
+	counter(descBytes, float64(d.ReadSectors*sector), with("read")...)
+	counter(descBytes, float64(d.WriteSectors*sector), with("write")...)
+	counter(descBytes, float64(d.DiscardSectors*sector), with("discard")...)
+	counter(descIOTime, float64(d.ReadTicksMs)/1000, with("read")...)
+	counter(descIOTime, float64(d.WriteTicksMs)/1000, with("write")...)
+	gauge(descInFlight, float64(d.InFlight), l...)
+}
+
+func deviceState(v driver.VolumeStatus) string {
+	if v.IO != nil && v.IO.State != "" {
+		return v.IO.State
+	}
+	return "live"
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}

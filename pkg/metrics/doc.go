@@ -1,0 +1,8 @@
+// Package metrics serves the plugin's observability endpoints: Prometheus
+// metrics at /metrics (per-volume I/O, latency, queue geometry, device state,
+// node capacity), the node status as JSON at /status (read by
+// `csi-fastblk status`), and /healthz.
+//
+// Everything is computed at scrape time from a StatusFunc; the package keeps
+// no counters of its own, so it adds nothing to the I/O path.
+package metrics
