@@ -2,8 +2,100 @@ package main
 
 import (
 	"context"
-	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring/bench"
 )
 
-// Placeholder until the owning work lands.
-func runBench(ctx context.Context, args []string) error { return errors.New("bench: not built yet") }
+// runBench runs `csi-fastblk bench <what> [flags]`; args[0] names the
+// benchmark.
+func runBench(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return fmt.Errorf("bench: missing benchmark name (engine)")
+	}
+	switch args[0] {
+	case "engine":
+		return runBenchEngine(ctx, args[1:])
+	}
+	return fmt.Errorf("bench: unknown benchmark %q (want engine)", args[0])
+}
+
+func runBenchEngine(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench engine", flag.ContinueOnError)
+	var cfg bench.Config
+	var size, bs, runtime string
+	var direct, fixed int
+	var asJSON bool
+	fs.StringVar(&cfg.File, "file", "", "file to run on (created and written out to --size if smaller)")
+	fs.StringVar(&size, "size", "0", "bytes of the file to use (k/m/g/t suffixes, binary); 0: the file's size")
+	fs.StringVar(&cfg.RW, "rw", "randread", "read, write, randread or randwrite")
+	fs.StringVar(&bs, "bs", "4k", "block size")
+	fs.IntVar(&cfg.IODepth, "iodepth", 32, "I/Os in flight per job")
+	fs.IntVar(&cfg.Jobs, "jobs", 1, "jobs (one locked thread and ring each)")
+	fs.StringVar(&runtime, "runtime", "10s", "run time (a duration, or seconds)")
+	fs.IntVar(&direct, "direct", 1, "1: O_DIRECT")
+	fs.IntVar(&fixed, "fixed", 1, "1: registered file and buffers (READ_FIXED/WRITE_FIXED)")
+	fs.IntVar(&cfg.WaitMin, "wait-min", 0, "min_complete per wait (0: iodepth/4)")
+	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if cfg.File == "" {
+		return fmt.Errorf("bench engine: --file is required")
+	}
+	var err error
+	if cfg.Size, err = parseBenchSize(size); err != nil {
+		return fmt.Errorf("bench engine: --size: %w", err)
+	}
+	n, err := parseBenchSize(bs)
+	if err != nil {
+		return fmt.Errorf("bench engine: --bs: %w", err)
+	}
+	cfg.BS = int(n)
+	if cfg.Runtime, err = parseRuntime(runtime); err != nil {
+		return fmt.Errorf("bench engine: --runtime: %w", err)
+	}
+	cfg.Direct, cfg.NoFixed = direct != 0, fixed == 0
+	if cfg.Size > 0 {
+		if err := bench.Layout(cfg.File, cfg.Size); err != nil {
+			return err
+		}
+	}
+	res, err := bench.Run(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		return res.WriteJSON(os.Stdout)
+	}
+	res.Print(os.Stdout)
+	return nil
+}
+
+// parseBenchSize parses 4096, 4k, 1G (binary multiples, as fio does).
+func parseBenchSize(s string) (int64, error) {
+	s = strings.ToLower(strings.TrimSpace(strings.TrimSuffix(strings.TrimSuffix(s, "b"), "i")))
+	mult := int64(1)
+	if i := strings.IndexAny(s, "kmgt"); i >= 0 && i == len(s)-1 {
+		mult = map[byte]int64{'k': 1 << 10, 'm': 1 << 20, 'g': 1 << 30, 't': 1 << 40}[s[i]]
+		s = s[:i]
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return v * mult, nil
+}
+
+// parseRuntime accepts a Go duration or a number of seconds.
+func parseRuntime(s string) (time.Duration, error) {
+	if v, err := strconv.Atoi(s); err == nil {
+		return time.Duration(v) * time.Second, nil
+	}
+	return time.ParseDuration(s)
+}

@@ -3,7 +3,170 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
 
-// Placeholder until the owning work lands.
-func runUblk(ctx context.Context, args []string) error { return errors.New("ublk: not built yet") }
+// runUblk implements `csi-fastblk ublk serve|features|list`.
+func runUblk(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("ublk: want serve, features or list")
+	}
+	switch args[0] {
+	case "serve":
+		return ublkServe(ctx, args[1:])
+	case "features":
+		return ublkFeatures()
+	case "list":
+		return ublkList(args[1:])
+	}
+	return fmt.Errorf("ublk: unknown command %q (want serve, features or list)", args[0])
+}
+
+// ublkServe serves one file (or a null device) until SIGINT/SIGTERM, then
+// removes the device. Used by the VM benchmarks.
+func ublkServe(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("ublk serve", flag.ContinueOnError)
+	file := fs.String("file", "", "backing file to serve")
+	queues := fs.Int("queues", 0, "hardware queues (0 = tuning policy)")
+	depth := fs.Int("depth", 0, "queue depth, a power of two (0 = tuning policy)")
+	zc := fs.String("zero-copy", "auto", "zero copy: auto, on or off")
+	null := fs.Bool("null", false, "serve a null device (benchmarks only; no data is kept)")
+	sizeStr := fs.String("size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	mode, err := ublk.ParseZeroCopyMode(*zc)
+	if err != nil {
+		return err
+	}
+	if (*file == "") == !*null {
+		return errors.New("ublk serve: give exactly one of --file or --null")
+	}
+	size, err := parseSize(*sizeStr)
+	if err != nil {
+		return err
+	}
+	stateDir, err := os.MkdirTemp("", "csi-fastblk-ublk-serve-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(stateDir)
+	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode})
+	if err != nil {
+		return err
+	}
+	defer srv.Close()
+	id := fmt.Sprintf("serve-%d", os.Getpid())
+	s, err := srv.Attach(ctx, ublk.AttachSpec{VolumeID: id, File: *file, SizeBytes: size, Queues: *queues, Depth: *depth, Null: *null})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("device %s\n", s.Path)
+	fmt.Printf("tuning queues=%d depth=%d max_io=%d zero_copy=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
+		s.Tuning.MaxIOBytes, s.Tuning.ZeroCopy, ublk.FormatFlags(s.Flags))
+	<-ctx.Done()
+	for i, q := range srv.Stats(id) {
+		fmt.Printf("queue %d: %+v\n", i, q)
+	}
+	return srv.Detach(context.WithoutCancel(ctx), id)
+}
+
+func parseSize(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	mult := int64(1)
+	switch suf := strings.ToUpper(s[len(s)-1:]); suf {
+	case "K", "M", "G", "T":
+		mult = 1 << (10 * (strings.Index("KMGT", suf) + 1))
+		s = s[:len(s)-1]
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("size %q: want a positive number with an optional K/M/G/T suffix", s)
+	}
+	return n * mult, nil
+}
+
+// ublkFeatures prints GET_FEATURES decoded.
+func ublkFeatures() error {
+	ctl, err := ublk.OpenControl()
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	f, err := ublk.Features(ctl)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("kernel %s, ublk features %#x\n", blockdev.KernelRelease(), f)
+	for _, n := range ublk.FlagNames(f) {
+		fmt.Println(" ", n)
+	}
+	return nil
+}
+
+// ublkList lists every ublk device, with its owner when --data-dir is given.
+func ublkList(args []string) error {
+	fs := flag.NewFlagSet("ublk list", flag.ContinueOnError)
+	dataDir := fs.String("data-dir", "/var/lib/csi-fastblk", "plugin data directory whose devices to recognise")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	stateDir := filepath.Join(*dataDir, blockdev.UblkStateDir)
+	owner := ublk.OwnerToken(stateDir)
+	vols := map[uint32]string{}
+	sts, _ := ublk.States(stateDir)
+	for _, st := range sts {
+		vols[st.DevID] = st.VolumeID
+	}
+	ctl, err := ublk.OpenControl()
+	if err != nil {
+		return err
+	}
+	defer ctl.Close()
+	ids, err := ublk.ListIDs()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("%-6s %-9s %-8s %-6s %-6s %-30s %s\n", "DEV", "STATE", "PID", "QUEUES", "DEPTH", "OWNER", "FLAGS")
+	for _, id := range ids {
+		info, err := ctl.GetDevInfo(id)
+		if err != nil {
+			fmt.Printf("%-6d error: %v\n", id, err)
+			continue
+		}
+		who := "other"
+		if info.UblksrvFlags == owner {
+			who = "this data dir"
+			if v, ok := vols[id]; ok {
+				who = v
+			}
+		}
+		fmt.Printf("%-6d %-9s %-8d %-6d %-6d %-30s %s\n", id, stateName(info.State), info.UblksrvPID,
+			info.NrHWQueues, info.QueueDepth, who, ublk.FormatFlags(info.Flags))
+	}
+	return nil
+}
+
+func stateName(s ublk.DevState) string {
+	switch s {
+	case ublk.StateDead:
+		return "dead"
+	case ublk.StateLive:
+		return "live"
+	case ublk.StateQuiesced:
+		return "quiesced"
+	case ublk.StateFailIO:
+		return "fail-io"
+	}
+	return strconv.Itoa(int(s))
+}

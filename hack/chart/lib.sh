@@ -15,7 +15,7 @@ ensure_helm() {
 	command -v go >/dev/null || { echo "go is required to build helm" >&2; return 1; }
 	mkdir -p "$(dirname "$HELM")"
 	echo "building helm $HELM_VERSION from its Go module into $(dirname "$HELM")" >&2
-	GOBIN="$(dirname "$HELM")" GOFLAGS=-mod=mod go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+	GOBIN="$(dirname "$HELM")" go install "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 }
 
 # render_deploy DIR writes the plain manifests of deploy/ into DIR.

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# initramfs.sh builds the test VM's initramfs for each kernel fetched by
-# kernels.sh: $VM_CACHE/initramfs/initramfs-<6.12|7.3>.cpio (uncompressed, so
-# TCG spends no time decompressing). Layout inside:
-#   /init                       hack/vm/guest/init
-#   /bin, /sbin                 busybox-static and its applet links
-#   /usr/bin, /usr/sbin         real tools (fio, util-linux, e2fsprogs, xfsprogs)
-#                               with their shared libraries; call them by
-#                               absolute path, busybox sh prefers its applets
-#   /usr/bin/csi-fastblk        bin/csi-fastblk-static (make static), if built
-#   /opt/fastblk/<pkg>/<name>.test  Go test binaries of hack/vm/tests.list
-#   /opt/fastblk/vm/            run-steps.sh, lib.sh and steps/
-#   /usr/lib/modules/           the kernel's modules and modules.load
+# initramfs.sh builds what the test VM boots from, in $VM_CACHE/initramfs:
+#   initramfs-<6.12|7.3>.cpio  small and uncompressed (qemu loads a large initrd
+#                              slowly under TCG): /init (hack/vm/guest/init),
+#                              busybox-static with applet links in /bin (/sbin
+#                              links to it), /etc, and the kernel's modules in
+#                              /modules/<release> with /modules/modules.load
+#   tools.img                  a read-only ext4 image, the guest's /usr and /opt
+#                              (attached as /dev/vdb and bind-mounted by /init):
+#     /usr/bin, /usr/sbin        real tools (fio, util-linux, e2fsprogs,
+#                                xfsprogs) with their shared libraries; call
+#                                them by absolute path: busybox sh runs its own
+#                                applet before a same-named program on PATH
+#     /usr/bin/csi-fastblk       bin/csi-fastblk-static (make static), if built
+#     /opt/fastblk/<pkg>/<name>.test  Go test binaries of hack/vm/tests.list
+#     /opt/fastblk/vm/           run-steps.sh, lib.sh and steps/
 #
 # Usage: hack/vm/initramfs.sh [--keep-going]
 #   --keep-going  skip test packages that fail to compile instead of failing
@@ -19,7 +22,8 @@ set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 
 OUT="$VM_CACHE/initramfs"
-ROOT="$OUT/root"
+BASE="$OUT/base"
+ROOT="$OUT/tools"
 # Real tools copied with their libraries: name, then the package that has it.
 TOOLS=(
 	fio:fio
@@ -55,33 +59,38 @@ copy_elf() {
 	done < <(ldd "$src" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}')
 }
 
+# stage_base fills $BASE, the part of the initramfs common to both kernels.
 stage_base() {
 	local bb applet
-	rm -rf "$ROOT"
-	mkdir -p "$ROOT"/{bin,usr/bin,usr/sbin,usr/lib,usr/lib64,etc,proc,sys,dev,run,tmp,data,root,opt/fastblk/vm}
-	ln -s bin "$ROOT/sbin"
-	ln -s usr/lib "$ROOT/lib"
-	ln -s usr/lib64 "$ROOT/lib64"
+	rm -rf "$BASE"
+	mkdir -p "$BASE"/{bin,usr,etc,proc,sys,dev,run,tmp,data,root,opt,mnt/tools,modules}
+	ln -s bin "$BASE/sbin"
+	ln -s usr/lib "$BASE/lib"
+	ln -s usr/lib64 "$BASE/lib64"
 	bb=$(busybox_static)
-	cp "$bb" "$ROOT/bin/busybox"
+	cp "$bb" "$BASE/bin/busybox"
 	for applet in $("$bb" --list); do
-		[[ $applet == busybox ]] || ln -s busybox "$ROOT/bin/$applet"
+		[[ $applet == busybox ]] || ln -s busybox "$BASE/bin/$applet"
 	done
-	install -m 0755 "$VM_DIR/guest/init" "$ROOT/init"
-	cat >"$ROOT/etc/passwd" <<-EOF
+	install -m 0755 "$VM_DIR/guest/init" "$BASE/init"
+	cat >"$BASE/etc/passwd" <<-EOF
 		root:x:0:0:root:/root:/bin/sh
 		nobody:x:65534:65534:nobody:/nonexistent:/bin/false
 	EOF
-	printf 'root:x:0:\nnogroup:x:65534:\n' >"$ROOT/etc/group"
-	printf '127.0.0.1 localhost fastblk-vm\n::1 localhost\n' >"$ROOT/etc/hosts"
-	printf 'passwd: files\ngroup: files\nhosts: files\n' >"$ROOT/etc/nsswitch.conf"
-	: >"$ROOT/etc/fstab"
-	ln -s /proc/self/mounts "$ROOT/etc/mtab"
-	[[ ! -f /etc/mke2fs.conf ]] || cp /etc/mke2fs.conf "$ROOT/etc/"
+	printf 'root:x:0:\nnogroup:x:65534:\n' >"$BASE/etc/group"
+	printf '127.0.0.1 localhost fastblk-vm\n::1 localhost\n' >"$BASE/etc/hosts"
+	printf 'passwd: files\ngroup: files\nhosts: files\n' >"$BASE/etc/nsswitch.conf"
+	: >"$BASE/etc/fstab"
+	ln -s /proc/self/mounts "$BASE/etc/mtab"
+	[[ ! -f /etc/mke2fs.conf ]] || cp /etc/mke2fs.conf "$BASE/etc/"
 }
 
 stage_tools() {
 	local pair tool path pkgs=()
+	rm -rf "$ROOT"
+	mkdir -p "$ROOT"/{usr/bin,usr/sbin,usr/lib,usr/lib64,opt/fastblk/vm}
+	ln -s usr/lib "$ROOT/lib"
+	ln -s usr/lib64 "$ROOT/lib64"
 	for pair in "${TOOLS[@]}"; do pkgs+=("${pair%%:*}:${pair#*:}"); done
 	need_pkgs "${pkgs[@]}"
 	for pair in "${TOOLS[@]}"; do
@@ -93,8 +102,7 @@ stage_tools() {
 		*) copy_elf "$path" "/usr/bin/$tool" ;;
 		esac
 	done
-	# No ld.so.cache: the loader then searches its multiarch default paths.
-	rm -f "$ROOT/etc/ld.so.cache"
+	# No ld.so.cache: the loader searches its multiarch default paths.
 }
 
 # stage_binaries builds the test binaries of tests.list and adds csi-fastblk.
@@ -137,7 +145,7 @@ pack() {
 	mv "$2.tmp" "$2"
 }
 
-# pack_kernel NAME writes initramfs-NAME.cpio: the common part plus modules.
+# pack_kernel NAME writes initramfs-NAME.cpio: the base plus NAME's modules.
 pack_kernel() {
 	local name=$1 kdir release mod
 	kdir=$(kernel_dir "$name")
@@ -145,14 +153,25 @@ pack_kernel() {
 	release=$(cat "$kdir/release")
 	mod="$OUT/mod-$name"
 	rm -rf "$mod"
-	mkdir -p "$mod/usr/lib/modules"
-	cp -r "$kdir/modules" "$mod/usr/lib/modules/$release"
-	cp "$kdir/modules.load" "$mod/usr/lib/modules/modules.load"
+	mkdir -p "$mod/modules"
+	cp -r "$kdir/modules" "$mod/modules/$release"
+	cp "$kdir/modules.load" "$mod/modules/modules.load"
 	pack "$mod" "$OUT/mod-$name.cpio"
-	cat "$OUT/common.cpio" "$OUT/mod-$name.cpio" >"$OUT/initramfs-$name.cpio.tmp"
+	cat "$OUT/base.cpio" "$OUT/mod-$name.cpio" >"$OUT/initramfs-$name.cpio.tmp"
 	mv "$OUT/initramfs-$name.cpio.tmp" "$OUT/initramfs-$name.cpio"
 	rm -rf "$mod" "$OUT/mod-$name.cpio"
 	log "initramfs-$name.cpio: $(du -h "$OUT/initramfs-$name.cpio" | cut -f1) for $release"
+}
+
+# make_tools_image writes tools.img, an ext4 image of $ROOT (no mount needed).
+make_tools_image() {
+	local mib
+	mib=$(($(du -sm "$ROOT" | cut -f1) * 5 / 4 + 32))
+	rm -f "$OUT/tools.img.tmp"
+	/usr/sbin/mke2fs -q -t ext4 -O ^has_journal -L fastblk-tools -E root_owner=0:0 \
+		-d "$ROOT" "$OUT/tools.img.tmp" "${mib}M" >/dev/null || die "mke2fs -d $ROOT failed"
+	mv "$OUT/tools.img.tmp" "$OUT/tools.img"
+	log "tools.img: ${mib} MiB"
 }
 
 main() {
@@ -166,7 +185,8 @@ main() {
 	stage_base
 	stage_tools
 	stage_binaries
-	pack "$ROOT" "$OUT/common.cpio"
+	pack "$BASE" "$OUT/base.cpio"
+	make_tools_image
 	local name
 	for name in "${VM_KERNELS[@]}"; do pack_kernel "$name"; done
 }

@@ -8,7 +8,10 @@
 #   packages       the Debian packages and versions it came from
 #   modules/       the modules the guest needs (ublk_drv and what the disk, the
 #                  filesystems and the tests need), decompressed for busybox insmod
-#   modules.load   those modules in load order (dependencies first)
+#   modules.load   the modules /init loads at boot, in load order
+#   modules.deps   every module in modules/: "name path dep,dep" (guest/modprobe
+#                  loads the others, e.g. xfs, on demand: xfs alone takes
+#                  seconds to load under TCG)
 # A second run reuses the cache and costs nothing; --refresh looks for newer
 # kernels in the archive.
 #
@@ -17,10 +20,12 @@ set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-# Modules loaded in the guest. The optional ones exist in only one of the kernels.
-MODULES=(virtio_blk ublk_drv loop ext4 xfs null_blk)
+# Modules loaded in the guest at boot, then on demand. The optional ones exist
+# in only one of the kernels.
+MODULES=(virtio_blk ublk_drv loop ext4)
+LAZY_MODULES=(xfs null_blk)
 OPTIONAL_MODULES=(crc32c_generic crc32c_intel crc32c_cryptoapi)
-STAMP="modules=${MODULES[*]} ${OPTIONAL_MODULES[*]} v2"
+STAMP="modules=${MODULES[*]} lazy=${LAZY_MODULES[*]} ${OPTIONAL_MODULES[*]} v3"
 
 APT_DIR="$VM_CACHE/apt"
 DEB_DIR="$VM_CACHE/debs"
@@ -117,7 +122,7 @@ install_modules() {
 	local root=$1 release=$2 out=$3 mdir f name
 	mdir="$root/usr/lib/modules/$release"
 	[[ -d $mdir ]] || mdir="$root/lib/modules/$release"
-	declare -gA MOD_PATH=() MOD_DONE=()
+	declare -gA MOD_PATH=() MOD_DONE=() MOD_DEPS=()
 	MOD_ORDER=()
 	while IFS= read -r f; do
 		name=$(basename "$f")
@@ -132,13 +137,23 @@ install_modules() {
 		[[ -n ${MOD_PATH[$name]:-} ]] || die "module $name missing from kernel $release"
 		visit "$mdir" "$name"
 	done
+	local eager=("${MOD_ORDER[@]}")
+	for name in "${LAZY_MODULES[@]}"; do
+		[[ -n ${MOD_PATH[$name]:-} ]] || die "module $name missing from kernel $release"
+		visit "$mdir" "$name"
+	done
 	rm -rf "$out/modules"
 	mkdir -p "$out/modules"
-	: >"$out/modules.load"
+	: >"$out/modules.deps"
 	for name in "${MOD_ORDER[@]}"; do
 		f=${MOD_PATH[$name]}
 		mkdir -p "$out/modules/$(dirname "$f")"
 		decompress "$mdir/$f" >"$out/modules/${f%.ko*}.ko"
+		printf '%s %s %s\n' "$name" "${f%.ko*}.ko" "${MOD_DEPS[$name]:--}" >>"$out/modules.deps"
+	done
+	: >"$out/modules.load"
+	for name in "${eager[@]}"; do
+		f=${MOD_PATH[$name]}
 		printf '%s\n' "${f%.ko*}.ko" >>"$out/modules.load"
 	done
 }
@@ -149,6 +164,7 @@ visit() {
 	[[ -n ${MOD_DONE[$name]:-} ]] && return 0
 	MOD_DONE[$name]=1
 	deps=$(modinfo_field "$mdir/${MOD_PATH[$name]}" depends)
+	MOD_DEPS[$name]=${deps//-/_}
 	for dep in ${deps//,/ }; do
 		dep=${dep//-/_}
 		[[ -n ${MOD_PATH[$dep]:-} ]] || die "module $name needs $dep, not found"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # run.sh boots a kernel fetched by kernels.sh with the initramfs from
 # initramfs.sh in qemu (TCG), with a fresh sparse raw disk that the guest
-# formats and mounts at /data, runs a command in the guest, streams the serial
+# formats and mounts at /data (/dev/vda; /dev/vdb is the read-only tools disk
+# from initramfs.sh), runs a command in the guest, streams the serial
 # console to stdout and a log file, and exits with the command's exit status.
 # It exits non-zero on timeout (124), kernel panic, oops or a missing end marker,
 # showing the last lines of the log.
@@ -48,11 +49,12 @@ parse_args() {
 main() {
 	parse_args "$@"
 	need_pkgs qemu-system-x86_64:qemu-system-x86
-	local kdir initrd disk nonce cmdline rc start marker
+	local kdir initrd tools disk nonce cmdline rc start marker
 	kdir=$(kernel_dir "$KERNEL")
 	initrd="$VM_CACHE/initramfs/initramfs-$KERNEL.cpio"
+	tools="$VM_CACHE/initramfs/tools.img"
 	[[ -s $kdir/vmlinuz ]] || die "kernel $KERNEL missing: run hack/vm/kernels.sh"
-	[[ -s $initrd ]] || die "$initrd missing: run hack/vm/initramfs.sh"
+	[[ -s $initrd && -s $tools ]] || die "$initrd or $tools missing: run hack/vm/initramfs.sh"
 	mkdir -p "$VM_CACHE/disks" "$VM_CACHE/logs"
 	LOG=${LOG:-$VM_CACHE/logs/$KERNEL-$(date +%Y%m%d-%H%M%S)-$$.log}
 	disk=$(mktemp "$VM_CACHE/disks/data-$KERNEL.XXXXXX.raw")
@@ -69,6 +71,7 @@ main() {
 		-accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM" \
 		-kernel "$kdir/vmlinuz" -initrd "$initrd" -append "$cmdline" \
 		-drive "if=virtio,format=raw,cache=none,aio=io_uring,file=$disk" \
+		-drive "if=virtio,format=raw,readonly=on,file=$tools" \
 		-nodefaults -nographic -serial stdio -net none -no-reboot </dev/null 2>&1 |
 		tr -d '\r' | tee "$LOG" | { if ((QUIET)); then cat >/dev/null; else cat; fi; }
 	rc=${PIPESTATUS[0]}

@@ -65,3 +65,23 @@ func IsBlockDevice(path string) (bool, error) {
 	}
 	return st.Mode&unix.S_IFMT == unix.S_IFBLK, nil
 }
+
+// SetDeviceReadOnly sets or clears the block device's read-only flag
+// (BLKROSET). A read-only bind mount does not stop writes to a device node,
+// since writing a device does not modify the filesystem holding the node;
+// the device's own flag does.
+func SetDeviceReadOnly(path string, ro bool) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	v := 0
+	if ro {
+		v = 1
+	}
+	if err := unix.IoctlSetPointerInt(fd, unix.BLKROSET, v); err != nil {
+		return fmt.Errorf("BLKROSET %s: %w", path, err)
+	}
+	return nil
+}

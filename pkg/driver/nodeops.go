@@ -57,6 +57,11 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 		return nil
 	}
 	opts := c.GetMount().GetMountFlags()
+	if ns.FsType == "xfs" {
+		// A restored snapshot or a clone carries its source's XFS UUID;
+		// without nouuid the kernel refuses to mount both on one node.
+		opts = append(opts, "nouuid")
+	}
 	if err := d.mounter.FormatAndMount(ns.Device, staging, ns.FsType, opts); err != nil {
 		err = fmt.Errorf("format and mount %s (%s) at %s: %w", ns.Device, ns.FsType, staging, err)
 		return errors.Join(err, d.undoStage(ctx, v.ID))
@@ -149,10 +154,14 @@ func (d *Driver) publish(ctx context.Context, v blockdev.Volume, staging, target
 	if _, err := d.store.UpdateNode(ctx, v.ID, ns); err != nil {
 		return fmt.Errorf("record publication: %w", err)
 	}
-	if err := d.bindMount(ns, target, c, pub.ReadOnly); err != nil {
+	err := d.bindMount(ns, target, c, pub.ReadOnly)
+	if err == nil {
+		err = syncBlockReadOnly(ns)
+	}
+	if err != nil {
 		delete(ns.Targets, target)
 		_, uerr := d.store.UpdateNode(ctx, v.ID, ns)
-		return errors.Join(err, uerr)
+		return errors.Join(err, uerr, d.cleanupTarget(target))
 	}
 	klog.InfoS("volume published", "volumeID", v.ID, "target", target, "readOnly", pub.ReadOnly)
 	return nil
@@ -167,6 +176,19 @@ func checkSingleWriter(targets map[string]blockdev.Publish, pub blockdev.Publish
 		}
 	}
 	return nil
+}
+
+// syncBlockReadOnly makes a raw block device read-only while every
+// publication of it is read-only, and writable otherwise.
+func syncBlockReadOnly(ns blockdev.NodeState) error {
+	if !ns.Block {
+		return nil
+	}
+	ro := len(ns.Targets) > 0
+	for _, p := range ns.Targets {
+		ro = ro && p.ReadOnly
+	}
+	return blockdev.SetDeviceReadOnly(ns.Device, ro)
 }
 
 func accessName(block bool) string {
@@ -218,6 +240,9 @@ func (d *Driver) unpublish(ctx context.Context, v blockdev.Volume, target string
 	ns := v.Node
 	ns.Targets = maps.Clone(ns.Targets)
 	delete(ns.Targets, target)
+	if err := syncBlockReadOnly(ns); err != nil {
+		return err
+	}
 	if _, err := d.store.UpdateNode(ctx, v.ID, ns); err != nil {
 		return fmt.Errorf("record unpublication: %w", err)
 	}
@@ -285,7 +310,13 @@ func (d *Driver) expand(ctx context.Context, v blockdev.Volume, path string, siz
 	if ns.Block {
 		return v.SizeBytes, nil
 	}
-	if _, err := mount.NewResizeFs(d.exec).Resize(ns.Device, ns.StagingPath); err != nil {
+	// resize2fs decides whether to grow online by finding the device in
+	// the mount table, which names the kernel node, not our link.
+	dev, err := filepath.EvalSymlinks(ns.Device)
+	if err != nil {
+		return 0, fmt.Errorf("resolve %s: %w", ns.Device, err)
+	}
+	if _, err := mount.NewResizeFs(d.exec).Resize(dev, ns.StagingPath); err != nil {
 		return 0, fmt.Errorf("grow %s filesystem: %w", ns.FsType, err)
 	}
 	return v.SizeBytes, nil

@@ -241,7 +241,9 @@ func (d *Device) waitQueues(ctx context.Context) error {
 	go func() {
 		var errs []error
 		for _, q := range d.queues {
-			errs = append(errs, q.Wait())
+			if err := q.Wait(); !errors.Is(err, ErrQueueStopped) {
+				errs = append(errs, err)
+			}
 		}
 		done <- errors.Join(errs...)
 	}()

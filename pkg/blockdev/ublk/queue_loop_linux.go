@@ -141,16 +141,14 @@ func (l *loop) prepCmd(op uint32, tag uint16, result int32) error {
 	sqe.PrepURingCmd(fileChar, op)
 	sqe.Flags |= uring.IOSQE_FIXED_FILE
 	sqe.UserData = encodeUD(udCmd, tag)
-	var addr uint64
 	if l.zc {
-		addr = uint64(tag) // ublk_auto_buf_reg: index = tag, no flags
-	} else {
-		addr = l.bufs.addr(tag, 0)
+		// AUTO_BUF_REG: sqe->addr is struct ublk_auto_buf_reg (index =
+		// tag, no flags); the command's own addr must stay 0.
+		sqe.Addr = uint64(tag)
+		putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, 0)
+		return nil
 	}
-	putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, addr)
-	if l.zc {
-		sqe.Addr = addr
-	}
+	putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, l.bufs.addr(tag, 0))
 	return nil
 }
 

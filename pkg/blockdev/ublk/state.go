@@ -134,3 +134,6 @@ func loadStates(dir string) ([]State, error) {
 	}
 	return states, errors.Join(errs...)
 }
+
+// States returns the device records in a state directory.
+func States(dir string) ([]State, error) { return loadStates(dir) }

@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Benchmark csi-fastblk's io_uring engine against fio's io_uring engine on
+# the same file, same parameters, alternating runs; print medians, the IOPS
+# ratio ours/fio, context switches and syscalls per I/O for both.
+#
+# Environment: BIN (default bin/csi-fastblk), FILE (default
+# /var/tmp/csi-fastblk-bench.img, must be on a real disk, not tmpfs), SIZE_MB
+# (1024), RUNTIME (seconds, 10), REPS (3), CELLS ("randread:1 randread:2
+# randwrite:1 randwrite:2"), BS (4k), IODEPTH (32).
+#
+# Context switches and syscalls come from `perf stat -e
+# context-switches,raw_syscalls:sys_enter` around each run (whole process
+# tree, start-up included) when perf works; otherwise from each tool's own
+# counters (our getrusage and io_uring_enter count; fio's ctx), marked "-"
+# for fio syscalls.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+BIN=${BIN:-bin/csi-fastblk}
+FILE=${FILE:-/var/tmp/csi-fastblk-bench.img}
+SIZE_MB=${SIZE_MB:-1024}
+RUNTIME=${RUNTIME:-10}
+REPS=${REPS:-3}
+BS=${BS:-4k}
+IODEPTH=${IODEPTH:-32}
+CELLS=${CELLS:-"randread:1 randread:2 randwrite:1 randwrite:2"}
+OUT=${OUT:-bin/bench-engine}
+
+need() { # command package
+	command -v "$1" >/dev/null 2>&1 && return 0
+	if [ "$(id -u)" -ne 0 ]; then echo "need $1 (apt-get install $2) and not root" >&2; exit 1; fi
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$2" >/dev/null
+}
+need fio fio
+need jq jq
+command -v perf >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq linux-perf >/dev/null 2>&1 || true
+[ -x "$BIN" ] || { echo "$BIN missing: run make build" >&2; exit 1; }
+
+fstype=$(stat -f -c %T "$(dirname "$FILE")")
+if [ "$fstype" = tmpfs ]; then echo "$FILE is on tmpfs; use a real disk" >&2; exit 1; fi
+want=$((SIZE_MB * 1024 * 1024))
+have=$(stat -c %s "$FILE" 2>/dev/null || echo 0)
+alloc=$(( $(stat -c %b "$FILE" 2>/dev/null || echo 0) * 512 ))
+if [ "$have" -lt "$want" ] || [ "$alloc" -lt "$want" ]; then
+	echo "writing ${SIZE_MB} MiB to $FILE ..."
+	dd if=/dev/urandom of="$FILE" bs=1M count="$SIZE_MB" oflag=direct status=none
+	sync
+fi
+
+PERF=()
+if perf stat -e context-switches,raw_syscalls:sys_enter -x, -o /dev/null true 2>/dev/null; then
+	PERF=(perf stat -e context-switches,raw_syscalls:sys_enter -x, -o)
+	counters="perf stat (context-switches, raw_syscalls:sys_enter; whole process, start-up included)"
+else
+	counters="tool counters (ours: getrusage + io_uring_enter count; fio: ctx; fio syscalls unknown)"
+fi
+mkdir -p "$OUT"
+
+# perfval FILE EVENT -> count
+perfval() { awk -F, -v e="$2" '$3==e {print $1}' "$1"; }
+
+run_ours() { # rw jobs rep
+	local tag="$OUT/ours-$1-$2-$3" args=(bench engine --file "$FILE" --rw "$1" --bs "$BS"
+		--iodepth "$IODEPTH" --jobs "$2" --runtime "${RUNTIME}s" --direct=1 --json)
+	if [ ${#PERF[@]} -gt 0 ]; then "${PERF[@]}" "$tag.perf" "$BIN" "${args[@]}" >"$tag.json"
+	else "$BIN" "${args[@]}" >"$tag.json"; fi
+	local iops ios cs sc
+	iops=$(jq .iops "$tag.json")
+	ios=$(jq "(.iops * $RUNTIME)" "$tag.json")
+	if [ ${#PERF[@]} -gt 0 ]; then
+		cs=$(perfval "$tag.perf" context-switches); sc=$(perfval "$tag.perf" raw_syscalls:sys_enter)
+	else
+		cs=$(jq .ctx_switches "$tag.json"); sc=$(jq .io_uring_enter "$tag.json")
+	fi
+	echo "$iops $(awk -v c="$cs" -v n="$ios" 'BEGIN{printf "%.4f", c/n}') $(awk -v c="$sc" -v n="$ios" 'BEGIN{printf "%.4f", c/n}') $(jq '.clat_usec.p99' "$tag.json")"
+}
+
+run_fio() { # rw jobs rep
+	local tag="$OUT/fio-$1-$2-$3" args=(--name=bench --filename="$FILE" --size="${SIZE_MB}m" --rw="$1" --bs="$BS"
+		--iodepth="$IODEPTH" --numjobs="$2" --runtime="$RUNTIME" --time_based --ioengine=io_uring
+		--direct=1 --hipri=0 --registerfiles --fixedbufs --group_reporting --output-format=json)
+	if [ ${#PERF[@]} -gt 0 ]; then "${PERF[@]}" "$tag.perf" fio "${args[@]}" >"$tag.json"
+	else fio "${args[@]}" >"$tag.json"; fi
+	local dir=read; case $1 in *write) dir=write ;; esac
+	local iops ios cs sc
+	iops=$(jq ".jobs[0].$dir.iops" "$tag.json")
+	ios=$(jq ".jobs[0].$dir.total_ios" "$tag.json")
+	if [ ${#PERF[@]} -gt 0 ]; then
+		cs=$(perfval "$tag.perf" context-switches); sc=$(perfval "$tag.perf" raw_syscalls:sys_enter)
+	else
+		cs=$(jq '.jobs[0].ctx' "$tag.json"); sc=NaN
+	fi
+	echo "$iops $(awk -v c="$cs" -v n="$ios" 'BEGIN{printf "%.4f", c/n}') $(awk -v c="$sc" -v n="$ios" 'BEGIN{printf "%.4f", c/n}') $(jq ".jobs[0].$dir.clat_ns.percentile[\"99.000000\"] / 1000" "$tag.json")"
+}
+
+median() { sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+
+echo "engine bench: bs=$BS iodepth=$IODEPTH runtime=${RUNTIME}s reps=$REPS file=$FILE ($fstype) kernel $(uname -r)"
+echo "counters: $counters"
+printf '%-10s %4s | %10s %10s %6s | %8s %8s | %8s %8s | %9s %9s\n' rw jobs "ours IOPS" "fio IOPS" ratio \
+	"ours cs" "fio cs" "ours sc" "fio sc" "ours p99" "fio p99"
+fail=0
+for cell in $CELLS; do
+	rw=${cell%%:*}; jobs=${cell##*:}
+	: >"$OUT/$rw-$jobs.ours"; : >"$OUT/$rw-$jobs.fio"
+	for rep in $(seq 1 "$REPS"); do
+		if [ $((rep % 2)) -eq 1 ]; then
+			run_ours "$rw" "$jobs" "$rep" >>"$OUT/$rw-$jobs.ours"; run_fio "$rw" "$jobs" "$rep" >>"$OUT/$rw-$jobs.fio"
+		else
+			run_fio "$rw" "$jobs" "$rep" >>"$OUT/$rw-$jobs.fio"; run_ours "$rw" "$jobs" "$rep" >>"$OUT/$rw-$jobs.ours"
+		fi
+	done
+	col() { awk -v c="$2" '{print $c}' "$1" | median; }
+	oi=$(col "$OUT/$rw-$jobs.ours" 1); fi_=$(col "$OUT/$rw-$jobs.fio" 1)
+	ratio=$(awk -v a="$oi" -v b="$fi_" 'BEGIN{printf "%.3f", a/b}')
+	awk -v r="$ratio" 'BEGIN{exit !(r < 0.97)}' && fail=1
+	printf '%-10s %4s | %10.0f %10.0f %6s | %8s %8s | %8s %8s | %9.1f %9.1f\n' "$rw" "$jobs" "$oi" "$fi_" "$ratio" \
+		"$(col "$OUT/$rw-$jobs.ours" 2)" "$(col "$OUT/$rw-$jobs.fio" 2)" \
+		"$(col "$OUT/$rw-$jobs.ours" 3)" "$(col "$OUT/$rw-$jobs.fio" 3)" \
+		"$(col "$OUT/$rw-$jobs.ours" 4)" "$(col "$OUT/$rw-$jobs.fio" 4)"
+done
+echo "medians of $REPS alternating runs; cs = context switches per I/O, sc = syscalls per I/O, p99 = clat usec"
+echo "raw results: $OUT"
+[ "$fail" -eq 0 ] || echo "NOTE: at least one cell below the 0.97 IOPS target"

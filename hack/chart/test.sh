@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Chart checks (Makefile target chart-test, part of `make test`):
+#   1. build the pinned helm from its Go module (cached; instant the second time),
+#   2. helm lint and helm template with default and non-default values,
+#   3. the Go tests in test/chart: images from values, socket and registration
+#      paths, kubelet directory, schema failures, CSIDriver/StorageClass/CRD
+#      shape, and deploy/ freshness ("run make deploy").
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=hack/chart/lib.sh
+. "$ROOT/hack/chart/lib.sh"
+cd "$ROOT"
+
+ensure_helm
+"$HELM" version --short
+
+chart=charts/csi-fastblk
+declare -A sets=(
+	[default]=""
+	[k0s]="--set kubeletDir=/var/lib/k0s/kubelet"
+	[microk8s]="--set kubeletDir=/var/snap/microk8s/common/var/lib/kubelet"
+	[custom-images]="--set plugin.image.repository=registry.local/csi-fastblk --set plugin.image.tag=test --set provisioner.image.repository=registry.local/csi-provisioner --set resizer.image.tag=v0.0.1"
+	[metrics-off]="--set metrics.enabled=false"
+	[snapshot-crds]="--set snapshotCRDs.install=true --set snapshotController.install=true"
+)
+for name in "${!sets[@]}"; do
+	# shellcheck disable=SC2086 # the value sets are word lists on purpose
+	"$HELM" lint --strict --quiet "$chart" --kube-version "$KUBE_VERSION" ${sets[$name]} >/dev/null
+	# shellcheck disable=SC2086
+	n=$("$HELM" template csi-fastblk "$chart" -n csi-fastblk --kube-version "$KUBE_VERSION" ${sets[$name]} | grep -c '^kind:')
+	echo "chart $name: lint ok, $n objects"
+done
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+HELM="$HELM" go test -count=1 -v ./test/chart/ >"$log" 2>&1
+rc=$?
+set -e
+grep -E '^(--- |\s+--- FAIL|PASS|FAIL|ok)' "$log" || true
+if [[ $rc -ne 0 ]]; then
+	cat "$log"
+	exit "$rc"
+fi

@@ -1,0 +1,11 @@
+#!/bin/sh
+# timeout: 600
+# 30-ublk-queue: the ublk queue data plane on this kernel: per-queue rings in
+# copy mode (and zero copy with AUTO_BUF_REG where the driver has it) against
+# real /dev/ublkbN devices, plus the queue's pure and host-ring tests.
+. /opt/fastblk/vm/lib.sh
+[ -e /dev/ublk-control ] || { echo "no /dev/ublk-control: ublk_drv not loaded"; exit 1; }
+gotest pkg/blockdev/ublk -test.run '^(TestQueue|TestLoop|TestDecodeDesc|TestPlanFor|TestFullResult|TestUserData|TestLatencyBucket|TestStatsObserve|TestDescLayout)' || exit 1
+# The tests must leave no ublk device behind.
+left=$(ublk_devices)
+[ -z "$left" ] || { echo "ublk devices left behind: $left"; exit 1; }

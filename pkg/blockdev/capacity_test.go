@@ -1,0 +1,81 @@
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"golang.org/x/sys/unix"
+)
+
+// slack absorbs the few blocks metadata files take.
+const slack = 64 << 10
+
+func near(a, b int64) bool { return a-b < slack && b-a < slack }
+
+func capacity(t *testing.T, s *Store) int64 {
+	t.Helper()
+	avail, _, err := s.Capacity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return avail
+}
+
+// TestCapacity runs on a tmpfs of its own so that no other writer moves
+// the free space under it.
+func TestCapacity(t *testing.T) {
+	ctx := context.Background()
+	dir := mountTmpfs(t, 64<<20)
+	s := openStore(t, dir)
+	avail0, total, err := s.Capacity()
+	if err != nil || total != 64<<20 || !near(avail0, 64<<20) {
+		t.Fatalf("empty: available %d, total %d, %v; want about 64 MiB each", avail0, total, err)
+	}
+	v := mustCreate(t, s, VolumeSpec{Name: "a", SizeBytes: 16 << 20})
+	t.Run("volume-reserves-its-size", func(t *testing.T) {
+		if got := capacity(t, s); !near(got, avail0-16<<20) {
+			t.Fatalf("available %d after a 16 MiB volume, want about %d", got, avail0-16<<20)
+		}
+	})
+	t.Run("writing-moves-nothing", func(t *testing.T) {
+		writeAt(t, s.VolumeFile(v.ID), 0, 4<<20, 3)
+		if got := capacity(t, s); !near(got, avail0-16<<20) {
+			t.Fatalf("available %d after filling 4 MiB of the volume, want about %d", got, avail0-16<<20)
+		}
+	})
+	t.Run("create-refused", func(t *testing.T) {
+		_, err := s.CreateVolume(ctx, VolumeSpec{Name: "big", SizeBytes: 60 << 20})
+		if !errors.Is(err, ErrNoSpace) {
+			t.Fatalf("CreateVolume beyond capacity = %v, want ErrNoSpace", err)
+		}
+	})
+	t.Run("expand-refused", func(t *testing.T) {
+		if _, err := s.ExpandVolume(ctx, v.ID, 80<<20); !errors.Is(err, ErrNoSpace) {
+			t.Fatalf("ExpandVolume beyond capacity = %v, want ErrNoSpace", err)
+		}
+	})
+	t.Run("fill-exactly", func(t *testing.T) {
+		left := capacity(t, s) - slack
+		mustCreate(t, s, VolumeSpec{Name: "rest", SizeBytes: left &^ (SizeAlign - 1)})
+		if got := capacity(t, s); got > slack {
+			t.Fatalf("available %d after using all of it", got)
+		}
+	})
+	t.Run("over-provisioned", func(t *testing.T) {
+		o, err := OpenStore(StoreConfig{Dir: dir, OverProvisionRatio: 2.5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		free := int64(st.Bavail) * st.Bsize
+		avail, total, _ := o.Capacity()
+		if !near(avail, free*5/2) || total != 160<<20 {
+			t.Fatalf("ratio 2.5: available %d, total %d; want %d, %d", avail, total, free*5/2, 160<<20)
+		}
+		mustCreate(t, o, VolumeSpec{Name: "thin", SizeBytes: 48 << 20}) // more than the disk has free
+	})
+}

@@ -1,0 +1,129 @@
+package blockdev
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+)
+
+// TestReopen checks that a reopened store sees every acknowledged change.
+func TestReopen(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	a := mustCreate(t, s, VolumeSpec{Name: "a", SizeBytes: 4 << 20, Params: map[string]string{"fsType": "xfs"}})
+	writeAt(t, s.VolumeFile(a.ID), 0, 4096, 1)
+	snap := mustSnapshot(t, s, "snap-a", a.ID)
+	mustCreate(t, s, VolumeSpec{Name: "from-snap", SizeBytes: 8 << 20, SourceSnapshotID: snap.ID})
+	mustCreate(t, s, VolumeSpec{Name: "clone", SourceVolumeID: a.ID})
+	gone := mustCreate(t, s, VolumeSpec{Name: "gone", SizeBytes: 1 << 20})
+	if _, err := s.ExpandVolume(ctx, a.ID, 6<<20); err != nil {
+		t.Fatal(err)
+	}
+	ns := NodeState{StagingPath: "/st", FsType: "xfs", Device: "/dev/fastblk/" + a.ID, Backend: "loop",
+		Targets: map[string]Publish{"/t1": {ReadOnly: true}, "/t2": {SingleWriter: true}}}
+	if _, err := s.UpdateNode(ctx, a.ID, ns); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteVolume(ctx, gone.ID); err != nil {
+		t.Fatal(err)
+	}
+
+	r := openStore(t, dir)
+	if !reflect.DeepEqual(r.Volumes(), s.Volumes()) {
+		t.Fatalf("reopened volumes\n%+v\nwant\n%+v", r.Volumes(), s.Volumes())
+	}
+	if !reflect.DeepEqual(r.Snapshots(), s.Snapshots()) {
+		t.Fatalf("reopened snapshots\n%+v\nwant\n%+v", r.Snapshots(), s.Snapshots())
+	}
+	if v, _ := r.Volume(a.ID); v.SizeBytes != 6<<20 || !reflect.DeepEqual(v.Node, ns) {
+		t.Fatalf("reopened %+v lost the expansion or node state", v)
+	}
+}
+
+// TestCrashLeftovers simulates crashes at every step of the write protocol
+// and checks that OpenStore keeps what was acknowledged and removes the rest.
+func TestCrashLeftovers(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	a := mustCreate(t, s, VolumeSpec{Name: "a", SizeBytes: 1 << 20})
+	snap := mustSnapshot(t, s, "snap", a.ID)
+	acked, ackedSnaps := s.Volumes(), s.Snapshots()
+
+	// 1. Crash between temp write and rename of an update to a: the temp
+	//    file holds a record that was never acknowledged.
+	newer := acked[0]
+	newer.SizeBytes = 99 << 20
+	leave(t, filepath.Join(dir, "meta", tempPrefix+a.ID+".json-123"), recordJSON(t, record{State: stateReady, Volume: &newer}))
+	// 2. Crash after making b's data file, before its record.
+	b := VolumeID("b")
+	leave(t, filepath.Join(dir, "volumes", b+imgSuffix), []byte("half-made"))
+	// 3. A record that is not ready (a half-made volume) with its file.
+	c := VolumeID("c")
+	half := Volume{ID: c, Name: "c", SizeBytes: 1 << 20}
+	leave(t, filepath.Join(dir, "meta", c+metaSuffix), recordJSON(t, record{State: "creating", Volume: &half}))
+	leave(t, filepath.Join(dir, "volumes", c+imgSuffix), nil)
+	// 4. A snapshot file without a record, and temp files in data dirs.
+	leave(t, filepath.Join(dir, "snapshots", SnapshotID("x")+imgSuffix), nil)
+	leave(t, filepath.Join(dir, "volumes", tempPrefix+"junk"), nil)
+	// 5. Files the store does not own are left alone.
+	foreign := filepath.Join(dir, "volumes", "README")
+	leave(t, foreign, nil)
+
+	r := openStore(t, dir)
+	if !reflect.DeepEqual(r.Volumes(), acked) || !reflect.DeepEqual(r.Snapshots(), ackedSnaps) {
+		t.Fatalf("after crash: %+v %+v\nwant %+v %+v", r.Volumes(), r.Snapshots(), acked, ackedSnaps)
+	}
+	for _, p := range []string{
+		filepath.Join(dir, "meta", tempPrefix+a.ID+".json-123"),
+		filepath.Join(dir, "volumes", b+imgSuffix),
+		filepath.Join(dir, "meta", c+metaSuffix),
+		filepath.Join(dir, "volumes", c+imgSuffix),
+		filepath.Join(dir, "snapshots", SnapshotID("x")+imgSuffix),
+		filepath.Join(dir, "volumes", tempPrefix+"junk"),
+	} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("leftover %s not removed (%v)", p, err)
+		}
+	}
+	for _, p := range []string{foreign, r.VolumeFile(a.ID), r.dataFile(snap.ID)} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s: %v", p, err)
+		}
+	}
+	// The half-made names can be created for real now.
+	mustCreate(t, r, VolumeSpec{Name: "b", SizeBytes: 1 << 20})
+	mustCreate(t, r, VolumeSpec{Name: "c", SizeBytes: 1 << 20})
+}
+
+func TestOpenStoreRejects(t *testing.T) {
+	for label, cfg := range map[string]StoreConfig{
+		"no-dir":      {},
+		"ratio-below": {Dir: t.TempDir(), OverProvisionRatio: 0.5},
+		"ratio-nan":   {Dir: t.TempDir(), OverProvisionRatio: -1},
+	} {
+		t.Run(label, func(t *testing.T) {
+			if _, err := OpenStore(cfg); !errors.Is(err, ErrInvalid) {
+				t.Fatalf("OpenStore(%+v) = %v, want ErrInvalid", cfg, err)
+			}
+		})
+	}
+	t.Run("corrupt-record", func(t *testing.T) {
+		dir := t.TempDir()
+		openStore(t, dir)
+		leave(t, filepath.Join(dir, "meta", VolumeID("a")+metaSuffix), []byte("{not json"))
+		if _, err := OpenStore(StoreConfig{Dir: dir}); err == nil {
+			t.Fatal("OpenStore accepted a corrupt record")
+		}
+	})
+}
+
+func leave(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

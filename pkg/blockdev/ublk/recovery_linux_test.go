@@ -1,0 +1,110 @@
+package ublk
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestServerReadopt closes a server (devices stay, quiesced) and checks a
+// new one re-adopts the device with its data and serves I/O again.
+func TestServerReadopt(t *testing.T) {
+	needUblk(t)
+	dir := scratchDir(t)
+	state := filepath.Join(dir, "state")
+	file := sparseFile(t, dir, "vol.img", 64<<20)
+	ctx := context.Background()
+	s := newTestServer(t, state)
+	d, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRead(t, d.Path, 0, 0x11, true)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctl, err := OpenControl()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctl.Close()
+	waitState(t, ctl, d.DevID, StateQuiesced)
+
+	s2 := newTestServer(t, state)
+	defer func() {
+		if err := s2.Detach(ctx, "vol"); err != nil {
+			t.Errorf("detach: %v", err)
+		}
+		s2.Close()
+	}()
+	list := s2.List()
+	if len(list) != 1 || list[0].Path != d.Path {
+		t.Fatalf("re-adopted %+v, want %s", list, d.Path)
+	}
+	if info, err := ctl.GetDevInfo(d.DevID); err != nil || info.State != StateLive || int(info.UblksrvPID) != os.Getpid() {
+		t.Fatalf("after recovery: %+v, %v", info, err)
+	}
+	writeRead(t, d.Path, 0, 0x11, false)
+	writeRead(t, d.Path, 8<<20, 0x22, true)
+}
+
+// TestServerSweep deletes the device of a volume whose file is gone, and
+// leaves a device owned by another state directory alone.
+func TestServerSweep(t *testing.T) {
+	needUblk(t)
+	dir := scratchDir(t)
+	ctx := context.Background()
+	gone := sparseFile(t, dir, "gone.img", 16<<20)
+	s := newTestServer(t, filepath.Join(dir, "state"))
+	dg, err := s.Attach(ctx, AttachSpec{VolumeID: "gone", File: gone})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newTestServer(t, filepath.Join(dir, "other"))
+	defer other.Close()
+	kept := sparseFile(t, dir, "kept.img", 16<<20)
+	dk, err := other.Attach(ctx, AttachSpec{VolumeID: "kept", File: kept})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Detach(ctx, "kept")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	s2 := newTestServer(t, filepath.Join(dir, "state"))
+	defer s2.Close()
+	if l := s2.List(); len(l) != 0 {
+		t.Fatalf("server lists %+v, want nothing", l)
+	}
+	ctl := s2.Control()
+	if _, err := ctl.GetDevInfo(dg.DevID); !errors.Is(err, unix.ENODEV) {
+		t.Fatalf("orphan device %d: %v, want ENODEV", dg.DevID, err)
+	}
+	if info, err := ctl.GetDevInfo(dk.DevID); err != nil || info.State != StateLive {
+		t.Fatalf("other owner's device %d: %+v, %v; want it live", dk.DevID, info, err)
+	}
+}
+
+// waitState polls GET_DEV_INFO until the device reaches want.
+func waitState(t *testing.T, ctl *Control, id uint32, want DevState) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := ctl.GetDevInfo(id)
+		if err == nil && info.State == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("device %d: %+v, %v; want state %d", id, info, err, want)
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}

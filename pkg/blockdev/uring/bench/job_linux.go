@@ -1,0 +1,172 @@
+package bench
+
+import (
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+)
+
+// job is one fio-like job: a locked thread, a ring, an fd, iodepth buffers.
+type job struct {
+	cfg  *Config
+	id   int
+	stop *atomic.Bool
+
+	ring   *uring.Ring
+	fd     int
+	bufs   *uring.Buffers
+	sent   []time.Time // submit time per slot
+	rng    uint64
+	seq    uint64 // next sequential block
+	blocks uint64
+	write  bool
+	random bool
+
+	ios, enters uint64
+	lat         hist
+}
+
+func (j *job) run() (err error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if err := j.setup(); err != nil {
+		j.close()
+		return fmt.Errorf("bench job %d: %w", j.id, err)
+	}
+	defer func() {
+		if cerr := j.close(); err == nil && cerr != nil {
+			err = fmt.Errorf("bench job %d: %w", j.id, cerr)
+		}
+	}()
+	if err := j.loop(); err != nil {
+		return fmt.Errorf("bench job %d: %w", j.id, err)
+	}
+	return nil
+}
+
+func (j *job) setup() error {
+	c := j.cfg
+	j.write = c.RW == "write" || c.RW == "randwrite"
+	j.random = c.RW == "randread" || c.RW == "randwrite"
+	j.blocks = uint64(c.Size / int64(c.BS))
+	j.rng = uint64(j.id)*0x9e3779b97f4a7c15 + uint64(time.Now().UnixNano()) | 1
+	j.sent = make([]time.Time, c.IODepth)
+	flags := unix.O_RDWR | unix.O_CLOEXEC
+	if c.Direct {
+		flags |= unix.O_DIRECT
+	}
+	fd, err := unix.Open(c.File, flags, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", c.File, err)
+	}
+	j.fd = fd
+	if j.bufs, err = uring.NewBuffers(c.IODepth, c.BS); err != nil {
+		return err
+	}
+	for i := range j.bufs.Bytes() {
+		j.bufs.Bytes()[i] = byte(j.next())
+	}
+	d := uint32(c.IODepth)
+	if j.ring, err = uring.New(uring.Config{Entries: d, CQEntries: 2 * d, Flags: uring.QueueFlags}); err != nil {
+		return err
+	}
+	if err := j.ring.RegisterRingFD(); err != nil {
+		return err
+	}
+	if c.NoFixed {
+		return nil
+	}
+	if err := j.ring.RegisterFiles([]int32{int32(fd)}); err != nil {
+		return err
+	}
+	return j.ring.RegisterBuffers(j.bufs.Slots())
+}
+
+func (j *job) close() error {
+	var err error
+	if j.ring != nil {
+		err = j.ring.Close()
+	}
+	if j.bufs != nil {
+		j.bufs.Close()
+	}
+	if j.fd > 0 {
+		unix.Close(j.fd)
+	}
+	return err
+}
+
+// next is xorshift64*.
+func (j *job) next() uint64 {
+	j.rng ^= j.rng >> 12
+	j.rng ^= j.rng << 25
+	j.rng ^= j.rng >> 27
+	return j.rng * 2685821657736338717
+}
+
+// prep queues one I/O for slot.
+func (j *job) prep(slot int, now time.Time) {
+	var blk uint64
+	if j.random {
+		blk = j.next() % j.blocks
+	} else {
+		blk = j.seq
+		j.seq = (j.seq + 1) % j.blocks
+	}
+	off := blk * uint64(j.cfg.BS)
+	s := j.ring.GetSQE()
+	buf := j.bufs.Slot(slot)[:j.cfg.BS]
+	switch {
+	case j.cfg.NoFixed && j.write:
+		s.PrepWrite(int32(j.fd), buf, off)
+	case j.cfg.NoFixed:
+		s.PrepRead(int32(j.fd), buf, off)
+	case j.write:
+		s.PrepWriteFixed(0, buf, off, uint16(slot))
+		s.Flags |= uring.IOSQE_FIXED_FILE
+	default:
+		s.PrepReadFixed(0, buf, off, uint16(slot))
+		s.Flags |= uring.IOSQE_FIXED_FILE
+	}
+	s.UserData = uint64(slot)
+	j.sent[slot] = now
+}
+
+// loop keeps iodepth I/Os in flight until stopped, then drains.
+func (j *job) loop() error {
+	cqes := make([]uring.CQE, 2*j.cfg.IODepth)
+	now := time.Now()
+	for slot := range j.cfg.IODepth {
+		j.prep(slot, now)
+	}
+	wait := uint32(j.cfg.WaitMin)
+	for {
+		stopping := j.stop.Load()
+		if stopping && j.ring.InFlight() == 0 && j.ring.Pending() == 0 {
+			break
+		}
+		if _, err := j.ring.SubmitAndWait(wait, 0); err != nil {
+			return err
+		}
+		n := j.ring.Reap(cqes)
+		now = time.Now()
+		for _, c := range cqes[:n] {
+			if c.Res != int32(j.cfg.BS) {
+				return fmt.Errorf("io at slot %d: res %d", c.UserData, c.Res)
+			}
+			slot := int(c.UserData)
+			j.lat.record(now.Sub(j.sent[slot]))
+			j.ios++
+			if !stopping {
+				j.prep(slot, now)
+			}
+		}
+	}
+	j.enters = j.ring.Enters()
+	return nil
+}

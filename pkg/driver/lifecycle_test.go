@@ -1,0 +1,289 @@
+package driver
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+// These tests drive the services directly on the loop backend: real loop
+// devices, real mkfs, real mounts. They need root.
+
+type testNode struct {
+	t       *testing.T
+	dir     string
+	d       *Driver
+	ctrl    *Controller
+	node    *Node
+	backend blockdev.Backend
+}
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: attaches loop devices and mounts filesystems")
+	}
+}
+
+func newTestNode(t *testing.T, dir string) *testNode {
+	t.Helper()
+	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := blockdev.NewBackend("loop", blockdev.BackendConfig{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Config{Name: "fastblk.csi.io", NodeID: "n1"}, store, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testNode{t: t, dir: dir, d: d, ctrl: &Controller{d: d}, node: &Node{d: d}, backend: b}
+}
+
+func mountCap(fs string, mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+func blockCap(mode csi.VolumeCapability_AccessMode_Mode) *csi.VolumeCapability {
+	return &csi.VolumeCapability{
+		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: mode},
+	}
+}
+
+const snw = csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER
+
+func (n *testNode) create(name string, size int64, src *csi.VolumeContentSource) string {
+	n.t.Helper()
+	resp, err := n.ctrl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{
+		Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: size},
+		VolumeCapabilities: []*csi.VolumeCapability{mountCap("", snw)}, VolumeContentSource: src,
+	})
+	if err != nil {
+		n.t.Fatalf("create %s: %v", name, err)
+	}
+	return resp.GetVolume().GetVolumeId()
+}
+
+// stage stages and publishes a volume, returning the target path, and
+// registers the undo with t.Cleanup.
+func (n *testNode) stage(id string, c *csi.VolumeCapability, ro bool) string {
+	n.t.Helper()
+	ctx := context.Background()
+	staging := filepath.Join(n.dir, "staging-"+id)
+	target := filepath.Join(n.dir, "target-"+id)
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		n.t.Fatal(err)
+	}
+	if _, err := n.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c}); err != nil {
+		n.t.Fatalf("stage %s: %v", id, err)
+	}
+	if _, err := n.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: c, Readonly: ro}); err != nil {
+		n.t.Fatalf("publish %s: %v", id, err)
+	}
+	n.t.Cleanup(func() { n.unstage(id) })
+	return target
+}
+
+func (n *testNode) unstage(id string) {
+	ctx := context.Background()
+	v, err := n.d.store.Volume(id)
+	if err != nil {
+		return
+	}
+	for target := range v.Node.Targets {
+		if _, err := n.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+			n.t.Errorf("unpublish %s: %v", id, err)
+		}
+	}
+	if v.Node.StagingPath != "" {
+		if _, err := n.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: v.Node.StagingPath}); err != nil {
+			n.t.Errorf("unstage %s: %v", id, err)
+		}
+	}
+}
+
+// TestSnapshotOfMountedXFSRestores writes a file on a mounted XFS volume,
+// snapshots it while mounted (frozen for the copy), restores the snapshot
+// into a new volume, mounts that beside the original (nouuid) and reads the
+// file back.
+func TestSnapshotOfMountedXFSRestores(t *testing.T) {
+	requireRoot(t)
+	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
+		t.Skip("mkfs.xfs not installed (make deps installs xfsprogs)")
+	}
+	n := newTestNode(t, t.TempDir())
+	ctx := context.Background()
+	src := n.create("xfs-src", 320<<20, nil)
+	target := n.stage(src, mountCap("xfs", snw), false)
+	want := bytes.Repeat([]byte("fastblk"), 10000)
+	if err := os.WriteFile(filepath.Join(target, "data"), want, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := n.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "snap1", SourceVolumeId: src})
+	if err != nil {
+		t.Fatalf("snapshot of mounted volume: %v", err)
+	}
+	restored := n.create("xfs-restored", 0, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
+		Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}})
+	rtarget := n.stage(restored, mountCap("xfs", snw), false)
+	got, err := os.ReadFile(filepath.Join(rtarget, "data"))
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("restored file: %d bytes, err %v; want the %d bytes written before the snapshot", len(got), err, len(want))
+	}
+}
+
+// TestOnlineExpansionGrowsFilesystem expands mounted ext4 and xfs volumes
+// and checks each filesystem grew while its data stayed.
+func TestOnlineExpansionGrowsFilesystem(t *testing.T) {
+	requireRoot(t)
+	for _, fs := range []string{"ext4", "xfs"} {
+		t.Run(fs, func(t *testing.T) {
+			if fs == "ext4" && !haveCapability(t, 24) {
+				t.Skip("online ext4 resize needs CAP_SYS_RESOURCE, which this sandbox withholds")
+			}
+			if _, err := exec.LookPath("mkfs." + fs); err != nil {
+				t.Skipf("mkfs.%s not installed (make deps installs it)", fs)
+			}
+			testOnlineExpansion(t, fs)
+		})
+	}
+}
+
+func testOnlineExpansion(t *testing.T, fs string) {
+	n := newTestNode(t, t.TempDir())
+	ctx := context.Background()
+	const size, newSize = 320 << 20, 960 << 20
+	id := n.create("grow-"+fs, size, nil)
+	target := n.stage(id, mountCap(fs, snw), false)
+	if err := os.WriteFile(filepath.Join(target, "keep"), []byte("still here"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := blockdev.StatFS(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := n.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetCapacityBytes() != newSize {
+		t.Errorf("capacity = %d, want %d", resp.GetCapacityBytes(), newSize)
+	}
+	after, err := blockdev.StatFS(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.TotalBytes < 2*before.TotalBytes {
+		t.Errorf("filesystem %d → %d bytes; want it to grow about 3×", before.TotalBytes, after.TotalBytes)
+	}
+	if b, err := os.ReadFile(filepath.Join(target, "keep")); err != nil || string(b) != "still here" {
+		t.Errorf("data after expansion: %q, %v", b, err)
+	}
+}
+
+// haveCapability reports whether this process has capability bit in its
+// effective set.
+func haveCapability(t *testing.T, bit uint) bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && n&(1<<bit) != 0
+		}
+	}
+	return false
+}
+
+// TestReadOnlyBlockPublishRefusesWrites publishes a raw block volume
+// read-only and checks the kernel refuses to open it for writing.
+func TestReadOnlyBlockPublishRefusesWrites(t *testing.T) {
+	requireRoot(t)
+	n := newTestNode(t, t.TempDir())
+	id := n.create("ro-block", 16<<20, nil)
+	target := n.stage(id, blockCap(snw), true)
+	if f, err := os.OpenFile(target, os.O_WRONLY, 0); err == nil {
+		_, werr := f.WriteAt(make([]byte, 4096), 0)
+		f.Close()
+		if werr == nil {
+			t.Fatal("wrote to a read-only block publication")
+		}
+	}
+	f, err := os.Open(target)
+	if err != nil {
+		t.Fatalf("read-only open: %v", err)
+	}
+	if _, err := f.ReadAt(make([]byte, 4096), 0); err != nil {
+		t.Errorf("read: %v", err)
+	}
+	f.Close()
+}
+
+// TestSingleWriterRefusesSecondTarget enforces SINGLE_NODE_SINGLE_WRITER.
+func TestSingleWriterRefusesSecondTarget(t *testing.T) {
+	requireRoot(t)
+	n := newTestNode(t, t.TempDir())
+	id := n.create("snsw", 16<<20, nil)
+	c := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER)
+	n.stage(id, c, false)
+	v, _ := n.d.store.Volume(id)
+	_, err := n.node.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{VolumeId: id,
+		StagingTargetPath: v.Node.StagingPath, TargetPath: filepath.Join(n.dir, "second"), VolumeCapability: c})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("second publish: %v, want FailedPrecondition", err)
+	}
+}
+
+// TestRestartKeepsStagedVolumes stops using one driver and starts another
+// on the same data directory: the staged volume's device and mount survive,
+// Reconcile adopts the device, and unstaging through the new driver leaves
+// nothing attached.
+func TestRestartKeepsStagedVolumes(t *testing.T) {
+	requireRoot(t)
+	dir := t.TempDir()
+	first := newTestNode(t, dir)
+	id := first.create("survivor", 32<<20, nil)
+	target := first.stage(id, mountCap("ext4", snw), false)
+	if err := os.WriteFile(filepath.Join(target, "f"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	first.backend.Close()
+
+	second := newTestNode(t, dir)
+	if err := second.d.Reconcile(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.ReadFile(filepath.Join(target, "f")); err != nil {
+		t.Fatalf("mount lost across restart: %v", err)
+	}
+	second.unstage(id)
+	devs, err := second.backend.List(context.Background())
+	if err != nil || len(devs) != 0 {
+		t.Fatalf("devices after unstage: %v, %v", devs, err)
+	}
+}

@@ -1,0 +1,204 @@
+package chart
+
+import (
+	"reflect"
+	"testing"
+)
+
+// TestCSIDriver pins the CSIDriver fields a node-local block driver needs.
+func TestCSIDriver(t *testing.T) {
+	var d struct {
+		Spec struct {
+			AttachRequired       *bool    `yaml:"attachRequired"`
+			PodInfoOnMount       *bool    `yaml:"podInfoOnMount"`
+			StorageCapacity      *bool    `yaml:"storageCapacity"`
+			SELinuxMount         *bool    `yaml:"seLinuxMount"`
+			FSGroupPolicy        string   `yaml:"fsGroupPolicy"`
+			VolumeLifecycleModes []string `yaml:"volumeLifecycleModes"`
+		} `yaml:"spec"`
+	}
+	o := one(t, render(t, "driverName=x.example.com"), "CSIDriver")
+	if err := o.decode(&d); err != nil {
+		t.Fatal(err)
+	}
+	if o.Metadata.Name != "x.example.com" {
+		t.Errorf("name %s, want the driverName value", o.Metadata.Name)
+	}
+	s := d.Spec
+	for name, got := range map[string]*bool{"attachRequired": s.AttachRequired} {
+		if got == nil || *got {
+			t.Errorf("%s must be false", name)
+		}
+	}
+	for name, got := range map[string]*bool{"podInfoOnMount": s.PodInfoOnMount,
+		"storageCapacity": s.StorageCapacity, "seLinuxMount": s.SELinuxMount} {
+		if got == nil || !*got {
+			t.Errorf("%s must be true", name)
+		}
+	}
+	if s.FSGroupPolicy != "File" {
+		t.Errorf("fsGroupPolicy %q, want File", s.FSGroupPolicy)
+	}
+	if !reflect.DeepEqual(s.VolumeLifecycleModes, []string{"Persistent"}) {
+		t.Errorf("volumeLifecycleModes %v, want [Persistent]", s.VolumeLifecycleModes)
+	}
+}
+
+// TestStorageClass checks the class and its parameters, which the plugin
+// validates (queues and queueDepth must be 1..4096 when present).
+func TestStorageClass(t *testing.T) {
+	type class struct {
+		Provisioner          string            `yaml:"provisioner"`
+		VolumeBindingMode    string            `yaml:"volumeBindingMode"`
+		AllowVolumeExpansion bool              `yaml:"allowVolumeExpansion"`
+		Parameters           map[string]string `yaml:"parameters"`
+	}
+	cases := []struct {
+		name    string
+		set     []string
+		params  map[string]string
+		isDefal bool
+	}{
+		{"default", nil, map[string]string{"csi.storage.k8s.io/fstype": "ext4"}, false},
+		{"tuned xfs default class", []string{"storageClass.fsType=xfs", "storageClass.queues=2",
+			"storageClass.queueDepth=128", "storageClass.isDefault=true"},
+			map[string]string{"csi.storage.k8s.io/fstype": "xfs", "queues": "2", "queueDepth": "128"}, true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			o := one(t, render(t, tc.set...), "StorageClass")
+			var c class
+			if err := o.decode(&c); err != nil {
+				t.Fatal(err)
+			}
+			if c.Provisioner != "fastblk.csi.io" || c.VolumeBindingMode != "WaitForFirstConsumer" || !c.AllowVolumeExpansion {
+				t.Errorf("class %+v: want provisioner fastblk.csi.io, WaitForFirstConsumer, expansion", c)
+			}
+			if !reflect.DeepEqual(c.Parameters, tc.params) {
+				t.Errorf("parameters %v, want %v", c.Parameters, tc.params)
+			}
+			_, isDefault := o.Metadata.Annotations["storageclass.kubernetes.io/is-default-class"]
+			if isDefault != tc.isDefal {
+				t.Errorf("default-class annotation present=%v, want %v", isDefault, tc.isDefal)
+			}
+		})
+	}
+}
+
+// TestNodePod checks privileges, host mounts, provisioner flags and the
+// environment the sidecars require.
+func TestNodePod(t *testing.T) {
+	p := nodePod(t, render(t))
+	if p.PriorityClassName != "system-node-critical" {
+		t.Errorf("priorityClassName %q", p.PriorityClassName)
+	}
+	plugin, _ := p.container("csi-fastblk")
+	sc := plugin.SecurityContext
+	if sc == nil || sc.Privileged == nil || !*sc.Privileged || sc.SeccompProfile == nil || sc.SeccompProfile.Type != "Unconfined" {
+		t.Errorf("plugin securityContext %+v: want privileged and seccomp Unconfined", sc)
+	}
+	if len(plugin.Args) == 0 || plugin.Args[0] != "serve" {
+		t.Errorf("plugin args %v: want serve first", plugin.Args)
+	}
+	for _, m := range []struct {
+		path, host string
+		ro         bool
+	}{{"/dev", "/dev", false}, {"/sys", "/sys", false}, {"/lib/modules", "/lib/modules", true},
+		{"/var/lib/csi-fastblk", "/var/lib/csi-fastblk", false}} {
+		got, ok := plugin.mountAt(m.path)
+		if !ok {
+			t.Errorf("plugin does not mount %s", m.path)
+			continue
+		}
+		if h := hostPathOf(t, p, plugin, m.path); h != m.host || got.ReadOnly != m.ro {
+			t.Errorf("mount %s: host %s readOnly %v, want %s readOnly %v", m.path, h, got.ReadOnly, m.host, m.ro)
+		}
+	}
+	prov, _ := p.container("csi-provisioner")
+	for _, f := range []string{"node-deployment=true", "enable-capacity", "capacity-ownerref-level=0",
+		"strict-topology=true", "immediate-topology=false"} {
+		if !hasArg(prov, f) {
+			t.Errorf("provisioner lacks --%s", f)
+		}
+	}
+	wantEnv := map[string][]string{
+		"csi-provisioner": {"NODE_NAME", "NAMESPACE", "POD_NAME"},
+		"csi-snapshotter": {"NODE_NAME"}, "csi-fastblk": {"NODE_NAME"}, "csi-resizer": {"NAMESPACE"},
+	}
+	for name, envs := range wantEnv {
+		c, ok := p.container(name)
+		if !ok {
+			t.Errorf("no %s container", name)
+			continue
+		}
+		for _, e := range envs {
+			if !hasFieldEnv(c, e) {
+				t.Errorf("%s lacks env %s from the downward API", name, e)
+			}
+		}
+	}
+}
+
+// TestSnapshotCRDs checks the optional CRDs and that the VolumeSnapshotClass
+// becomes a post-install hook when they come with the release.
+func TestSnapshotCRDs(t *testing.T) {
+	objs := render(t, "snapshotCRDs.install=true", "snapshotController.install=true")
+	want := map[string]bool{"volumesnapshots.snapshot.storage.k8s.io": false,
+		"volumesnapshotcontents.snapshot.storage.k8s.io": false, "volumesnapshotclasses.snapshot.storage.k8s.io": false}
+	for _, o := range find(objs, "CustomResourceDefinition") {
+		var crd struct {
+			Spec struct {
+				Group    string `yaml:"group"`
+				Versions []struct {
+					Name    string `yaml:"name"`
+					Served  bool   `yaml:"served"`
+					Storage bool   `yaml:"storage"`
+				} `yaml:"versions"`
+			} `yaml:"spec"`
+		}
+		if err := o.decode(&crd); err != nil {
+			t.Fatal(err)
+		}
+		v := crd.Spec.Versions
+		if crd.Spec.Group != "snapshot.storage.k8s.io" || len(v) != 1 || v[0].Name != "v1" || !v[0].Served || !v[0].Storage {
+			t.Errorf("CRD %s: %+v, want one served storage version v1", o.Metadata.Name, crd.Spec)
+		}
+		if o.Metadata.Annotations["api-approved.kubernetes.io"] == "" {
+			t.Errorf("CRD %s lacks api-approved.kubernetes.io (required for *.k8s.io groups)", o.Metadata.Name)
+		}
+		want[o.Metadata.Name] = true
+	}
+	for n, seen := range want {
+		if !seen {
+			t.Errorf("CRD %s not rendered", n)
+		}
+	}
+	vsc := one(t, objs, "VolumeSnapshotClass")
+	if vsc.Metadata.Annotations["helm.sh/hook"] == "" {
+		t.Error("VolumeSnapshotClass must be a hook when the chart installs its CRD")
+	}
+	if a := one(t, render(t), "VolumeSnapshotClass").Metadata.Annotations["helm.sh/hook"]; a != "" {
+		t.Errorf("VolumeSnapshotClass is a hook (%s) without the CRDs", a)
+	}
+	if len(find(objs, "Deployment")) != 1 {
+		t.Error("snapshotController.install=true renders no Deployment")
+	}
+}
+
+func hasArg(c container, flag string) bool {
+	for _, a := range c.Args {
+		if a == "--"+flag {
+			return true
+		}
+	}
+	return false
+}
+
+func hasFieldEnv(c container, name string) bool {
+	for _, e := range c.Env {
+		if e.Name == name && e.ValueFrom != nil && e.ValueFrom.FieldRef.FieldPath != "" {
+			return true
+		}
+	}
+	return false
+}
