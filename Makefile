@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
-.PHONY: all build static deps run test unit sanity e2e-vm bench-engine bench-vm \
+.PHONY: all build static deps run test unit sanity integration e2e-vm bench-engine bench-vm \
         chart-test deploy image lint fmt vet clean
 
 all: build
@@ -29,7 +29,7 @@ run: deps build
 	$(BIN)/csi-fastblk serve --endpoint unix:///tmp/csi-fastblk.sock -v=2
 
 # Everything CI runs.
-test: deps vet unit sanity chart-test e2e-vm
+test: deps vet unit sanity integration chart-test e2e-vm
 
 vet:
 	@test -z "$$(gofmt -l cmd pkg test)" || { gofmt -l cmd pkg test; echo "gofmt needed"; exit 1; }
@@ -37,6 +37,10 @@ vet:
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/)
+
+# The binary as operators run it: serve, CSI over its socket, /metrics, status.
+integration:
+	$(GO) test -count=1 -timeout 10m ./test/plugin/
 
 sanity:
 	$(GO) test -count=1 -timeout 30m -v ./test/sanity/ 2>&1 | tee $(BIN)/sanity.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|Ran )' ; test $${PIPESTATUS[0]} -eq 0
