@@ -73,6 +73,7 @@ stage_base() {
 		[[ $applet == busybox ]] || ln -s busybox "$BASE/bin/$applet"
 	done
 	install -m 0755 "$VM_DIR/guest/init" "$BASE/init"
+	install -m 0755 "$VM_DIR/guest/modprobe" "$BASE/bin/fastblk-modprobe"
 	cat >"$BASE/etc/passwd" <<-EOF
 		root:x:0:0:root:/root:/bin/sh
 		nobody:x:65534:65534:nobody:/nonexistent:/bin/false
@@ -155,7 +156,7 @@ pack_kernel() {
 	rm -rf "$mod"
 	mkdir -p "$mod/modules"
 	cp -r "$kdir/modules" "$mod/modules/$release"
-	cp "$kdir/modules.load" "$mod/modules/modules.load"
+	cp "$kdir/modules.load" "$kdir/modules.deps" "$mod/modules/"
 	pack "$mod" "$OUT/mod-$name.cpio"
 	cat "$OUT/base.cpio" "$OUT/mod-$name.cpio" >"$OUT/initramfs-$name.cpio.tmp"
 	mv "$OUT/initramfs-$name.cpio.tmp" "$OUT/initramfs-$name.cpio"

@@ -242,8 +242,9 @@ main() {
 	fi
 	for name in "${VM_KERNELS[@]}"; do
 		kdir=$(kernel_dir "$name")
-		printf 'kernel %-5s %s (%s) modules: %s\n' "$name" "$(cat "$kdir/release")" \
-			"$(tr '\n' ' ' <"$kdir/packages" | sed 's/ $//')" "$(wc -l <"$kdir/modules.load")"
+		printf 'kernel %-5s %s (%s) modules: %s at boot, %s in all\n' "$name" "$(cat "$kdir/release")" \
+			"$(tr '\n' ' ' <"$kdir/packages" | sed 's/ $//')" "$(wc -l <"$kdir/modules.load")" \
+			"$(wc -l <"$kdir/modules.deps")"
 	done
 }
 

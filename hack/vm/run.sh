@@ -8,6 +8,8 @@
 # showing the last lines of the log.
 #
 # Usage: hack/vm/run.sh --kernel 6.12|7.3 [options] -- <guest command...>
+#   The guest command is one shell command line ('a && b') or a command and
+#   its arguments (run-steps.sh '10-*'); it runs in /data as root.
 #   --disk-size SIZE   size of the /data disk (default 4G)
 #   --fs ext4|xfs      filesystem on /data (default ext4)
 #   --timeout S        kill the VM after S seconds (default 1800)
@@ -43,7 +45,9 @@ parse_args() {
 	(($#)) || { echo "run.sh: no guest command after --" >&2; usage; }
 	[[ $FS == ext4 || $FS == xfs ]] || die "--fs must be ext4 or xfs, not $FS"
 	[[ $TIMEOUT =~ ^[0-9]+$ ]] || die "--timeout must be a number of seconds, not $TIMEOUT"
-	GUEST_CMD=$(printf '%q ' "$@")
+	# One argument is a shell command line; several are a command and its
+	# arguments, quoted for the guest's shell.
+	if (($# == 1)); then GUEST_CMD=$1; else GUEST_CMD=$(printf '%q ' "$@"); fi
 }
 
 main() {

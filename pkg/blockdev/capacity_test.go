@@ -62,6 +62,11 @@ func TestCapacity(t *testing.T) {
 			t.Fatalf("available %d after using all of it", got)
 		}
 	})
+	t.Run("snapshot-refused", func(t *testing.T) {
+		if _, err := s.CreateSnapshot(ctx, "s", v.ID, nil); !errors.Is(err, ErrNoSpace) {
+			t.Fatalf("CreateSnapshot with no space for the copy = %v, want ErrNoSpace", err)
+		}
+	})
 	t.Run("over-provisioned", func(t *testing.T) {
 		o, err := OpenStore(StoreConfig{Dir: dir, OverProvisionRatio: 2.5})
 		if err != nil {

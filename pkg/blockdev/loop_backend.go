@@ -105,16 +105,20 @@ func (b *loopBackend) checkFile(given, want string) error {
 	return nil
 }
 
-// find returns the loop device serving the volume, or ErrNotFound.
+// find returns the loop device serving the volume's current file, or
+// ErrNotFound. Devices still bound to a deleted file of the same name (an
+// earlier volume) do not count.
 func (b *loopBackend) find(id string) (loop.Device, error) {
 	found, err := loop.Find(b.file(id))
 	if err != nil {
 		return loop.Device{}, err
 	}
-	if len(found) == 0 {
-		return loop.Device{}, fmt.Errorf("volume %s has no loop device: %w", id, ErrNotFound)
+	for _, d := range found {
+		if !d.Deleted {
+			return d, nil
+		}
 	}
-	return found[0], nil
+	return loop.Device{}, fmt.Errorf("volume %s has no loop device: %w", id, ErrNotFound)
 }
 
 func (b *loopBackend) device(id string, d loop.Device) Device {
@@ -124,8 +128,9 @@ func (b *loopBackend) device(id string, d loop.Device) Device {
 	}
 }
 
-// Detach unbinds every loop device serving the volume and removes its link.
-// A mounted device returns ErrBusy and stays attached.
+// Detach unbinds every loop device bound to the volume's file (also to a
+// deleted one) and removes its link. A mounted device returns ErrBusy and
+// stays attached.
 func (b *loopBackend) Detach(ctx context.Context, volumeID string) error {
 	if !isVolumeID(volumeID) {
 		return nil

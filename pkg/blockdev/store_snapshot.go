@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // CreateSnapshot snapshots a volume. Idempotent by name: a snapshot of the
@@ -38,6 +40,10 @@ func (s *Store) CreateSnapshot(ctx context.Context, name, sourceVolumeID string,
 		return Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)
 	}
 	snap := Snapshot{ID: id, Name: name, SourceVolumeID: v.ID, SizeBytes: v.SizeBytes, CreatedAt: time.Now().UTC()}
+	if err := s.reserveCopy(id, s.dataFile(v.ID)); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)
+	}
+	defer s.unreserve(id)
 	if err := s.takeSnapshot(ctx, snap, q); err != nil {
 		return Snapshot{}, err
 	}
@@ -45,6 +51,18 @@ func (s *Store) CreateSnapshot(ctx context.Context, name, sourceVolumeID string,
 	s.snapshots[id] = snap
 	s.mu.Unlock()
 	return snap, nil
+}
+
+// reserveCopy reserves the blocks src has allocated: what a snapshot costs
+// when it must be copied. (A reflink costs nearly nothing, but whether the
+// filesystem can reflink is only known by trying; asking for the copy's
+// size keeps the promise Capacity makes to existing volumes.)
+func (s *Store) reserveCopy(id, src string) error {
+	var st unix.Stat_t
+	if err := unix.Stat(src, &st); err != nil {
+		return fmt.Errorf("stat %s: %w", src, err)
+	}
+	return s.reserve(id, st.Blocks*512)
 }
 
 // takeSnapshot copies the volume file while it is quiesced, then records

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
@@ -54,6 +55,9 @@ func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err := checkCapability(c); err != nil {
 		return nil, invalid("%v", err)
 	}
+	if err := checkPaths(staging); err != nil {
+		return nil, err
+	}
 	unlock, err := s.d.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
@@ -76,6 +80,9 @@ func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	}
 	if staging == "" {
 		return nil, invalid("staging target path is missing")
+	}
+	if err := checkPaths(staging); err != nil {
+		return nil, err
 	}
 	unlock, err := s.d.lockVolume(ctx, id)
 	if err != nil {
@@ -108,6 +115,9 @@ func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if req.GetStagingTargetPath() == "" {
 		return nil, precondition("staging target path is missing; the volume must be staged first")
 	}
+	if err := checkPaths(target, req.GetStagingTargetPath()); err != nil {
+		return nil, err
+	}
 	unlock, err := s.d.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
@@ -131,6 +141,9 @@ func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	}
 	if target == "" {
 		return nil, invalid("target path is missing")
+	}
+	if err := checkPaths(target); err != nil {
+		return nil, err
 	}
 	unlock, err := s.d.lockVolume(ctx, id)
 	if err != nil {
@@ -211,4 +224,15 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	}
 	klog.InfoS("volume expanded on node", "volumeID", id, "size", got)
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: got}, nil
+}
+
+// checkPaths accepts only absolute, clean paths: kubelet always sends those,
+// and anything else ("../x", "a//b") could reach somewhere it did not mean.
+func checkPaths(paths ...string) error {
+	for _, p := range paths {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+			return invalid("path %q must be absolute and clean", p)
+		}
+	}
+	return nil
 }

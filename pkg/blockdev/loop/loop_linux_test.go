@@ -156,3 +156,22 @@ func TestConcurrentAttach(t *testing.T) {
 		seen[d.Path] = true
 	}
 }
+
+func TestDeletedBackingFile(t *testing.T) {
+	requireRoot(t)
+	file := sparseFile(t, 4<<20)
+	d, err := Attach(file, Options{DirectIO: true, BlockSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	found, err := Find(file)
+	if err != nil || len(found) != 1 || !found[0].Deleted || found[0].Path != d.Path {
+		t.Fatalf("Find after delete = %+v, %v; want %s marked deleted", found, err, d.Path)
+	}
+	if err := Detach(d.Path, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -74,7 +74,8 @@ func List() ([]Device, error) {
 	return out, nil
 }
 
-// Find returns the bound devices whose backing file is file (absolute).
+// Find returns the bound devices whose backing file is file (absolute),
+// including devices whose file has since been deleted (Deleted set).
 func Find(file string) ([]Device, error) {
 	all, err := List()
 	if err != nil {
@@ -82,7 +83,7 @@ func Find(file string) ([]Device, error) {
 	}
 	var out []Device
 	for _, d := range all {
-		if d.BackingFile == file && !d.Deleted {
+		if d.BackingFile == file {
 			out = append(out, d)
 		}
 	}

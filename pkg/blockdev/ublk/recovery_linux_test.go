@@ -85,11 +85,25 @@ func TestServerSweep(t *testing.T) {
 		t.Fatalf("server lists %+v, want nothing", l)
 	}
 	ctl := s2.Control()
-	if _, err := ctl.GetDevInfo(dg.DevID); !errors.Is(err, unix.ENODEV) {
-		t.Fatalf("orphan device %d: %v, want ENODEV", dg.DevID, err)
-	}
+	waitGone(t, ctl, dg.DevID) // DEL_DEV_ASYNC: gone once the last reference drops
 	if info, err := ctl.GetDevInfo(dk.DevID); err != nil || info.State != StateLive {
 		t.Fatalf("other owner's device %d: %+v, %v; want it live", dk.DevID, info, err)
+	}
+}
+
+// waitGone polls GET_DEV_INFO until the device no longer exists.
+func waitGone(t *testing.T, ctl *Control, id uint32) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, err := ctl.GetDevInfo(id)
+		if errors.Is(err, unix.ENODEV) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("device %d still there: %+v, %v", id, info, err)
+		}
+		<-time.After(10 * time.Millisecond)
 	}
 }
 

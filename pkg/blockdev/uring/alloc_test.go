@@ -1,6 +1,7 @@
 package uring
 
 import (
+	"runtime"
 	"testing"
 	"time"
 )
@@ -57,7 +58,8 @@ func TestZeroAllocsPerIO(t *testing.T) {
 }
 
 func BenchmarkNop(b *testing.B) {
-	lockThread(&testing.T{})
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
 	r, err := New(Config{Entries: 64, Flags: QueueFlags})
 	if err != nil {
 		b.Fatal(err)

@@ -68,6 +68,13 @@
 // Submit/Reap before asking again. Nothing is dropped. A CQE with
 // IORING_CQE_F_MORE (multishot) does not count as a completion. Link chains
 // (IOSQE_IO_LINK) must fit in the SQ in one go: check [Ring.SQSpace] first.
+// SQEs with IOSQE_CQE_SKIP_SUCCESS are counted as in flight until a CQE
+// comes, so wait on them only with a timeout (or avoid them).
+//
+// Waits use IORING_ENTER_EXT_ARG (5.11) only when a timeout is given. The
+// kernel returns from a wait early on signals; SubmitAndWait keeps waiting
+// until min(minComplete, in-flight) CQEs are in the CQ or the deadline
+// passes, so callers never see EINTR.
 //
 // # Caller duties (the ublk queue loop)
 //
@@ -90,6 +97,9 @@
 // returns an error wrapping os.ErrClosed (GetSQE returns nil, Reap returns
 // 0). A Waker is safe for concurrent use (Wake from anywhere). Buffers own
 // their mapping; the caller must not use slots after Close.
+//
+// Package bench (pkg/blockdev/uring/bench) drives the engine like fio and is
+// what `csi-fastblk bench engine` and hack/bench/engine.sh run.
 //
 // The UAPI definitions in zuapi_linux.go come from the kernel's
 // include/uapi/linux/io_uring.h as shipped in Debian linux-libc-dev 6.1.187;

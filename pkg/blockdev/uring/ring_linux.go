@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"runtime"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -95,8 +96,11 @@ type Ring struct {
 	arg    geteventsArg // EXT_ARG for timed waits; arg.Ts points at ts
 	ts     kernelTimespec
 	enters uint64
-	intrs  uint64 // EINTR retries, for tests and diagnostics
-	regFD  bool
+	// cleanup closes the fd and unmaps if a Ring is dropped unclosed
+	// (a safety net; Close is the mechanism).
+	cleanup runtime.Cleanup
+	intrs   uint64 // EINTR retries, for tests and diagnostics
+	regFD   bool
 }
 
 // New creates a ring. Call it on the OS thread that will use the ring
@@ -130,6 +134,15 @@ func New(cfg Config) (*Ring, error) {
 		pend = 4 * int(r.cqEntries)
 	}
 	r.pending = make([]SQE128, pend)
+	mem := [][]byte{r.sqeMem, r.cqMem, r.ringMem}
+	r.cleanup = runtime.AddCleanup(r, func(fd int) {
+		for _, m := range mem {
+			if m != nil {
+				_ = unix.Munmap(m)
+			}
+		}
+		_ = unix.Close(fd)
+	}, fd)
 	r.arg.SigmaskSz = 8 // _NSIG/8; ignored while Sigmask is 0
 	r.arg.Ts = uint64(uintptr(unsafe.Pointer(&r.ts)))
 	return r, nil
@@ -231,6 +244,7 @@ func (r *Ring) Close() error {
 		return nil
 	}
 	r.closed = true
+	r.cleanup.Stop()
 	if r.regFD {
 		upd := rsrcUpdate{Offset: uint32(r.enterFD)}
 		_, _ = register(r.fd, IORING_UNREGISTER_RING_FDS, unsafe.Pointer(&upd), 1)

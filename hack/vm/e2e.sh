@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# e2e.sh runs the real-kernel ublk tests (make e2e-vm): it fetches the kernels,
+# builds the initramfs and tools image, then boots Debian's 6.12 and 7.3 kernels
+# in turn and runs every guest step (hack/vm/guest/steps) in each, printing a
+# per-kernel summary. It fails if any step fails on either kernel.
+#
+# Usage: hack/vm/e2e.sh [--kernel 6.12|7.3] [STEP-PATTERN...]
+#   --kernel K      run on one kernel only (default: both)
+#   STEP-PATTERN    run only the steps whose name matches a glob, e.g. '1*'
+# Environment: E2E_VM_TIMEOUT (seconds per kernel, default 1200),
+#   E2E_VM_LOGDIR (default bin/vm), E2E_VM_SKIP_BUILD=1 reuses the last images.
+set -euo pipefail
+# shellcheck source=hack/vm/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+kernels=("${VM_KERNELS[@]}")
+if [[ ${1:-} == --kernel ]]; then
+	kernel_dir "${2:?--kernel needs 6.12 or 7.3}" >/dev/null
+	kernels=("$2")
+	shift 2
+fi
+logdir=${E2E_VM_LOGDIR:-$REPO_ROOT/bin/vm}
+mkdir -p "$logdir"
+start=$(date +%s)
+
+if [[ ${E2E_VM_SKIP_BUILD:-0} != 1 ]]; then
+	"$VM_DIR/kernels.sh"
+	"$VM_DIR/initramfs.sh"
+fi
+
+declare -A status=() took=()
+for k in "${kernels[@]}"; do
+	t0=$(date +%s)
+	set +e
+	"$VM_DIR/run.sh" --kernel "$k" --timeout "${E2E_VM_TIMEOUT:-1200}" \
+		--log "$logdir/e2e-$k.log" -- /opt/fastblk/vm/run-steps.sh "$@"
+	status[$k]=$?
+	set -e
+	took[$k]=$(($(date +%s) - t0))
+done
+
+failed=0
+echo
+echo "==== e2e-vm summary ($(($(date +%s) - start))s in all) ===="
+for k in "${kernels[@]}"; do
+	log="$logdir/e2e-$k.log"
+	release=$(cat "$(kernel_dir "$k")/release")
+	if ((status[$k] == 0)); then verdict=PASS; else verdict="FAIL (exit ${status[$k]})"; failed=1; fi
+	boot=$(grep -a -o -m1 'vm: ready after [0-9.]*s' "$log" | grep -o '[0-9.]*s$' || echo '?')
+	echo "-- kernel $release: $verdict in ${took[$k]}s, booted in $boot (log $log)"
+	grep -a -E '^(STEP .* (PASS|FAIL) \(|STEPS: )' "$log" | sed 's/^/   /' || echo "   no step ran"
+done
+exit "$failed"

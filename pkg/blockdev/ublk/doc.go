@@ -1,0 +1,39 @@
+// Package ublk is csi-fastblk's ublk server: it turns a volume file into a
+// /dev/ublkbN block device served by this process through the uring engine.
+// It knows ublk and io_uring, nothing of CSI.
+//
+// # Layers
+//
+//   - zuapi_linux.go: the UAPI of include/uapi/linux/ublk_cmd.h (7.3).
+//   - Control (ctrl_linux.go): /dev/ublk-control and an SQE128 ring for
+//     control commands, serialised, each bounded by a timeout; payloads
+//     live in an mmap'd page, never in Go heap memory.
+//   - features_linux.go: GET_FEATURES, the kernel floor (Linux 6.5+) and the
+//     choice of ADD_DEV flags (user recovery with reissue, UPDATE_SIZE,
+//     QUIESCE, AUTO_BUF_REG zero copy where offered).
+//   - Device (device_linux.go, recovery_linux.go): one device's life.
+//     Create: ADD_DEV → record → open /dev/ublkcN → SET_PARAMS → one Queue
+//     per hardware queue pinned to a CPU of its affinity → START_DEV →
+//     /dev/ublkbN. Delete: STOP_DEV → queues drain on -ENODEV → close →
+//     DEL_DEV_ASYNC. Release: queues leave, the device stays QUIESCED.
+//     Recover: START_USER_RECOVERY (retried while the old fd is released)
+//     → reopen → queues → END_USER_RECOVERY.
+//   - Queue (queue_*.go): the data plane, one locked thread and ring per
+//     hardware queue.
+//   - ChooseTuning (tuning.go): queues and depth from CPUs and a memory
+//     budget; the one place the policy is stated.
+//   - Server (server_linux.go, state.go): the devices of one plugin
+//     instance, by volume ID, recorded in a state directory so a restarted
+//     process re-adopts them and sweeps those whose volume is gone.
+//
+// # Ownership
+//
+// Every device this package creates carries an owner token (derived from
+// the state directory) in dev_info.ublksrv_flags, which the kernel keeps
+// for the server. Devices whose token differs are never stopped, deleted or
+// recovered.
+//
+// Errors wrap errnos (unix.Errno) and standard sentinels (os.ErrInvalid,
+// os.ErrNotExist, os.ErrExist, errors.ErrUnsupported); the blockdev adapter
+// maps them to its classes.
+package ublk

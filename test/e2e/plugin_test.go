@@ -1,0 +1,229 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// requireVM skips unless the test can make ublk devices and run the
+// plugin binary.
+func requireVM(t *testing.T) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("e2e tests need root")
+	}
+	if _, err := os.Stat("/dev/ublk-control"); err != nil {
+		t.Skip("no /dev/ublk-control (ublk_drv): these tests run in the VM, hack/vm/run.sh")
+	}
+	bin := os.Getenv("FASTBLK_BIN")
+	if bin == "" {
+		bin = "/bin/csi-fastblk"
+	}
+	if _, err := os.Stat(bin); err != nil {
+		t.Fatalf("plugin binary %s: %v (set FASTBLK_BIN)", bin, err)
+	}
+	return bin
+}
+
+// workDir is a directory on a disk filesystem ($FASTBLK_DATA in the VM).
+func workDir(t *testing.T) string {
+	t.Helper()
+	base := os.Getenv("FASTBLK_DATA")
+	if base == "" {
+		return t.TempDir()
+	}
+	dir, err := os.MkdirTemp(base, "e2e-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
+// plugin is one csi-fastblk serve process and its CSI clients.
+type plugin struct {
+	t                         *testing.T
+	bin, dir, dataDir, devDir string
+	sock                      string
+	cmd                       *exec.Cmd
+	conn                      *grpc.ClientConn
+	ctrl                      csi.ControllerClient
+	node                      csi.NodeClient
+}
+
+func newPlugin(t *testing.T) *plugin {
+	bin := requireVM(t)
+	dir := workDir(t)
+	p := &plugin{t: t, bin: bin, dir: dir, dataDir: filepath.Join(dir, "data"),
+		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock")}
+	p.start()
+	t.Cleanup(p.stop)
+	return p
+}
+
+func (p *plugin) start() {
+	p.t.Helper()
+	os.Remove(p.sock)
+	logf, err := os.OpenFile(filepath.Join(p.dir, "plugin.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.cmd = exec.Command(p.bin, "serve", "--endpoint", "unix://"+p.sock, "--node-id", "e2e-node",
+		"--data-dir", p.dataDir, "--driver-name", "fastblk.csi.io", "--backend", "ublk",
+		"--dev-dir", p.devDir, "--metrics-address", "", "-v=2")
+	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if err := p.cmd.Start(); err != nil {
+		p.t.Fatal(err)
+	}
+	logf.Close()
+	p.conn, err = grpc.NewClient("unix://"+p.sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.ctrl, p.node = csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
+	id := csi.NewIdentityClient(p.conn)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		r, err := id.Probe(ctx, &csi.ProbeRequest{})
+		cancel()
+		if err == nil && (r.GetReady() == nil || r.GetReady().GetValue()) {
+			return
+		}
+		if time.Now().After(deadline) || p.cmd.ProcessState != nil {
+			p.t.Fatalf("plugin not ready: %v\n%s", err, p.logTail())
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+}
+
+// kill9 kills the plugin the hard way, as an OOM kill or node crash would.
+func (p *plugin) kill9() {
+	p.t.Helper()
+	p.conn.Close()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		p.t.Fatal(err)
+	}
+	p.cmd.Wait()
+	p.cmd = nil
+}
+
+func (p *plugin) stop() {
+	if p.cmd == nil {
+		return
+	}
+	p.conn.Close()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+		p.t.Errorf("plugin did not stop on SIGTERM\n%s", p.logTail())
+	}
+	p.cmd = nil
+}
+
+func (p *plugin) logTail() string {
+	b, _ := os.ReadFile(filepath.Join(p.dir, "plugin.log"))
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-30):], "\n")
+}
+
+func blockCap() *csi.VolumeCapability {
+	return &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+}
+
+func mountCap(fs string) *csi.VolumeCapability {
+	return &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: fs}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+}
+
+// volume is a created, staged and published volume.
+type volume struct {
+	id, staging, target string
+	cap                 *csi.VolumeCapability
+}
+
+// provision creates, stages and publishes a volume; teardown is
+// registered with t.Cleanup and checked.
+func (p *plugin) provision(name string, size int64, c *csi.VolumeCapability, params map[string]string) *volume {
+	p.t.Helper()
+	ctx := context.Background()
+	cr, err := p.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, Parameters: params,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{c}})
+	if err != nil {
+		p.t.Fatalf("CreateVolume %s: %v", name, err)
+	}
+	v := &volume{id: cr.GetVolume().GetVolumeId(), cap: c,
+		staging: filepath.Join(p.dir, "staging", name), target: filepath.Join(p.dir, "pods", name, "target")}
+	if err := os.MkdirAll(v.staging, 0o750); err != nil {
+		p.t.Fatal(err)
+	}
+	if _, err := p.node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging,
+		VolumeCapability: c, VolumeContext: cr.GetVolume().GetVolumeContext()}); err != nil {
+		p.t.Fatalf("NodeStageVolume %s: %v\n%s", name, err, p.logTail())
+	}
+	if _, err := p.node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging,
+		TargetPath: v.target, VolumeCapability: c, VolumeContext: cr.GetVolume().GetVolumeContext()}); err != nil {
+		p.t.Fatalf("NodePublishVolume %s: %v\n%s", name, err, p.logTail())
+	}
+	p.t.Cleanup(func() { p.release(v) })
+	return v
+}
+
+// release unpublishes, unstages and deletes the volume.
+func (p *plugin) release(v *volume) {
+	if p.cmd == nil {
+		return
+	}
+	ctx := context.Background()
+	if _, err := p.node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target}); err != nil {
+		p.t.Errorf("NodeUnpublishVolume %s: %v", v.id, err)
+	}
+	if _, err := p.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging}); err != nil {
+		p.t.Errorf("NodeUnstageVolume %s: %v", v.id, err)
+	}
+	if _, err := p.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.id}); err != nil {
+		p.t.Errorf("DeleteVolume %s: %v", v.id, err)
+	}
+}
+
+// devLink is the stable link to the volume's device.
+func (p *plugin) devLink(v *volume) string { return filepath.Join(p.devDir, v.id) }
+
+// backingFile is the volume's file in the data directory.
+func (p *plugin) backingFile(v *volume) string {
+	return filepath.Join(p.dataDir, "volumes", v.id+".img")
+}
+
+// ublkDevices lists the ublk devices present.
+func ublkDevices(t *testing.T) []string {
+	t.Helper()
+	ents, err := os.ReadDir("/sys/class/ublk-char")
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
