@@ -29,7 +29,7 @@ run: deps build
 	$(BIN)/csi-fastblk serve --endpoint unix:///tmp/csi-fastblk.sock -v=2
 
 # Everything CI runs.
-test: deps vet unit sanity integration chart-test e2e-vm
+test: deps vet lint unit sanity integration chart-test e2e-vm
 
 vet:
 	@test -z "$$(gofmt -l cmd pkg test)" || { gofmt -l cmd pkg test; echo "gofmt needed"; exit 1; }
@@ -65,7 +65,7 @@ deploy:
 image: static
 	hack/image/build.sh
 
-lint: vet
+lint:
 	hack/lint.sh
 
 clean:

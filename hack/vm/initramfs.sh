@@ -13,7 +13,7 @@
 #                                applet before a same-named program on PATH
 #     /usr/bin/csi-fastblk       bin/csi-fastblk-static (make static), if built
 #     /opt/fastblk/<pkg>/<name>.test  Go test binaries of hack/vm/tests.list
-#     /opt/fastblk/vm/           run-steps.sh, lib.sh and steps/
+#     /opt/fastblk/vm/           run-steps.sh, lib.sh, bench.sh and steps/
 #
 # Usage: hack/vm/initramfs.sh [--keep-going]
 #   --keep-going  skip test packages that fail to compile instead of failing
@@ -133,9 +133,9 @@ stage_binaries() {
 		[[ ! -d $REPO_ROOT/$rel/testdata ]] || cp -r "$REPO_ROOT/$rel/testdata" "$out/"
 	done <"$VM_DIR/tests.list"
 	((${#failed[@]} == 0)) || log "warning: skipped (did not compile): ${failed[*]}"
-	cp "$VM_DIR/guest/run-steps.sh" "$VM_DIR/guest/lib.sh" "$ROOT/opt/fastblk/vm/"
+	cp "$VM_DIR/guest/run-steps.sh" "$VM_DIR/guest/lib.sh" "$VM_DIR/guest/bench.sh" "$ROOT/opt/fastblk/vm/"
 	cp -r "$VM_DIR/guest/steps" "$ROOT/opt/fastblk/vm/"
-	chmod 0755 "$ROOT/opt/fastblk/vm/run-steps.sh" "$ROOT"/opt/fastblk/vm/steps/*.sh
+	chmod 0755 "$ROOT"/opt/fastblk/vm/*.sh "$ROOT"/opt/fastblk/vm/steps/*.sh
 	(cd "$REPO_ROOT" && git describe --always --dirty 2>/dev/null || echo unknown) >"$ROOT/opt/fastblk/BUILD"
 }
 

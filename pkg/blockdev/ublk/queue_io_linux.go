@@ -92,6 +92,12 @@ func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	case l.zc:
 		sqe.PrepRW(uring.IORING_OP_READ_FIXED, fileBacking, uint64(t.done), n, off)
 		sqe.BufIndex = tag
+	case l.fixed && write:
+		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, fileBacking, l.bufs.addr(tag, t.done), n, off)
+		sqe.BufIndex = tag
+	case l.fixed:
+		sqe.PrepRW(uring.IORING_OP_READ_FIXED, fileBacking, l.bufs.addr(tag, t.done), n, off)
+		sqe.BufIndex = tag
 	case write:
 		sqe.PrepRW(uring.IORING_OP_WRITE, fileBacking, l.bufs.addr(tag, t.done), n, off)
 	default:

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -44,6 +45,7 @@ type loop struct {
 	descs   *descArea
 	bufs    *bufArea // nil in zero-copy mode
 	zc      bool     // AUTO_BUF_REG: request pages are fixed buffer #tag
+	fixed   bool     // copy mode with the tag buffers registered as fixed
 	tags    []tagState
 	cqes    []uring.CQE
 	aborted int // tags that got -ENODEV
@@ -83,6 +85,10 @@ func (q *Queue) setup() (*loop, error) {
 			l.close()
 			return nil, err
 		}
+		if err := l.registerBuffers(); err != nil {
+			l.close()
+			return nil, err
+		}
 	}
 	return l, nil
 }
@@ -100,6 +106,23 @@ func (l *loop) register() error {
 			return fmt.Errorf("register sparse buffer table: %w", err)
 		}
 	}
+	return nil
+}
+
+// registerBuffers registers the copy-mode buffers as fixed buffers, so the
+// backing I/O skips pinning user pages on every request.
+func (l *loop) registerBuffers() error {
+	if os.Getenv("FASTBLK_FIXEDBUF") != "1" {
+		return nil
+	}
+	slots := make([][]byte, l.cfg.Depth)
+	for i := range slots {
+		slots[i] = l.bufs.slice(uint16(i))
+	}
+	if err := l.ring.RegisterBuffers(slots); err != nil {
+		return fmt.Errorf("register i/o buffers: %w", err)
+	}
+	l.fixed = true
 	return nil
 }
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Static checks beyond go vet: staticcheck (pinned, built from the Go module
+# proxy and cached) and the project's layering rules (style.md rule 1):
+#   - pkg/blockdev/uring imports nothing of ours (its subpackages may import it);
+#   - pkg/blockdev/ublk and pkg/blockdev/loop never import pkg/blockdev;
+#   - cmd/ and pkg/driver never import golang.org/x/sys/unix (syscalls live in blockdev);
+#   - unsafe only in pkg/blockdev/uring and pkg/blockdev/ublk (tests excepted).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATICCHECK_VERSION=v0.8.2
+tools="${FASTBLK_TOOLS:-$HOME/.cache/csi-fastblk/tools}"
+if [ ! -x "$tools/staticcheck-$STATICCHECK_VERSION" ]; then
+	mkdir -p "$tools"
+	GOBIN="$tools" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+	mv "$tools/staticcheck" "$tools/staticcheck-$STATICCHECK_VERSION"
+fi
+mod=$(go list -m)
+fail=0
+"$tools/staticcheck-$STATICCHECK_VERSION" ./... || fail=1
+while read -r pkg imports; do
+	rel=${pkg#"$mod"/}
+	for imp in $imports; do
+		case "$rel:$imp" in
+		pkg/blockdev/uring*:"$mod"/pkg/blockdev/uring*) ;;
+		pkg/blockdev/uring*:"$mod"/*)
+			echo "layering: $rel imports $imp (the engine imports nothing of ours)"; fail=1 ;;
+		pkg/blockdev/ublk*:"$mod"/pkg/blockdev | pkg/blockdev/loop*:"$mod"/pkg/blockdev)
+			echo "layering: $rel imports $imp (backends sit below blockdev)"; fail=1 ;;
+		cmd/*:golang.org/x/sys/unix | pkg/driver*:golang.org/x/sys/unix)
+			echo "layering: $rel imports $imp (syscalls belong in pkg/blockdev)"; fail=1 ;;
+		pkg/blockdev/uring*:unsafe | pkg/blockdev/ublk*:unsafe) ;;
+		*:unsafe)
+			echo "layering: $rel imports unsafe (only uring and ublk may)"; fail=1 ;;
+		esac
+	done
+done < <(go list -f '{{.ImportPath}} {{join .Imports " "}}' ./...)
+if [ "$fail" -eq 0 ]; then echo "lint: ok"; fi
+exit "$fail"

@@ -1,0 +1,132 @@
+#!/bin/sh
+# bench.sh (guest side of hack/vm/bench.sh): fio through a csi-fastblk ublk
+# device and through the kernel loop device with direct I/O, both on the same
+# fully written backing file on /data, repetitions alternating the two. Prints
+# one line per run for the host to tabulate:
+#   BENCH <workload> <ublk|loop> <rep> <value> <unit>
+# Workloads: randread/randwrite 4k at iodepth 32 with 1 and 2 jobs (IOPS),
+# 1M sequential read/write (MiB/s), 4k randread at iodepth 1 (mean latency, us).
+#
+# Environment: BENCH_SIZE (backing file, default 2G), BENCH_RUNTIME (seconds per
+# run, default 10), BENCH_REPS (default 3), BENCH_SEQ_DEPTH (default 16),
+# BENCH_UBLK_ARGS (extra args for csi-fastblk ublk serve, e.g. "--zero-copy off"),
+# BENCH_ONLY (space-separated workload names to run).
+. /opt/fastblk/vm/lib.sh
+SIZE=${BENCH_SIZE:-2G}
+RUNTIME=${BENCH_RUNTIME:-10}
+REPS=${BENCH_REPS:-3}
+SEQ_DEPTH=${BENCH_SEQ_DEPTH:-16}
+FILE=$FASTBLK_DATA/bench.img
+FIO=/usr/bin/fio
+WORKLOADS=${BENCH_ONLY:-"randread-qd32-j1 randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m write-1m randread-qd1-lat"}
+UBLK_DEV="" UBLK_PID="" LOOP_DEV=""
+
+cleanup() {
+	[ -z "$UBLK_PID" ] || { kill -TERM "$UBLK_PID" 2>/dev/null; wait "$UBLK_PID"; }
+	[ -z "$LOOP_DEV" ] || /usr/sbin/losetup -d "$LOOP_DEV"
+}
+trap cleanup EXIT
+
+# fill writes every block of the backing file, so reads hit real blocks.
+fill() {
+	echo "bench: writing $SIZE backing file $FILE"
+	$FIO --name=fill --filename="$FILE" --size="$SIZE" --rw=write --bs=1M --direct=1 \
+		--ioengine=io_uring --iodepth=8 --output-format=terse >/dev/null || return 1
+	sync
+}
+
+start_loop() {
+	LOOP_DEV=$(/usr/sbin/losetup --direct-io=on --find --show "$FILE") || return 1
+	dio=$(cat "/sys/block/${LOOP_DEV#/dev/}/loop/dio" 2>/dev/null)
+	echo "bench: loop device $LOOP_DEV (dio=$dio)"
+	[ "$dio" = 1 ] || { echo "bench: loop device without direct I/O"; return 1; }
+}
+
+# start_ublk runs csi-fastblk ublk serve and waits for its device line.
+start_ublk() {
+	if ! /usr/bin/csi-fastblk ublk serve --help >/dev/null 2>&1; then
+		echo "bench: csi-fastblk ublk serve not available; loop device only"
+		return 1
+	fi
+	# shellcheck disable=SC2086
+	/usr/bin/csi-fastblk ublk serve --file "$FILE" $BENCH_UBLK_ARGS >/tmp/ublk-serve.log 2>&1 &
+	UBLK_PID=$!
+	i=0
+	while [ $i -lt 300 ]; do
+		UBLK_DEV=$(sed -n 's/^device \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/ublk-serve.log)
+		[ -n "$UBLK_DEV" ] && break
+		kill -0 "$UBLK_PID" 2>/dev/null || break
+		sleep 0.1
+		i=$((i + 1))
+	done
+	if [ -z "$UBLK_DEV" ]; then
+		echo "bench: ublk serve gave no device:"
+		cat /tmp/ublk-serve.log
+		UBLK_PID=""
+		return 1
+	fi
+	echo "bench: ublk device $UBLK_DEV: $(grep '^tuning' /tmp/ublk-serve.log)"
+}
+
+# live DEV checks that DEV is a block device that answers a direct read, and,
+# for the ublk device, that its server still runs.
+live() {
+	require_block "$1" || return 1
+	if [ "$1" = "$UBLK_DEV" ] && ! kill -0 "$UBLK_PID" 2>/dev/null; then
+		echo "bench: ublk server exited"
+		return 1
+	fi
+}
+
+# run_fio WORKLOAD DEV prints the workload's figure for DEV and its unit.
+run_fio() {
+	case "$1" in
+	randread-qd32-j1) rw=randread bs=4k qd=32 nj=1 ;;
+	randread-qd32-j2) rw=randread bs=4k qd=32 nj=2 ;;
+	randwrite-qd32-j1) rw=randwrite bs=4k qd=32 nj=1 ;;
+	randwrite-qd32-j2) rw=randwrite bs=4k qd=32 nj=2 ;;
+	read-1m) rw=read bs=1M qd=$SEQ_DEPTH nj=1 ;;
+	write-1m) rw=write bs=1M qd=$SEQ_DEPTH nj=1 ;;
+	randread-qd1-lat) rw=randread bs=4k qd=1 nj=1 ;;
+	*) echo "bench: unknown workload $1" >&2; return 1 ;;
+	esac
+	# Terse v3 fields: read bw 7 (KiB/s), iops 8, lat mean 40 (us); write bw 48, iops 49.
+	$FIO --name=b --filename="$2" --direct=1 --ioengine=io_uring --time_based \
+		--runtime="$RUNTIME" --ramp_time=2 --group_reporting --randrepeat=0 \
+		--rw=$rw --bs=$bs --iodepth=$qd --numjobs=$nj \
+		--output-format=terse --terse-version=3 | awk -F';' -v rw=$rw -v qd=$qd '
+		NF > 50 { r_bw = $7; r_iops = $8; r_lat = $40; w_bw = $48; w_iops = $49; ok = 1 }
+		END {
+			if (!ok) exit 1
+			if (rw == "randread" && qd == 1) printf "%.1f us\n", r_lat
+			else if (rw == "randread") printf "%d IOPS\n", r_iops
+			else if (rw == "randwrite") printf "%d IOPS\n", w_iops
+			else if (rw == "read") printf "%.0f MiB/s\n", r_bw / 1024
+			else printf "%.0f MiB/s\n", w_bw / 1024
+		}'
+}
+
+main() {
+	fill || { echo "bench: fill failed"; exit 1; }
+	start_loop || exit 1
+	devs="loop"
+	start_ublk && devs="ublk loop"
+	rep=1
+	while [ $rep -le "$REPS" ]; do
+		# Alternate which device goes first, so drift hits both alike.
+		order=$devs
+		[ $((rep % 2)) -eq 0 ] && [ "$devs" = "ublk loop" ] && order="loop ublk"
+		for wl in $WORKLOADS; do
+			for d in $order; do
+				if [ "$d" = ublk ]; then dev=$UBLK_DEV; else dev=$LOOP_DEV; fi
+				live "$dev" || { echo "BENCH $wl $d $rep FAIL -"; continue; }
+				v=$(run_fio "$wl" "$dev") || v="FAIL -"
+				echo "BENCH $wl $d $rep $v"
+			done
+		done
+		rep=$((rep + 1))
+	done
+	[ -z "$UBLK_PID" ] || kill -0 "$UBLK_PID" || { echo "bench: ublk server died"; exit 1; }
+}
+
+main

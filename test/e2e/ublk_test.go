@@ -1,0 +1,290 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
+)
+
+// TestMain fails the package when a test left ublk devices behind.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if ents, err := os.ReadDir("/sys/class/ublk-char"); err == nil && len(ents) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: %d ublk devices left after the tests\n", len(ents))
+		code = 1
+	}
+	os.Exit(code)
+}
+
+func fioPath() string {
+	if _, err := os.Stat("/usr/bin/fio"); err == nil {
+		return "/usr/bin/fio"
+	}
+	return "fio"
+}
+
+// fioVerify returns a fio command writing size bytes of 4k random writes
+// to file and verifying them with crc32c (verifyOnly: verify only).
+func fioVerify(file, size string, verifyOnly bool) *exec.Cmd {
+	args := []string{"--name=verify", "--filename=" + file, "--rw=randwrite", "--bs=4k", "--size=" + size,
+		"--direct=1", "--ioengine=libaio", "--iodepth=16", "--verify=crc32c", "--verify_fatal=1",
+		"--do_verify=1", "--randrepeat=1", "--norandommap"}
+	if verifyOnly {
+		args = append(args, "--verify_only")
+	}
+	return exec.Command(fioPath(), args...)
+}
+
+func runFio(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.Contains(string(out), "verify: bad") {
+		t.Fatalf("fio %v: %v\n%s", cmd.Args, err, out)
+	}
+	t.Logf("fio ok: %s", lastLine(string(out), "WRITE:"))
+}
+
+func lastLine(out, prefix string) string {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, prefix) {
+			return strings.TrimSpace(l)
+		}
+	}
+	return ""
+}
+
+func TestFioVerifyRawBlock(t *testing.T) {
+	p := newPlugin(t)
+	v := p.provision("raw", 128<<20, blockCap(), map[string]string{"queues": "2", "queueDepth": "32"})
+	runFio(t, fioVerify(v.target, "96M", false))
+}
+
+func TestFioVerifyFilesystem(t *testing.T) {
+	p := newPlugin(t)
+	v := p.provision("fs", 256<<20, mountCap("ext4"), nil)
+	runFio(t, fioVerify(filepath.Join(v.target, "fio.dat"), "96M", false))
+}
+
+// TestRecoveryKill9 kills the plugin with fio verify running on a raw and
+// a mounted volume, restarts it, and expects both fio runs to finish
+// without errors and the data to verify again afterwards.
+func TestRecoveryKill9(t *testing.T) {
+	p := newPlugin(t)
+	raw := p.provision("rec-raw", 128<<20, blockCap(), nil)
+	fs := p.provision("rec-fs", 256<<20, mountCap("ext4"), nil)
+	files := []string{raw.target, filepath.Join(fs.target, "fio.dat")}
+	var runs []*exec.Cmd
+	var outs []*strings.Builder
+	for _, f := range files {
+		cmd := fioVerify(f, "96M", false)
+		out := &strings.Builder{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		runs, outs = append(runs, cmd), append(outs, out)
+	}
+	waitWrites(t, p.devLink(raw), 2000)
+	p.kill9()
+	t.Logf("plugin killed with I/O in flight; ublk devices: %v", ublkDevices(t))
+	p.start()
+	for i, cmd := range runs {
+		if err := waitCmd(cmd, 10*time.Minute); err != nil || strings.Contains(outs[i].String(), "verify: bad") {
+			t.Fatalf("fio on %s after recovery: %v\n%s", files[i], err, outs[i])
+		}
+	}
+	for _, f := range files {
+		runFio(t, fioVerify(f, "96M", true))
+	}
+}
+
+// waitWrites polls the device's write counter until it passes n.
+func waitWrites(t *testing.T, link string, n int64) {
+	t.Helper()
+	dev, err := filepath.EvalSymlinks(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stat := filepath.Join("/sys/block", filepath.Base(dev), "stat")
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := strings.Fields(string(b))
+		if w, _ := strconv.ParseInt(f[4], 10, 64); w >= n {
+			return
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	t.Fatalf("%s: fewer than %d writes in 2 minutes", dev, n)
+}
+
+func waitCmd(cmd *exec.Cmd, limit time.Duration) error {
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(limit):
+		cmd.Process.Kill()
+		<-done
+		return fmt.Errorf("still running after %s", limit)
+	}
+}
+
+// TestDiscardFreesSpace checks that BLKDISCARD on a raw volume and FITRIM
+// on a mounted one punch holes in the backing file.
+func TestDiscardFreesSpace(t *testing.T) {
+	p := newPlugin(t)
+	t.Run("blkdiscard", func(t *testing.T) {
+		v := p.provision("discard-raw", 128<<20, blockCap(), nil)
+		fill(t, v.target, 64<<20)
+		before := blocks(t, p.backingFile(v))
+		fd, err := unix.Open(v.target, unix.O_RDWR|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		rng := [2]uint64{0, 128 << 20}
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKDISCARD, uintptr(unsafe.Pointer(&rng))); e != 0 {
+			t.Fatalf("BLKDISCARD: %v", e)
+		}
+		checkShrunk(t, p.backingFile(v), before)
+	})
+	t.Run("fstrim", func(t *testing.T) {
+		v := p.provision("discard-fs", 256<<20, mountCap("ext4"), nil)
+		data := filepath.Join(v.target, "data")
+		fill(t, data, 64<<20)
+		before := blocks(t, p.backingFile(v))
+		if err := os.Remove(data); err != nil {
+			t.Fatal(err)
+		}
+		unix.Sync()
+		fd, err := unix.Open(v.target, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer unix.Close(fd)
+		const fitrim = 0xc0185879 // _IOWR('X', 121, struct fstrim_range)
+		rng := [3]uint64{0, ^uint64(0), 0}
+		if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), fitrim, uintptr(unsafe.Pointer(&rng))); e != 0 {
+			t.Fatalf("FITRIM: %v", e)
+		}
+		checkShrunk(t, p.backingFile(v), before)
+	})
+}
+
+// fill writes n bytes of non-zero data to path with O_DIRECT and syncs.
+func fill(t *testing.T, path string, n int) {
+	t.Helper()
+	fd, err := unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_DIRECT|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	buf, err := unix.Mmap(-1, 0, 1<<20, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(buf)
+	for i := range buf {
+		buf[i] = byte(i) | 1
+	}
+	for off := 0; off < n; off += len(buf) {
+		if _, err := unix.Pwrite(fd, buf, int64(off)); err != nil {
+			t.Fatalf("write %s: %v", path, err)
+		}
+	}
+	if err := unix.Fsync(fd); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func blocks(t *testing.T, path string) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+func checkShrunk(t *testing.T, file string, before int64) {
+	t.Helper()
+	after := blocks(t, file)
+	t.Logf("backing file allocation %d → %d bytes", before, after)
+	if after > before-48<<20 {
+		t.Fatalf("discard freed %d bytes of %d; want at least 48 MiB", before-after, before)
+	}
+}
+
+// TestOnlineExpansion grows a mounted volume: device and filesystem grow
+// where the kernel has UPDATE_SIZE; FailedPrecondition elsewhere.
+func TestOnlineExpansion(t *testing.T) {
+	p := newPlugin(t)
+	v := p.provision("grow", 256<<20, mountCap("ext4"), nil)
+	ctx := context.Background()
+	const newSize = 512 << 20
+	if _, err := p.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: v.id,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}}); err != nil {
+		t.Fatalf("ControllerExpandVolume: %v", err)
+	}
+	var before unix.Statfs_t
+	unix.Statfs(v.target, &before)
+	_, err := p.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: v.id, VolumePath: v.target,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}, VolumeCapability: v.cap})
+	features, ferr := ublk.HaveUblk()
+	if ferr != nil {
+		t.Fatal(ferr)
+	}
+	if features&ublk.FlagUpdateSize == 0 {
+		if status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("NodeExpandVolume without UPDATE_SIZE = %v, want FailedPrecondition", err)
+		}
+		t.Logf("kernel lacks UPDATE_SIZE: %v", err)
+		return
+	}
+	if err != nil {
+		t.Fatalf("NodeExpandVolume: %v\n%s", err, p.logTail())
+	}
+	if size := deviceSize(t, p.devLink(v)); size != newSize {
+		t.Fatalf("device size %d, want %d", size, newSize)
+	}
+	var after unix.Statfs_t
+	if err := unix.Statfs(v.target, &after); err != nil {
+		t.Fatal(err)
+	}
+	if after.Blocks < before.Blocks*3/2 {
+		t.Fatalf("filesystem %d → %d blocks; want it to grow", before.Blocks, after.Blocks)
+	}
+}
+
+func deviceSize(t *testing.T, path string) int64 {
+	t.Helper()
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fd)
+	var size uint64
+	if _, _, e := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.BLKGETSIZE64, uintptr(unsafe.Pointer(&size))); e != 0 {
+		t.Fatalf("BLKGETSIZE64 %s: %v", path, e)
+	}
+	return int64(size)
+}
