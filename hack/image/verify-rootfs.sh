@@ -39,7 +39,10 @@ run /sbin/losetup --version
 run /sbin/modprobe --version
 
 # A real format in the image: mkfs of a sparse file with the image's tools.
+# /proc is mounted as in a container (the tools read /proc/self/mounts).
 img="$rootfs/tmp/verify.img"
+mount -t proc proc "$rootfs/proc"
+trap 'umount "$rootfs/proc" 2>/dev/null || true; rm -f "$img"' EXIT
 truncate -s 64M "$img"
 run /sbin/mkfs.ext4 -q -F /tmp/verify.img
 run /sbin/e2fsck -fn /tmp/verify.img
@@ -47,7 +50,7 @@ truncate -s 128M "$img"
 run /sbin/resize2fs /tmp/verify.img
 truncate -s 320M "$img"
 run /sbin/mkfs.xfs -q -f /tmp/verify.img
-run /usr/sbin/xfs_repair -n /tmp/verify.img
+run /sbin/xfs_repair -n /tmp/verify.img
 rm -f "$img"
 
 ((fail == 0)) || { echo "rootfs check failed" >&2; exit 1; }

@@ -106,3 +106,18 @@ func (d *Driver) lockVolume(ctx context.Context, id string) (func(), error) {
 	}
 	return unlock, nil
 }
+
+// lockedVolume locks the volume and returns its record; the caller runs the
+// returned unlock when done. Unknown volumes give NotFound, unlocked.
+func (d *Driver) lockedVolume(ctx context.Context, id string) (blockdev.Volume, func(), error) {
+	unlock, err := d.lockVolume(ctx, id)
+	if err != nil {
+		return blockdev.Volume{}, nil, err
+	}
+	v, err := d.store.Volume(id)
+	if err != nil {
+		unlock()
+		return blockdev.Volume{}, nil, toStatus(err)
+	}
+	return v, unlock, nil
+}

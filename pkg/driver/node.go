@@ -58,15 +58,11 @@ func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 	if err := checkPaths(staging); err != nil {
 		return nil, err
 	}
-	unlock, err := s.d.lockVolume(ctx, id)
+	v, unlock, err := s.d.lockedVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := s.d.store.Volume(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
 	if err := s.d.stage(ctx, v, staging, c); err != nil {
 		return nil, toStatus(fmt.Errorf("stage %s: %w", id, err))
 	}
@@ -84,15 +80,11 @@ func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 	if err := checkPaths(staging); err != nil {
 		return nil, err
 	}
-	unlock, err := s.d.lockVolume(ctx, id)
+	v, unlock, err := s.d.lockedVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := s.d.store.Volume(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
 	if err := s.d.unstage(ctx, v, staging); err != nil {
 		return nil, toStatus(fmt.Errorf("unstage %s: %w", id, err))
 	}
@@ -118,15 +110,11 @@ func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 	if err := checkPaths(target, req.GetStagingTargetPath()); err != nil {
 		return nil, err
 	}
-	unlock, err := s.d.lockVolume(ctx, id)
+	v, unlock, err := s.d.lockedVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := s.d.store.Volume(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
 	pub := blockdev.Publish{ReadOnly: req.GetReadonly() || isReadOnlyMode(c), SingleWriter: isSingleWriter(c)}
 	if err := s.d.publish(ctx, v, req.GetStagingTargetPath(), target, c, pub); err != nil {
 		return nil, toStatus(fmt.Errorf("publish %s at %s: %w", id, target, err))
@@ -206,15 +194,11 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	if err != nil {
 		return nil, err
 	}
-	unlock, err := s.d.lockVolume(ctx, id)
+	v, unlock, err := s.d.lockedVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := s.d.store.Volume(id)
-	if err != nil {
-		return nil, toStatus(err)
-	}
 	if req.GetCapacityRange() == nil {
 		size = v.SizeBytes
 	}

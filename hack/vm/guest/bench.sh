@@ -44,7 +44,7 @@ start_loop() {
 
 # start_ublk runs csi-fastblk ublk serve and waits for its device line.
 start_ublk() {
-	if ! /usr/bin/csi-fastblk ublk serve --help >/dev/null 2>&1; then
+	if ! /usr/bin/csi-fastblk ublk serve --help 2>&1 | grep -q -- -file; then
 		echo "bench: csi-fastblk ublk serve not available; loop device only"
 		return 1
 	fi

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# bench.sh (make bench-vm) measures a csi-fastblk ublk volume against the
+# kernel loop device with direct I/O, on the same backing file on the same
+# virtio disk, in one VM run per kernel (guest side: guest/bench.sh), and prints
+# per kernel a table of medians and the ublk/loop ratio. A benchmark, not a
+# test: it fails only when a VM run fails.
+#
+# Usage: hack/vm/bench.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
+#                         [--size SIZE] [--only 'WORKLOAD...'] [--ublk-args 'ARGS']
+#   --runtime S     seconds per fio run (default 10, plus 2 s ramp)
+#   --reps N        repetitions, alternating ublk/loop order (default 3)
+#   --size SIZE     backing file size (default 2G)
+#   --only          workloads to run (default all: randread-qd32-j1
+#                   randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m
+#                   write-1m randread-qd1-lat)
+#   --ublk-args     extra flags for csi-fastblk ublk serve (e.g. '--zero-copy off')
+# Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
+#   (default bin/vm).
+set -euo pipefail
+# shellcheck source=hack/vm/lib.sh
+source "$(dirname "$0")/lib.sh"
+
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args=""
+while (($#)); do
+	case "$1" in
+	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
+	--runtime) runtime=${2:?}; shift 2 ;;
+	--reps) reps=${2:?}; shift 2 ;;
+	--size) size=${2:?}; shift 2 ;;
+	--only) only=${2:?}; shift 2 ;;
+	--ublk-args) ublk_args=${2:?}; shift 2 ;;
+	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
+	esac
+done
+[[ $runtime =~ ^[0-9]+$ && $reps =~ ^[0-9]+$ ]] || die "--runtime and --reps take whole numbers"
+logdir=${BENCH_VM_LOGDIR:-$REPO_ROOT/bin/vm}
+mkdir -p "$logdir"
+
+if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
+	"$VM_DIR/kernels.sh"
+	"$VM_DIR/initramfs.sh"
+fi
+
+nwl=$(wc -w <<<"${only:-a b c d e f g}")
+# Each fio run takes runtime + 2 s ramp + a few seconds of start-up under TCG.
+timeout=$((nwl * 2 * reps * (runtime + 8) + 600))
+guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SIZE=$size"
+[[ -z $only ]] || guest+=" BENCH_ONLY='$only'"
+[[ -z $ublk_args ]] || guest+=" BENCH_UBLK_ARGS='$ublk_args'"
+guest+=" /opt/fastblk/vm/bench.sh"
+
+# table LOG prints the medians and ratios of the BENCH lines in LOG.
+table() {
+	awk '
+	function median(list,   n, v, i, j, t) {
+		n = split(list, v, " ")
+		for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j-1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j-1]; v[j-1] = t }
+		if (n == 0) return ""
+		return n % 2 ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
+	}
+	/^BENCH / {
+		wl = $2; dev = $3
+		if (!(wl in seen)) { seen[wl] = 1; order[++nw] = wl }
+		if ($5 == "-") { fails[wl, dev]++; next }
+		vals[wl, dev] = vals[wl, dev] " " $5; unit[wl] = $6; runs[wl, dev]++
+	}
+	END {
+		printf "  %-18s %-6s %10s %10s %10s  %s\n", "workload", "unit", "ublk", "loop", "ublk/loop", "runs (ublk/loop)"
+		for (i = 1; i <= nw; i++) {
+			wl = order[i]; u = median(vals[wl, "ublk"]); l = median(vals[wl, "loop"])
+			r = (u != "" && l > 0) ? sprintf("%.2f", u / l) : "-"
+			printf "  %-18s %-6s %10s %10s %10s  %d/%d%s\n", wl, unit[wl], u == "" ? "-" : u, l == "" ? "-" : l, r,
+				runs[wl, "ublk"], runs[wl, "loop"], (fails[wl, "ublk"] + fails[wl, "loop"]) ? "  (failed runs!)" : ""
+		}
+	}' "$1"
+}
+
+declare -A status=()
+for k in "${kernels[@]}"; do
+	set +e
+	"$VM_DIR/run.sh" --kernel "$k" --disk-size 8G --timeout "$timeout" \
+		--log "$logdir/bench-$k.log" -- "$guest"
+	status[$k]=$?
+	set -e
+done
+
+failed=0
+echo
+echo "==== bench-vm: medians of $reps runs of ${runtime}s, fio io_uring direct=1 (latency: mean, lower is better) ===="
+for k in "${kernels[@]}"; do
+	log="$logdir/bench-$k.log"
+	((status[$k] == 0)) || failed=1
+	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
+	grep -a -E '^bench: (ublk device|loop device|csi-fastblk)' "$log" | sed 's/^/  /' || true
+	table "$log"
+done
+exit "$failed"
