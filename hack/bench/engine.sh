@@ -20,7 +20,7 @@ BIN=${BIN:-bin/csi-fastblk}
 FILE=${FILE:-/var/tmp/csi-fastblk-bench.img}
 SIZE_MB=${SIZE_MB:-1024}
 RUNTIME=${RUNTIME:-10}
-REPS=${REPS:-3}
+REPS=${REPS:-5}
 BS=${BS:-4k}
 IODEPTH=${IODEPTH:-32}
 CELLS=${CELLS:-"randread:1 randread:2 randwrite:1 randwrite:2"}
@@ -97,7 +97,7 @@ median() { sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else prin
 
 echo "engine bench: bs=$BS iodepth=$IODEPTH runtime=${RUNTIME}s reps=$REPS file=$FILE ($fstype) kernel $(uname -r)"
 echo "counters: $counters"
-printf '%-10s %4s | %10s %10s %6s | %8s %8s | %8s %8s | %9s %9s\n' rw jobs "ours IOPS" "fio IOPS" ratio \
+printf '%-10s %4s | %10s %10s %6s %6s | %8s %8s | %8s %8s | %9s %9s\n' rw jobs "ours IOPS" "fio IOPS" ratio pairs \
 	"ours cs" "fio cs" "ours sc" "fio sc" "ours p99" "fio p99"
 fail=0
 for cell in $CELLS; do
@@ -113,12 +113,15 @@ for cell in $CELLS; do
 	col() { awk -v c="$2" '{print $c}' "$1" | median; }
 	oi=$(col "$OUT/$rw-$jobs.ours" 1); fi_=$(col "$OUT/$rw-$jobs.fio" 1)
 	ratio=$(awk -v a="$oi" -v b="$fi_" 'BEGIN{printf "%.3f", a/b}')
+	# median of the ratios of each back-to-back pair: cancels device drift
+	pairs=$(paste -d' ' "$OUT/$rw-$jobs.ours" "$OUT/$rw-$jobs.fio" | awk '{printf "%.3f\n", $1/$5}' | median)
 	awk -v r="$ratio" 'BEGIN{exit !(r < 0.97)}' && fail=1
-	printf '%-10s %4s | %10.0f %10.0f %6s | %8s %8s | %8s %8s | %9.1f %9.1f\n' "$rw" "$jobs" "$oi" "$fi_" "$ratio" \
+	printf '%-10s %4s | %10.0f %10.0f %6s %6.3f | %8s %8s | %8s %8s | %9.1f %9.1f\n' "$rw" "$jobs" "$oi" "$fi_" "$ratio" "$pairs" \
 		"$(col "$OUT/$rw-$jobs.ours" 2)" "$(col "$OUT/$rw-$jobs.fio" 2)" \
 		"$(col "$OUT/$rw-$jobs.ours" 3)" "$(col "$OUT/$rw-$jobs.fio" 3)" \
 		"$(col "$OUT/$rw-$jobs.ours" 4)" "$(col "$OUT/$rw-$jobs.fio" 4)"
 done
-echo "medians of $REPS alternating runs; cs = context switches per I/O, sc = syscalls per I/O, p99 = clat usec"
+echo "medians of $REPS alternating runs; ratio = median ours / median fio, pairs = median of per-pair ratios;"
+echo "cs = context switches per I/O, sc = syscalls per I/O, p99 = clat usec"
 echo "raw results: $OUT"
 [ "$fail" -eq 0 ] || echo "NOTE: at least one cell below the 0.97 IOPS target"

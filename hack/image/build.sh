@@ -36,27 +36,31 @@ mkdir -p "$rootfs" "$work/debs"
 
 # resolve prints the Depends/Pre-Depends closure of the root packages, taking
 # the first alternative of each group and skipping virtual and excluded names.
+# One apt-cache call per level of the dependency tree keeps it fast.
 resolve() {
 	local -A seen=() deny=()
-	local queue=() p line
+	local level=() next=() p line
 	while read -r line; do
 		line=${line%%#*}; line=${line//[[:space:]]/}
 		[[ -z $line ]] && continue
-		if [[ $line == !* ]]; then deny[${line#!}]=1; else queue+=("$line"); fi
+		if [[ $line == !* ]]; then deny[${line#!}]=1; else next+=("$line"); fi
 	done <hack/image/packages.txt
-	while ((${#queue[@]})); do
-		p=${queue[0]}; queue=("${queue[@]:1}")
-		[[ -n ${seen[$p]:-} || -n ${deny[$p]:-} ]] && continue
-		seen[$p]=1
-		while read -r dep; do
-			[[ -n $dep && -z ${seen[$dep]:-} && -z ${deny[$dep]:-} ]] && queue+=("$dep")
-		done < <(apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks \
-			--no-replaces --no-enhances "$p" | awk '
+	while ((${#next[@]})); do
+		level=()
+		for p in "${next[@]}"; do
+			[[ -n ${seen[$p]:-} || -n ${deny[$p]:-} ]] && continue
+			seen[$p]=1
+			level+=("$p")
+		done
+		((${#level[@]})) || break
+		mapfile -t next < <(apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks \
+			--no-replaces --no-enhances "${level[@]}" | awk '
+			/^[^ ]/ { skip = 0; next }
 			/^ *\|?(Pre)?Depends: / {
 				alt = ($0 ~ /^ *\|/)
 				if (!skip) { name = $2; if (name !~ /^</) { sub(/:any$/, "", name); print name } }
 				skip = alt
-			}')
+			}' | sort -u)
 	done
 	printf '%s\n' "${!seen[@]}" | sort
 }
@@ -66,15 +70,16 @@ echo "image packages ($(wc -l <"$work/packages")): $(tr '\n' ' ' <"$work/package
 # .debs are cached by exact version, so a rebuild downloads nothing new.
 debs="${CSI_FASTBLK_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/csi-fastblk}/debs"
 mkdir -p "$debs"
-while read -r p; do
-	ver=$(apt-cache policy "$p" | awk '/Candidate:/ {print $2}')
-	f=$(ls "$debs/${p}_${ver/:/%3a}_"*.deb 2>/dev/null | head -n1 || true)
-	if [[ -z $f ]]; then
-		(cd "$debs" && apt-get download -qq -o APT::Sandbox::User=root "$p=$ver")
-		f=$(ls "$debs/${p}_${ver/:/%3a}_"*.deb | head -n1)
-	fi
-	ln -s "$f" "$work/debs/"
-done <"$work/packages"
+xargs apt-cache policy <"$work/packages" | awk '/^[^ ]/ {sub(/:$/, ""); p = $1} /Candidate:/ {print p, $2}' |
+	while read -r p ver; do
+		f=$(ls "$debs/${p}_${ver/:/%3a}_"*.deb 2>/dev/null | head -n1 || true)
+		if [[ -z $f ]]; then
+			(cd "$debs" && apt-get download -qq -o APT::Sandbox::User=root "$p=$ver")
+			f=$(ls "$debs/${p}_${ver/:/%3a}_"*.deb | head -n1)
+		fi
+		ln -s "$f" "$work/debs/"
+	done
+[[ $(ls "$work/debs" | wc -l) -eq $(wc -l <"$work/packages") ]] || { echo "package download incomplete" >&2; exit 1; }
 for deb in "$work"/debs/*.deb; do
 	dpkg-deb -x "$deb" "$rootfs"
 done
@@ -108,6 +113,7 @@ umoci config --image "$layout:$TAG" --os linux --architecture amd64 \
 umoci gc --layout "$layout"
 umoci stat --image "$layout:$TAG" >/dev/null
 
+chmod -R a+rX "$layout"
 mkdir -p "$(dirname "$OUT")"
 tar -C "$layout" --sort=name --owner=0 --group=0 --numeric-owner -cf "$OUT.tmp" .
 mv "$OUT.tmp" "$OUT"

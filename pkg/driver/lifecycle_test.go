@@ -162,12 +162,16 @@ func TestOnlineExpansionGrowsFilesystem(t *testing.T) {
 			if _, err := exec.LookPath("mkfs." + fs); err != nil {
 				t.Skipf("mkfs.%s not installed (make deps installs it)", fs)
 			}
-			testOnlineExpansion(t, fs)
+			t.Run("controller and node", func(t *testing.T) { testOnlineExpansion(t, fs, true) })
+			t.Run("node only", func(t *testing.T) { testOnlineExpansion(t, fs, false) })
 		})
 	}
 }
 
-func testOnlineExpansion(t *testing.T, fs string) {
+// testOnlineExpansion grows a mounted volume; with controller false only
+// NodeExpandVolume is called, as kubelet does when the driver does not
+// advertise ControllerExpandVolume.
+func testOnlineExpansion(t *testing.T, fs string, controller bool) {
 	n := newTestNode(t, t.TempDir())
 	ctx := context.Background()
 	const size, newSize = 320 << 20, 960 << 20
@@ -180,9 +184,11 @@ func testOnlineExpansion(t *testing.T, fs string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := n.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}}); err != nil {
-		t.Fatal(err)
+	if controller {
+		if _, err := n.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	resp, err := n.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target,
 		CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}})

@@ -27,6 +27,8 @@ func (s *Node) NodeGetCapabilities(context.Context, *csi.NodeGetCapabilitiesRequ
 		csi.NodeServiceCapability_RPC_GET_VOLUME_STATS,
 		csi.NodeServiceCapability_RPC_EXPAND_VOLUME,
 		csi.NodeServiceCapability_RPC_SINGLE_NODE_MULTI_WRITER,
+		csi.NodeServiceCapability_RPC_GET_VOLUME_HEALTH,
+		csi.NodeServiceCapability_RPC_GET_STORAGE_HEALTH,
 	} {
 		caps = append(caps, &csi.NodeServiceCapability{Type: &csi.NodeServiceCapability_Rpc{
 			Rpc: &csi.NodeServiceCapability_RPC{Type: t}}})

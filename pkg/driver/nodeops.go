@@ -301,8 +301,13 @@ func (d *Driver) expand(ctx context.Context, v blockdev.Volume, path string, siz
 		return 0, fmt.Errorf("volume is not staged or published at %s: %w", path, blockdev.ErrNotFound)
 	}
 	if size > v.SizeBytes {
-		return 0, fmt.Errorf("requested %d bytes but the volume has %d; expand it on the controller first: %w",
-			size, v.SizeBytes, blockdev.ErrOutOfRange)
+		// Node-only expansion: the volume lives here, so the node grows
+		// its file (idempotent; the store never shrinks a volume).
+		grown, err := d.store.ExpandVolume(ctx, v.ID, size)
+		if err != nil {
+			return 0, fmt.Errorf("grow backing file: %w", err)
+		}
+		v = grown
 	}
 	if err := d.backend.Resize(ctx, v.ID, v.SizeBytes); err != nil {
 		return 0, fmt.Errorf("resize device: %w", err)

@@ -20,7 +20,8 @@ func TestBadValuesFail(t *testing.T) {
 		{"unknown fstype", "storageClass.fsType=btrfs", []string{"/storageClass/fsType", "ext4", "xfs"}},
 		{"relative kubelet dir", "kubeletDir=var/lib/kubelet", []string{"/kubeletDir", "does not match pattern"}},
 		{"dot-dot data dir", "dataDir=/var/../etc", []string{"/dataDir", "does not match pattern"}},
-		{"zero ratio", "overProvisionRatio=0", []string{"/overProvisionRatio"}},
+		{"ratio below one", "overProvisionRatio=0.5", []string{"overProvisionRatio 0.5 must be from 1 to 100"}},
+		{"ratio not a number", "overProvisionRatio=lots", []string{"/overProvisionRatio"}},
 		{"port out of range", "metrics.port=70000", []string{"/metrics/port", "maximum"}},
 		{"misspelt key", "backnd=loop", []string{"additional properties 'backnd' not allowed"}},
 		{"bad pull policy", "plugin.image.pullPolicy=Sometimes", []string{"/plugin/image/pullPolicy", "must be one of"}},
@@ -68,7 +69,8 @@ var valueSets = map[string][]string{
 	"metrics off":   {"metrics.enabled=false"},
 	"snapshot CRDs": {"snapshotCRDs.install=true", "snapshotController.install=true"},
 	"tuned": {"backend=loop", "tuning.queues=4", "tuning.queueDepth=256", "storageClass.queues=2",
-		"storageClass.queueDepth=64", "storageClass.fsType=xfs", "storageClass.isDefault=true", "logLevel=5"},
+		"storageClass.queueDepth=64", "storageClass.fsType=xfs", "storageClass.isDefault=true", "logLevel=5",
+		"overProvisionRatio=1.5", "maxVolumesPerNode=0"},
 	"no snapshots": {"snapshotter.enabled=false", "storageClass.create=false"},
 }
 

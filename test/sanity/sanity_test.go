@@ -48,7 +48,10 @@ func startPlugin(t *testing.T, name string) *plugin {
 	if err != nil {
 		t.Fatalf("%s backend: %v", kind, err)
 	}
-	drv, err := driver.New(driver.Config{Name: "fastblk.csi.io", Version: "test", NodeID: "sanity-node", MaxVolumesPerNode: 64}, store, backend)
+	// ControllerExpansion on, so that sanity's ExpandVolume [Controller]
+	// specs run too; node-only expansion is covered by pkg/driver's tests.
+	drv, err := driver.New(driver.Config{Name: "fastblk.csi.io", Version: "test", NodeID: "sanity-node",
+		MaxVolumesPerNode: 64, ControllerExpansion: true}, store, backend)
 	if err != nil {
 		t.Fatal(err)
 	}

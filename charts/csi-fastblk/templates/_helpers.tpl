@@ -90,6 +90,10 @@ securityContext:
 {{- fail (printf "metrics.port %s is already used by %s: the node pod's ports must differ" $m (get $ports $m)) -}}
 {{- end -}}
 {{- end -}}
+{{- $r := float64 .Values.overProvisionRatio -}}
+{{- if or (lt $r 1.0) (gt $r 100.0) -}}
+{{- fail (printf "overProvisionRatio %v must be from 1 to 100" .Values.overProvisionRatio) -}}
+{{- end -}}
 {{- $k := include "csi-fastblk.kubeletDir" . -}}
 {{- $d := .Values.dataDir | trimSuffix "/" -}}
 {{- if or (eq $d $k) (hasPrefix (printf "%s/" $k) $d) -}}

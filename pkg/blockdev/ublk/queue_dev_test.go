@@ -11,24 +11,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// testDir is where backing files go: $FASTBLK_TEST_DIR (the VM's disk) or
-// a temporary directory. O_DIRECT needs a real filesystem, not tmpfs.
-func testDir(t *testing.T) string {
-	if d := os.Getenv("FASTBLK_TEST_DIR"); d != "" {
-		dir, err := os.MkdirTemp(d, "ublk-queue-")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { os.RemoveAll(dir) })
-		return dir
-	}
-	return t.TempDir()
-}
-
 // backingFile creates a sparse file of size bytes and opens it O_DIRECT.
 func backingFile(t *testing.T, size int64) (*os.File, string) {
 	t.Helper()
-	path := filepath.Join(testDir(t), "vol.img")
+	// t.TempDir is under $TMPDIR, which the VM puts on its ext4 disk:
+	// O_DIRECT needs a real filesystem.
+	path := filepath.Join(t.TempDir(), "vol.img")
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|unix.O_DIRECT, 0o600)
 	if err != nil {
 		t.Fatalf("open backing: %v", err)
@@ -60,12 +48,13 @@ type queueCase struct {
 	name   string
 	flags  uint64
 	queues uint16
+	fixed  bool
 }
 
 func queueCases(t *testing.T, c *testCtl) []queueCase {
-	cases := []queueCase{{"copy/1q", 0, 1}, {"copy/2q", 0, 2}}
+	cases := []queueCase{{"copy/1q", 0, 1, false}, {"copy/2q", 0, 2, false}, {"copy-fixed/2q", 0, 2, true}}
 	if c.features()&FlagAutoBufReg != 0 {
-		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1}, queueCase{"autobuf/2q", FlagAutoBufReg, 2})
+		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1, false}, queueCase{"autobuf/2q", FlagAutoBufReg, 2, false})
 	} else {
 		t.Logf("kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", c.features())
 	}
@@ -73,13 +62,13 @@ func queueCases(t *testing.T, c *testCtl) []queueCase {
 }
 
 // startQueues starts every queue of d on the backing fd and the device.
-func startQueues(t *testing.T, d *testDev, tgt Target) ([]*Queue, string) {
+func startQueues(t *testing.T, d *testDev, tgt Target, fixed ...bool) ([]*Queue, string) {
 	t.Helper()
 	var qs []*Queue
 	for qid := range d.info.NrHWQueues {
 		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
 			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes,
-			CPU: int(qid) % runtimeCPUs(), Target: tgt})
+			CPU: int(qid) % runtimeCPUs(), Target: tgt, FixedBuffers: len(fixed) > 0 && fixed[0]})
 		if err != nil {
 			t.Fatalf("start queue %d: %v", qid, err)
 		}
@@ -111,7 +100,7 @@ func TestQueueDataPath(t *testing.T) {
 			const size = 64 << 20
 			f, path := backingFile(t, size)
 			d := addTestDev(t, c, qc.queues, 64, 512<<10, qc.flags, size)
-			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())))
+			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), qc.fixed)
 			checkReadWrite(t, dev, f)
 			checkDiscard(t, dev, path)
 			if err := d.stop(); err != nil {
@@ -238,7 +227,15 @@ func TestQueueStop(t *testing.T) {
 	const size = 16 << 20
 	f, _ := backingFile(t, size)
 	d := addTestDev(t, c, 1, 32, 128<<10, 0, size)
-	qs, _ := startQueues(t, d, FileTarget(int(f.Fd())))
+	qs, dev := startQueues(t, d, FileTarget(int(f.Fd())))
+	// Opening the disk waits for the partition scan (it holds the disk's
+	// open mutex), so no scan I/O is in flight when the queue leaves;
+	// such I/O would otherwise wait for the 30 s block-layer timeout.
+	bd, err := os.Open(dev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bd.Close()
 	qs[0].Stop()
 	if err := qs[0].Wait(); !errors.Is(err, ErrQueueStopped) {
 		t.Fatalf("Wait after Stop = %v, want ErrQueueStopped", err)

@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -109,10 +108,11 @@ func (l *loop) register() error {
 	return nil
 }
 
-// registerBuffers registers the copy-mode buffers as fixed buffers, so the
-// backing I/O skips pinning user pages on every request.
+// registerBuffers registers the copy-mode buffers as fixed buffers when the
+// config asks for it, so the backing I/O skips pinning user pages on every
+// request. Registering pins (and so makes resident) every buffer at once.
 func (l *loop) registerBuffers() error {
-	if os.Getenv("FASTBLK_FIXEDBUF") != "1" {
+	if !l.cfg.FixedBuffers {
 		return nil
 	}
 	slots := make([][]byte, l.cfg.Depth)

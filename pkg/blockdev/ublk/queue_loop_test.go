@@ -17,7 +17,7 @@ import (
 // test fills in place of the kernel. It exercises the dispatch path on any
 // kernel with io_uring: the backing I/O is real, the ublk commands fail
 // (a regular file has no uring_cmd) and are reaped by the test.
-func hostLoop(t *testing.T, depth uint16, kind TargetKind) (*loop, *os.File) {
+func hostLoop(t *testing.T, depth uint16, kind TargetKind, fixed ...bool) (*loop, *os.File) {
 	t.Helper()
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
@@ -30,7 +30,7 @@ func hostLoop(t *testing.T, depth uint16, kind TargetKind) (*loop, *os.File) {
 		t.Fatal(err)
 	}
 	q := &Queue{cfg: QueueConfig{Depth: depth, CharFD: int(f.Fd()), MaxIOBytes: 64 << 10,
-		CPU: -1, Target: Target{Kind: kind, FD: int(f.Fd())}}}
+		CPU: -1, Target: Target{Kind: kind, FD: int(f.Fd())}, FixedBuffers: len(fixed) > 0 && fixed[0]}}
 	d := uint32(depth)
 	ring, err := uring.New(uring.Config{Entries: d + 1, CQEntries: 2*d + 2, Flags: ringFlags})
 	if err != nil {
@@ -43,6 +43,9 @@ func hostLoop(t *testing.T, depth uint16, kind TargetKind) (*loop, *os.File) {
 	}
 	l.descs = &descArea{mem: make([]byte, int(depth)*sizeofIODesc), depth: int(depth)}
 	if l.bufs, err = mapBuffers(depth, q.cfg.MaxIOBytes); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.registerBuffers(); err != nil {
 		t.Fatal(err)
 	}
 	return l, f
@@ -89,7 +92,17 @@ func serveOne(t testing.TB, l *loop, tag uint16) {
 }
 
 func TestLoopReadWrite(t *testing.T) {
-	l, f := hostLoop(t, 4, TargetFile)
+	for _, fixed := range []bool{false, true} {
+		name := map[bool]string{false: "user buffers", true: "fixed buffers"}[fixed]
+		t.Run(name, func(t *testing.T) { testLoopReadWrite(t, fixed) })
+	}
+}
+
+func testLoopReadWrite(t *testing.T, fixed bool) {
+	l, f := hostLoop(t, 4, TargetFile, fixed)
+	if l.fixed != fixed {
+		t.Fatalf("fixed = %v, want %v", l.fixed, fixed)
+	}
 	want := bytes.Repeat([]byte("fastblk!"), 1024) // 8 KiB
 	copy(l.bufs.slice(1), want)
 	setDesc(l, 1, ioOpWrite|ioFlagFUA, 16, 8) // 8 KiB at 4 KiB

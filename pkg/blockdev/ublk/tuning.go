@@ -9,13 +9,14 @@ import (
 // Tuning limits and defaults. ChooseTuning is the one place the policy is
 // applied; its doc comment states it.
 const (
-	// DefaultMaxIOBytes is max_io_buf_bytes in copy mode: 256 KiB keeps a
-	// 1 MiB request at four commands while a tag's buffer stays small.
-	DefaultMaxIOBytes = 256 << 10
+	// DefaultMaxIOBytes is max_io_buf_bytes in copy mode: 128 KiB, what
+	// the kernel loop device takes per request, keeps a tag's buffer small.
+	DefaultMaxIOBytes = 128 << 10
 	// ZeroCopyMaxIOBytes is max_io_buf_bytes with zero copy (no buffers).
 	ZeroCopyMaxIOBytes = 1 << 20
-	// DefaultMemoryBudget is the copy-mode buffer budget of one volume.
-	DefaultMemoryBudget = 16 << 20
+	// DefaultMemoryBudget is the copy-mode buffer budget of one volume:
+	// 64 volumes cost at most 512 MiB of buffers.
+	DefaultMemoryBudget = 8 << 20
 	// MaxMemoryBudget caps what explicit overrides may cost.
 	MaxMemoryBudget = 256 << 20
 	// DefaultMaxQueues caps the automatic queue count.
@@ -59,10 +60,10 @@ type Tuning struct {
 //     clamps nr_hw_queues to nr_cpu_ids, so more would be silently lost);
 //     depth must be a power of two in 1..4096 (UBLK_MAX_QUEUE_DEPTH). A
 //     bad value is an error wrapping os.ErrInvalid, never silently fixed.
-//  2. max_io_buf_bytes is 256 KiB in copy mode and 1 MiB with zero copy.
+//  2. max_io_buf_bytes is 128 KiB in copy mode and 1 MiB with zero copy.
 //  3. Without overrides: queues = min(CPUs, 4) (one thread per queue, so 64
 //     volumes on a 2-CPU node cost 128 threads), depth = 64.
-//  4. Copy mode must fit the memory budget (default 16 MiB per volume,
+//  4. Copy mode must fit the memory budget (default 8 MiB per volume,
 //     Queues × Depth × max_io_buf_bytes): chosen values shrink, depth first
 //     (halving, down to 16), then queues; an overridden value never
 //     shrinks. Overrides together may cost at most 256 MiB, else error.

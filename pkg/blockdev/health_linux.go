@@ -1,0 +1,272 @@
+package blockdev
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// This file holds the kernel-facing probes behind the driver's health
+// reporting: the mount table, device numbers, the data directory's
+// filesystem and a write probe. They read state; none of them changes
+// anything but the probe file they remove again.
+
+// MountInfo is one line of /proc/self/mountinfo (proc_pid_mountinfo(5)).
+type MountInfo struct {
+	// MountPoint is the mount's path in this process's mount namespace.
+	MountPoint string
+	// Major and Minor identify the filesystem's device (st_dev).
+	Major, Minor uint32
+	// Root is the path inside the filesystem that is mounted (a bind
+	// mount of a subdirectory or of a device node has Root != "/").
+	Root   string
+	FsType string
+	Source string
+	// MountOptions are the per-mount options, SuperOptions those of the
+	// filesystem (superblock). An ext4 "errors=remount-ro" shows up as
+	// "ro" in SuperOptions only.
+	MountOptions []string
+	SuperOptions []string
+}
+
+// ReadOnly reports whether writes through this mount fail with EROFS:
+// the mount or its filesystem is read-only.
+func (m MountInfo) ReadOnly() bool {
+	return slices.Contains(m.MountOptions, "ro") || slices.Contains(m.SuperOptions, "ro")
+}
+
+// mountInfoPath is the calling process's mount table.
+const mountInfoPath = "/proc/self/mountinfo"
+
+// Mounts reads the calling process's mount table.
+func Mounts() ([]MountInfo, error) {
+	b, err := os.ReadFile(mountInfoPath)
+	if err != nil {
+		return nil, fmt.Errorf("read mount table: %w", err)
+	}
+	return ParseMountInfo(bytes.NewReader(b))
+}
+
+// ParseMountInfo parses the mountinfo format, in the kernel's order (later
+// lines are mounted later, so they cover earlier ones at the same path).
+func ParseMountInfo(r io.Reader) ([]MountInfo, error) {
+	var out []MountInfo
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		m, err := parseMountLine(sc.Text())
+		if err != nil {
+			return nil, fmt.Errorf("mountinfo line %d: %w", n, err)
+		}
+		out = append(out, m)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read mountinfo: %w", err)
+	}
+	return out, nil
+}
+
+// parseMountLine parses
+//
+//	36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue
+//
+// (ID, parent, major:minor, root, mount point, options, optional fields,
+// "-", type, source, super options).
+func parseMountLine(line string) (MountInfo, error) {
+	f := strings.Fields(line)
+	sep := slices.Index(f, "-")
+	if sep < 6 || len(f) < sep+4 {
+		return MountInfo{}, fmt.Errorf("%q: %w", line, ErrInvalid)
+	}
+	maj, min, ok := strings.Cut(f[2], ":")
+	major, err1 := strconv.ParseUint(maj, 10, 32)
+	minor, err2 := strconv.ParseUint(min, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return MountInfo{}, fmt.Errorf("device %q: %w", f[2], ErrInvalid)
+	}
+	return MountInfo{
+		MountPoint:   unescapeMount(f[4]),
+		Major:        uint32(major),
+		Minor:        uint32(minor),
+		Root:         unescapeMount(f[3]),
+		FsType:       f[sep+1],
+		Source:       unescapeMount(f[sep+2]),
+		MountOptions: strings.Split(f[5], ","),
+		SuperOptions: strings.Split(f[sep+3], ","),
+	}, nil
+}
+
+// unescapeMount undoes the kernel's octal escapes (\040 for a space, \011,
+// \012, \134) in mountinfo paths (fs/proc_namespace.c, mangle()).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// FindMount returns the topmost mount at path (the last one in the table),
+// comparing cleaned paths.
+func FindMount(mounts []MountInfo, path string) (MountInfo, bool) {
+	path = filepath.Clean(path)
+	for _, m := range slices.Backward(mounts) {
+		if m.MountPoint == path {
+			return m, true
+		}
+	}
+	return MountInfo{}, false
+}
+
+// MountsAt maps each of paths to the topmost mount there, following
+// symlinks in the path as the mount table lists resolved paths. Paths that
+// are not mount points, and "", have no key.
+func MountsAt(paths ...string) (map[string]MountInfo, error) {
+	all, err := Mounts()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]MountInfo{}
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		resolved, err := filepath.EvalSymlinks(p)
+		if err != nil {
+			resolved = p // gone or unreadable: look it up as given
+		}
+		if m, ok := FindMount(all, resolved); ok {
+			out[p] = m
+		}
+	}
+	return out, nil
+}
+
+// DeviceNumber returns the major and minor number of the block device at
+// path (links are followed).
+func DeviceNumber(path string) (major, minor uint32, err error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		return 0, 0, fmt.Errorf("%s is not a block device: %w", path, ErrInvalid)
+	}
+	return unix.Major(st.Rdev), unix.Minor(st.Rdev), nil
+}
+
+// DirStats describes the filesystem holding a directory.
+type DirStats struct {
+	TotalBytes     int64
+	AvailableBytes int64 // to unprivileged users, as the Store counts
+	ReadOnly       bool  // mounted (or remounted after errors) read-only
+}
+
+// StatDir reads the size, free space and read-only flag of the filesystem
+// holding dir (statfs(2); ST_RDONLY covers both the mount and the
+// filesystem being read-only).
+func StatDir(dir string) (DirStats, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return DirStats{}, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return DirStats{
+		TotalBytes:     mulSat(int64(st.Blocks), st.Bsize),
+		AvailableBytes: mulSat(int64(st.Bavail), st.Bsize),
+		ReadOnly:       st.Flags&unix.ST_RDONLY != 0,
+	}, nil
+}
+
+// probePrefix names write-probe files. Each probe has its own random name,
+// so concurrent probes never touch each other's file; a crash between
+// create and remove leaves one empty-ish file behind.
+const probePrefix = ".health-probe-"
+
+// ProbeWrite proves dir accepts durable writes: it creates a probe file,
+// writes and fsyncs a block, removes the file and fsyncs dir. Errors keep
+// the errno reachable (EROFS, ENOSPC, EIO).
+func ProbeWrite(dir string) error {
+	f, err := os.CreateTemp(dir, probePrefix+"*")
+	if err != nil {
+		return fmt.Errorf("write probe in %s: %w", dir, err)
+	}
+	_, werr := f.Write(make([]byte, SizeAlign))
+	if werr == nil {
+		werr = f.Sync()
+	}
+	cerr := f.Close()
+	rerr := os.Remove(f.Name())
+	if err := errors.Join(werr, cerr, rerr); err != nil {
+		return fmt.Errorf("write probe in %s: %w", dir, err)
+	}
+	return syncDir(dir)
+}
+
+// FSErrors is a filesystem's own record of the errors it hit. ext4 keeps
+// it in the superblock until e2fsck clears it, whatever its errors=
+// behaviour (continue, remount-ro, panic).
+type FSErrors struct {
+	Count    int64
+	LastTime time.Time // zero when unknown
+	LastFunc string    // kernel function that reported the last error
+}
+
+// sysBlockDir and sysExt4Dir are where the kernel names block devices by
+// number and publishes ext4's per-filesystem attributes (fs/ext4/sysfs.c).
+const (
+	sysBlockDir = "/sys/dev/block"
+	sysExt4Dir  = "/sys/fs/ext4"
+)
+
+// Ext4Errors reads the error record of the ext4 filesystem on block device
+// major:minor. A device with no mounted ext4 returns ErrNotFound.
+func Ext4Errors(major, minor uint32) (FSErrors, error) {
+	dev, err := os.Readlink(filepath.Join(sysBlockDir, fmt.Sprintf("%d:%d", major, minor)))
+	if err != nil {
+		return FSErrors{}, fmt.Errorf("block device %d:%d: %w", major, minor, err)
+	}
+	dir := filepath.Join(sysExt4Dir, filepath.Base(dev))
+	read := func(name string) string {
+		b, _ := os.ReadFile(filepath.Join(dir, name))
+		return strings.TrimSpace(string(b))
+	}
+	count, err := os.ReadFile(filepath.Join(dir, "errors_count"))
+	if errors.Is(err, os.ErrNotExist) {
+		return FSErrors{}, fmt.Errorf("ext4 on %s: %w", filepath.Base(dev), ErrNotFound)
+	}
+	if err != nil {
+		return FSErrors{}, fmt.Errorf("ext4 errors of %s: %w", filepath.Base(dev), err)
+	}
+	var e FSErrors
+	if e.Count, err = strconv.ParseInt(strings.TrimSpace(string(count)), 10, 64); err != nil {
+		return FSErrors{}, fmt.Errorf("ext4 errors_count %q: %w", count, ErrInvalid)
+	}
+	if sec, err := strconv.ParseInt(read("last_error_time"), 10, 64); err == nil && sec > 0 {
+		e.LastTime = time.Unix(sec, 0).UTC()
+	}
+	e.LastFunc = read("last_error_func")
+	return e, nil
+}
