@@ -1,0 +1,83 @@
+package metrics
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/driver"
+)
+
+func fixedStatus(st driver.NodeStatus) StatusFunc {
+	return func(context.Context) (driver.NodeStatus, error) { return st, nil }
+}
+
+var attached = driver.NodeStatus{
+	Backend: "ublk", Kernel: "6.12", Healthy: true, CapacityAvailable: 100, CapacityTotal: 200,
+	Volumes: []driver.VolumeStatus{
+		{ID: "v1", Name: "pvc-1", SizeBytes: 1 << 30, Device: "/dev/ublkb0", Backend: "ublk",
+			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 128},
+			Disk:   &blockdev.DiskStats{ReadIOs: 10, ReadSectors: 80, WriteIOs: 5, WriteSectors: 40, InFlight: 3},
+			IO: &blockdev.IOStats{State: "live", Recoveries: 1, Errors: 2, LatencyBounds: []float64{0.001, 0.01},
+				LatencyCounts: []uint64{4, 15}, LatencySum: 0.05, LatencyCount: 15}},
+		{ID: "v2", Name: "pvc-2", SizeBytes: 1 << 20},
+	},
+}
+
+// TestCollectorReportsVolumes checks every per-volume family is derived
+// from the status, and that a detached volume reports only its size.
+func TestCollectorReportsVolumes(t *testing.T) {
+	c := NewCollector(fixedStatus(attached))
+	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
+		t.Errorf("metric lint: %v %v", problems, err)
+	}
+	for _, tc := range []struct {
+		metric string
+		want   string
+	}{
+		{"fastblk_volume_ios_total", `fastblk_volume_ios_total{name="pvc-1",op="read",volume_id="v1"} 10`},
+		{"fastblk_volume_bytes_total", `fastblk_volume_bytes_total{name="pvc-1",op="write",volume_id="v1"} 20480`},
+		{"fastblk_volume_in_flight_ios", `fastblk_volume_in_flight_ios{name="pvc-1",volume_id="v1"} 3`},
+		{"fastblk_volume_queue_depth", `fastblk_volume_queue_depth{name="pvc-1",volume_id="v1"} 128`},
+		{"fastblk_volume_recoveries_total", `fastblk_volume_recoveries_total{name="pvc-1",volume_id="v1"} 1`},
+		{"fastblk_volume_io_latency_seconds", `fastblk_volume_io_latency_seconds_bucket{name="pvc-1",volume_id="v1",le="0.01"} 15`},
+		{"fastblk_volume_device_state", `fastblk_volume_device_state{backend="ublk",name="pvc-1",state="live",volume_id="v1"} 1`},
+		{"fastblk_volume_size_bytes", `fastblk_volume_size_bytes{name="pvc-2",volume_id="v2"} 1.048576e+06`},
+		{"fastblk_node_capacity_available_bytes", `fastblk_node_capacity_available_bytes 100`},
+	} {
+		t.Run(tc.metric, func(t *testing.T) {
+			out, err := testutil.CollectAndFormat(c, expfmt.TypeTextPlain, tc.metric)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(string(out), tc.want) {
+				t.Errorf("missing %s in:\n%s", tc.want, out)
+			}
+		})
+	}
+	if n := testutil.CollectAndCount(c, "fastblk_volume_queues"); n != 1 {
+		t.Errorf("queue gauges = %d, want 1 (detached volumes have no device)", n)
+	}
+}
+
+// TestHealthzFollowsStatus: /healthz is 503 with the reason when unhealthy.
+func TestHealthzFollowsStatus(t *testing.T) {
+	sick := attached
+	sick.Healthy, sick.HealthError = false, "data directory: read-only file system"
+	for _, tc := range []struct {
+		st   driver.NodeStatus
+		code int
+	}{{attached, http.StatusOK}, {sick, http.StatusServiceUnavailable}} {
+		rec := httptest.NewRecorder()
+		Handler(fixedStatus(tc.st)).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		if rec.Code != tc.code {
+			t.Errorf("healthy=%v: /healthz = %d, want %d (%s)", tc.st.Healthy, rec.Code, tc.code, rec.Body)
+		}
+	}
+}
