@@ -7,7 +7,7 @@
 # Usage: hack/vm/e2e.sh [--kernel 6.12|7.3] [STEP-PATTERN...]
 #   --kernel K      run on one kernel only (default: both)
 #   STEP-PATTERN    run only the steps whose name matches a glob, e.g. '1*'
-# Environment: E2E_VM_TIMEOUT (seconds per kernel, default 1200),
+# Environment: E2E_VM_TIMEOUT (seconds per kernel, default 1500),
 #   E2E_VM_LOGDIR (default bin/vm), E2E_VM_SKIP_BUILD=1 reuses the last images.
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
@@ -32,7 +32,7 @@ declare -A status=() took=()
 for k in "${kernels[@]}"; do
 	t0=$(date +%s)
 	set +e
-	"$VM_DIR/run.sh" --kernel "$k" --timeout "${E2E_VM_TIMEOUT:-1200}" \
+	"$VM_DIR/run.sh" --kernel "$k" --timeout "${E2E_VM_TIMEOUT:-1500}" \
 		--log "$logdir/e2e-$k.log" -- /opt/fastblk/vm/run-steps.sh "$@"
 	status[$k]=$?
 	set -e

@@ -182,6 +182,7 @@ main() {
 	*) die "usage: $0 [--keep-going]" ;;
 	esac
 	need_pkgs cpio:cpio file:file
+	lock initramfs
 	mkdir -p "$OUT"
 	stage_base
 	stage_tools

@@ -231,7 +231,7 @@ main() {
 	*) die "usage: $0 [--refresh]" ;;
 	esac
 	need_pkgs apt-get:apt dpkg-deb:dpkg xz:xz-utils zstd:zstd
-	mkdir -p "$VM_CACHE"
+	lock kernels
 	local todo=()
 	for name in "${VM_KERNELS[@]}"; do
 		if ((refresh)) || ! kernel_ready "$name"; then todo+=("$name"); fi

@@ -38,3 +38,11 @@ kernel_dir() {
 	*) die "unknown kernel '$1' (want one of: ${VM_KERNELS[*]})" ;;
 	esac
 }
+
+# lock NAME serialises the scripts that write $VM_CACHE (two engineers or CI
+# jobs may run them at once); the lock is released when the script exits.
+lock() {
+	mkdir -p "$VM_CACHE"
+	exec 9>"$VM_CACHE/$1.lock"
+	flock 9
+}

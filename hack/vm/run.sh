@@ -77,7 +77,8 @@ main() {
 		-drive "if=virtio,format=raw,cache=none,aio=io_uring,file=$disk" \
 		-drive "if=virtio,format=raw,readonly=on,file=$tools" \
 		-nodefaults -nographic -serial stdio -net none -no-reboot </dev/null 2>&1 |
-		tr -d '\r' | tee "$LOG" | { if ((QUIET)); then cat >/dev/null; else cat; fi; }
+		sed -u -e 's/\r//g' -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' |
+		tee "$LOG" | { if ((QUIET)); then cat >/dev/null; else cat; fi; }
 	rc=${PIPESTATUS[0]}
 	set -e
 	log "VM ran $(($(date +%s) - start))s (qemu exit $rc)"
