@@ -2,6 +2,7 @@
 # Shared helpers for the VM harness scripts in hack/vm. Source it; do not run it.
 
 VM_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck disable=SC2034 # used by the scripts that source this file
 REPO_ROOT="$(cd "$VM_DIR/../.." && pwd)"
 # Everything downloaded or built for the VMs lives here, outside the repo, so a
 # second run reuses it. Override with CSI_FASTBLK_VM_CACHE.
@@ -23,7 +24,7 @@ need_pkgs() {
 	done
 	((${#missing[@]})) || return 0
 	log "installing ${missing[*]}"
-	if [[ ! -d /var/lib/apt/lists/partial ]] || [[ -z "$(ls /var/lib/apt/lists 2>/dev/null | grep -v partial)" ]]; then
+	if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
 		apt-get update -qq
 	fi
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||

@@ -28,6 +28,9 @@ type VolumeSpec struct {
 	// At most one of these is set.
 	SourceSnapshotID string
 	SourceVolumeID   string
+	// Quiesce holds a source volume that is in use steady while it is
+	// cloned (nil when it is not in use). It is not persisted.
+	Quiesce Quiesce
 }
 
 // Quiesce is called by CreateSnapshot while it holds the source volume

@@ -69,19 +69,7 @@ func (s *Store) reserveCopy(id, src string) error {
 // the snapshot. Nothing is left behind on error.
 func (s *Store) takeSnapshot(ctx context.Context, snap Snapshot, q Quiesce) error {
 	file, src := s.dataFile(snap.ID), s.dataFile(snap.SourceVolumeID)
-	var resume func() error
-	if q != nil {
-		var err error
-		if resume, err = q(ctx); err != nil {
-			return fmt.Errorf("quiesce volume %s: %w", snap.SourceVolumeID, err)
-		}
-	}
-	err := makeFile(ctx, file, src, snap.SizeBytes)
-	if resume != nil {
-		if rerr := resume(); rerr != nil && err == nil {
-			err = fmt.Errorf("resume volume %s: %w", snap.SourceVolumeID, rerr)
-		}
-	}
+	err := copyQuiesced(ctx, file, src, snap.SizeBytes, q)
 	if err == nil {
 		err = s.writeRecord(snap.ID, record{State: stateReady, Snapshot: &snap})
 	}
@@ -107,4 +95,22 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 		return nil
 	}
 	return s.deleteObject(id)
+}
+
+// copyQuiesced makes file a copy of src (or an empty file when src is "")
+// of size bytes, holding the source steady with q, when set, while it is
+// read: a volume in use is copied crash-consistently.
+func copyQuiesced(ctx context.Context, file, src string, size int64, q Quiesce) (err error) {
+	if q != nil {
+		resume, qerr := q(ctx)
+		if qerr != nil {
+			return fmt.Errorf("quiesce source: %w", qerr)
+		}
+		defer func() {
+			if rerr := resume(); rerr != nil && err == nil {
+				err = fmt.Errorf("resume source: %w", rerr)
+			}
+		}()
+	}
+	return makeFile(ctx, file, src, size)
 }

@@ -53,7 +53,11 @@ func (s *Store) CreateVolume(ctx context.Context, spec VolumeSpec) (Volume, erro
 		SourceSnapshotID: spec.SourceSnapshotID, SourceVolumeID: spec.SourceVolumeID,
 		CreatedAt: time.Now().UTC(),
 	}
-	if err := s.commitFile(ctx, id, srcFile, size, record{State: stateReady, Volume: &v}); err != nil {
+	q := spec.Quiesce
+	if spec.SourceVolumeID == "" {
+		q = nil // snapshots are not in use
+	}
+	if err := s.commitFile(ctx, id, srcFile, size, q, record{State: stateReady, Volume: &v}); err != nil {
 		return Volume{}, err
 	}
 	s.mu.Lock()
@@ -117,11 +121,12 @@ func (s *Store) source(id string) (file string, size int64, err error) {
 	return "", 0, fmt.Errorf("source %q: %w", id, ErrNotFound)
 }
 
-// commitFile makes id's data file (empty, or a copy of src) of size bytes,
-// then writes its record. On error nothing of id is left behind.
-func (s *Store) commitFile(ctx context.Context, id, src string, size int64, r record) error {
+// commitFile makes id's data file (empty, or a copy of src, quiesced by q)
+// of size bytes, then writes its record. On error nothing of id is left
+// behind.
+func (s *Store) commitFile(ctx context.Context, id, src string, size int64, q Quiesce, r record) error {
 	file := s.dataFile(id)
-	err := makeFile(ctx, file, src, size)
+	err := copyQuiesced(ctx, file, src, size, q)
 	if err == nil {
 		err = s.writeRecord(id, r)
 	}

@@ -67,6 +67,18 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	defer unlock()
 
+	if src := spec.SourceVolumeID; src != "" {
+		// Hold the source steady: no stage, unstage or delete while it
+		// is cloned, and a mounted source is frozen for the copy.
+		unlockSrc, err := s.d.lockVolume(ctx, src)
+		if err != nil {
+			return nil, err
+		}
+		defer unlockSrc()
+		if v, err := s.d.store.Volume(src); err == nil {
+			spec.Quiesce = s.d.quiesceFor(v)
+		}
+	}
 	if err := s.d.sizeFromSource(&spec, req.GetCapacityRange()); err != nil {
 		return nil, toStatus(err)
 	}

@@ -121,9 +121,9 @@ func (n *testNode) unstage(id string) {
 }
 
 // TestSnapshotOfMountedXFSRestores writes a file on a mounted XFS volume,
-// snapshots it while mounted (frozen for the copy), restores the snapshot
-// into a new volume, mounts that beside the original (nouuid) and reads the
-// file back.
+// snapshots and clones it while mounted (frozen for each copy), mounts the
+// restored snapshot and the clone beside the original (nouuid) and reads
+// the file back from both.
 func TestSnapshotOfMountedXFSRestores(t *testing.T) {
 	requireRoot(t)
 	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
@@ -143,10 +143,14 @@ func TestSnapshotOfMountedXFSRestores(t *testing.T) {
 	}
 	restored := n.create("xfs-restored", 0, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
 		Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: snap.GetSnapshot().GetSnapshotId()}}})
-	rtarget := n.stage(restored, mountCap("xfs", snw), false)
-	got, err := os.ReadFile(filepath.Join(rtarget, "data"))
-	if err != nil || !bytes.Equal(got, want) {
-		t.Fatalf("restored file: %d bytes, err %v; want the %d bytes written before the snapshot", len(got), err, len(want))
+	clone := n.create("xfs-clone", 0, &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
+		Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: src}}})
+	for _, id := range []string{restored, clone} {
+		target := n.stage(id, mountCap("xfs", snw), false)
+		got, err := os.ReadFile(filepath.Join(target, "data"))
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("volume %s: file has %d bytes, err %v; want the %d bytes written before the copy", id, len(got), err, len(want))
+		}
 	}
 }
 

@@ -93,8 +93,8 @@ run_fio() {
 	# Terse v3 fields: read bw 7 (KiB/s), iops 8, lat mean 40 (us); write bw 48, iops 49.
 	$FIO --name=b --filename="$2" --direct=1 --ioengine=io_uring --time_based \
 		--runtime="$RUNTIME" --ramp_time=2 --group_reporting --randrepeat=0 \
-		--rw=$rw --bs=$bs --iodepth=$qd --numjobs=$nj \
-		--output-format=terse --terse-version=3 | awk -F';' -v rw=$rw -v qd=$qd '
+		--rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" \
+		--output-format=terse --terse-version=3 | awk -F';' -v rw="$rw" -v qd="$qd" '
 		NF > 50 { r_bw = $7; r_iops = $8; r_lat = $40; w_bw = $48; w_iops = $49; ok = 1 }
 		END {
 			if (!ok) exit 1

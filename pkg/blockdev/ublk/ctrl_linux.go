@@ -90,9 +90,10 @@ func (c *Control) prepare() error {
 	return nil
 }
 
-// abandon drops a ring whose command did not answer in time. Closing the
-// ring cancels the command; the payload page is leaked on purpose (one
-// page), since the kernel may still write to it. Called with mu held.
+// abandon drops a ring whose command did not answer in time or failed to
+// reach the kernel. Closing the ring cancels the command; the payload page
+// is leaked on purpose (one page), since the kernel may still write to it.
+// Called with mu held.
 func (c *Control) abandon() {
 	if c.ring != nil {
 		_ = c.ring.Close()
@@ -112,12 +113,10 @@ func (c *Control) submit(name string, op uint32, h ctrlCmd, timeout time.Duratio
 	sqe.SQE.UserData = uint64(op)
 	putCtrlCmd(sqe.Cmd()[:], h)
 	if _, err := c.ring.SubmitAndWait(1, timeout); err != nil {
-		if errors.Is(err, unix.ETIME) {
-			c.abandon()
-		}
+		c.abandon() // the command may be queued or running: start afresh
 		return 0, fmt.Errorf("ublk %s dev %d: %w", name, h.DevID, err)
 	}
-	if n := c.ring.Reap(c.cqes[:]); n != 1 {
+	if n := c.ring.Reap(c.cqes[:]); n != 1 || c.cqes[0].UserData != uint64(op) {
 		c.abandon()
 		return 0, fmt.Errorf("ublk %s dev %d: no completion", name, h.DevID)
 	}

@@ -3,6 +3,7 @@ package ublk
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -51,12 +52,12 @@ type queueCase struct {
 	fixed  bool
 }
 
-func queueCases(t *testing.T, c *testCtl) []queueCase {
+func queueCases(t *testing.T, c *Control) []queueCase {
 	cases := []queueCase{{"copy/1q", 0, 1, false}, {"copy/2q", 0, 2, false}, {"copy-fixed/2q", 0, 2, true}}
-	if c.features()&FlagAutoBufReg != 0 {
+	if features(t, c)&FlagAutoBufReg != 0 {
 		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1, false}, queueCase{"autobuf/2q", FlagAutoBufReg, 2, false})
 	} else {
-		t.Logf("kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", c.features())
+		t.Logf("kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", features(t, c))
 	}
 	return cases
 }
@@ -102,6 +103,7 @@ func TestQueueDataPath(t *testing.T) {
 			d := addTestDev(t, c, qc.queues, 64, 512<<10, qc.flags, size)
 			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), qc.fixed)
 			checkReadWrite(t, dev, f)
+			checkParallel(t, dev)
 			checkDiscard(t, dev, path)
 			if err := d.stop(); err != nil {
 				t.Fatalf("stop dev: %v", err)
@@ -162,6 +164,48 @@ func checkReadWrite(t *testing.T, dev string, backing *os.File) {
 	if err := bd.Sync(); err != nil {
 		t.Fatalf("fsync device: %v", err)
 	}
+}
+
+// checkParallel keeps many requests in flight at once (more than one
+// queue's depth): goroutines write distinct patterns to their own regions
+// in several sizes and read them back.
+func checkParallel(t *testing.T, dev string) {
+	t.Helper()
+	bd, err := os.OpenFile(dev, os.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bd.Close()
+	const workers, region = 96, 256 << 10
+	errs := make(chan error, workers)
+	for id := range workers {
+		w, r := alignedBuf(t, region/4), alignedBuf(t, region/4)
+		go func() {
+			errs <- parallelWorker(bd, int64(40<<20)+int64(id)*region/4, byte(id), w, r)
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// parallelWorker writes and verifies chunks of 4 KiB up to len(w) at base.
+func parallelWorker(bd *os.File, base int64, seed byte, w, r []byte) error {
+	for n := 4096; n <= len(w); n *= 4 {
+		fill(w[:n], seed+byte(n>>12))
+		if _, err := bd.WriteAt(w[:n], base); err != nil {
+			return fmt.Errorf("write %d at %d: %w", n, base, err)
+		}
+		if _, err := bd.ReadAt(r[:n], base); err != nil {
+			return fmt.Errorf("read %d at %d: %w", n, base, err)
+		}
+		if !bytes.Equal(w[:n], r[:n]) {
+			return fmt.Errorf("%d bytes at %d read back differently", n, base)
+		}
+	}
+	return nil
 }
 
 // checkDiscard discards and zeroes ranges and checks the data and that the

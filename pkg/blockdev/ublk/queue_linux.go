@@ -1,9 +1,39 @@
+// The ublk data plane: one Queue per hardware queue of a device.
+//
+// Thread model: each queue runs on one goroutine that locks its OS thread
+// for its whole life, pins it to QueueConfig.CPU, marks it PR_SET_IO_FLUSHER,
+// creates its own io_uring (SINGLE_ISSUER|DEFER_TASKRUN|COOP_TASKRUN, with the
+// engine's fallback), registers [ublkc, backing] as fixed files, maps the
+// queue's descriptors read-only and FETCHes every tag. That thread is then
+// the queue's ublk daemon: every IO command and every backing operation is
+// issued from it, and it never blocks on anything but io_uring_enter.
+//
+// The loop (queue_loop_linux.go) submits every ready SQE and waits in one
+// io_uring_enter, reaps every CQE and advances once. Per request
+// (queue_io_linux.go): the tag's completion → decode the descriptor (desc.go)
+// → one backing SQE (READ/WRITE, FSYNC DATASYNC, FALLOCATE) → its completion
+// → COMMIT_AND_FETCH with the full byte count or -errno. Short transfers are
+// continued, -EAGAIN retried. Nothing on this path allocates.
+//
+// Buffers: with UBLK_F_AUTO_BUF_REG (Linux 6.16+) the kernel registers each
+// request's pages in the queue ring's sparse buffer table at index = tag and
+// the backing I/O is READ_FIXED/WRITE_FIXED on them (zero copy; no buffers of
+// ours). Otherwise each tag has a MaxIOBytes buffer in one anonymous mapping
+// and the driver copies between it and the request (copy mode); pages become
+// resident on first use unless FixedBuffers registers (pins) them all.
+//
+// Ending: STOP_DEV aborts every parked tag with -ENODEV; once all tags are
+// aborted and no backing I/O is in flight, Wait returns nil. Stop wakes the
+// thread through an eventfd polled in the ring and it leaves at once; closing
+// the ring cancels the parked commands, so a device with USER_RECOVERY stays
+// QUIESCED for the next process. In both cases the goroutine returns still
+// locked, so the runtime discards the thread with its kernel state.
+
 package ublk
 
 import (
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"sync/atomic"
 
@@ -163,7 +193,7 @@ func (q *Queue) run(ready chan<- error) {
 // threadSetup pins the locked thread and marks it an I/O flusher, so that
 // memory reclaim never waits on the device this thread serves.
 func threadSetup(cpu int) error {
-	if cpu >= 0 && os.Getenv("FASTBLK_NOPIN") == "" {
+	if cpu >= 0 {
 		var set unix.CPUSet
 		set.Set(cpu)
 		if err := unix.SchedSetaffinity(0, &set); err != nil {

@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -102,6 +100,9 @@ func (l *loop) register() error {
 	if err := l.ring.RegisterFiles(files); err != nil {
 		return fmt.Errorf("register files: %w", err)
 	}
+	// Entering through a registered ring fd saves an fd lookup per
+	// io_uring_enter; kernels without it (< 5.18) just do the lookup.
+	_ = l.ring.RegisterRingFD()
 	if l.zc {
 		if err := l.ring.RegisterBuffersSparse(uint32(l.cfg.Depth)); err != nil {
 			return fmt.Errorf("register sparse buffer table: %w", err)
@@ -196,7 +197,7 @@ func (l *loop) serve() error {
 		if l.aborted == len(l.tags) && l.backing == 0 {
 			return l.cmdErr
 		}
-		_, err := l.ring.SubmitAndWait(l.waitFor(), 0)
+		_, err := l.ring.SubmitAndWait(1, 0)
 		l.q.stats.enters.Add(1)
 		if err != nil && !errors.Is(err, unix.ETIME) {
 			return fmt.Errorf("submit and wait: %w", err)
@@ -208,22 +209,6 @@ func (l *loop) serve() error {
 			}
 		}
 	}
-}
-
-// waitDiv is an experiment knob: wait for backing/waitDiv completions.
-var waitDiv = func() int {
-	if v, err := strconv.Atoi(os.Getenv("FASTBLK_WAITDIV")); err == nil && v > 0 {
-		return v
-	}
-	return 0
-}()
-
-// waitFor is how many completions the next enter waits for.
-func (l *loop) waitFor() uint32 {
-	if waitDiv == 0 {
-		return 1
-	}
-	return uint32(max(1, l.backing/waitDiv))
 }
 
 // handle dispatches one CQE by the kind in its user_data.

@@ -131,12 +131,35 @@ func testLoopReadWrite(t *testing.T, fixed bool) {
 	}
 }
 
-func TestLoopReadPastEOF(t *testing.T) {
-	l, _ := hostLoop(t, 2, TargetFile)
-	setDesc(l, 0, ioOpRead, 8, 1<<20>>9) // starts at EOF: read returns 0
-	serveOne(t, l, 0)
-	if st := l.q.stats.snapshot(); st.Errors != 1 {
-		t.Fatalf("a read at EOF must fail, stats = %+v", st)
+func TestLoopFailures(t *testing.T) {
+	cases := []struct {
+		name    string
+		opFlags uint32
+		sectors uint32
+		start   uint64
+	}{
+		// A read at EOF returns 0: never commit a short count.
+		{"read at EOF", ioOpRead, 8, 1 << 20 >> 9},
+		// A read across EOF is short (4 KiB); the rest returns 0.
+		{"read across EOF", ioOpRead, 16, (1<<20 - 4096) >> 9},
+		{"larger than the buffer", ioOpWrite, 64<<10>>9 + 8, 0},
+		{"unsupported op", ioOpWriteSame, 8, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, _ := hostLoop(t, 2, TargetFile)
+			setDesc(l, 0, c.opFlags, c.sectors, c.start)
+			if err := l.onCmd(0, ioResOK); err != nil {
+				t.Fatal(err)
+			}
+			cmds := make([]int32, 0, 4)
+			for len(cmds) == 0 {
+				cmds = step(t, l, cmds)
+			}
+			if st := l.q.stats.snapshot(); st.Errors != 1 || st.InFlight != 0 {
+				t.Fatalf("stats = %+v, want one error", st)
+			}
+		})
 	}
 }
 

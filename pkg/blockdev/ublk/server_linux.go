@@ -124,6 +124,9 @@ func (s *Server) Attach(ctx context.Context, spec AttachSpec) (Served, error) {
 		}
 		return sv.info(), nil
 	}
+	if sv, ok, err := s.adoptRecorded(ctx, spec); ok || err != nil {
+		return sv, err
+	}
 	file, size, dio, err := openBacking(spec)
 	if err != nil {
 		return Served{}, err
@@ -137,6 +140,31 @@ func (s *Server) Attach(ctx context.Context, spec AttachSpec) (Served, error) {
 	}
 	s.put(spec.VolumeID, sv)
 	return sv.info(), nil
+}
+
+// adoptRecorded re-adopts a device recorded for the volume but not served
+// (its re-adoption at start failed), so that Attach never makes a second
+// device for one volume. ok reports that it returned a device.
+func (s *Server) adoptRecorded(ctx context.Context, spec AttachSpec) (Served, bool, error) {
+	if spec.Null {
+		return Served{}, false, nil
+	}
+	sts, _ := loadStates(s.cfg.StateDir)
+	for _, st := range sts {
+		if st.VolumeID != spec.VolumeID {
+			continue
+		}
+		if st.File != spec.File {
+			return Served{}, false, fmt.Errorf("attach %s: recorded for %s: %w", spec.VolumeID, st.File, os.ErrExist)
+		}
+		if err := s.adoptOne(ctx, st); err != nil {
+			return Served{}, false, err
+		}
+		if sv := s.get(spec.VolumeID); sv != nil {
+			return sv.info(), true, nil
+		}
+	}
+	return Served{}, false, nil
 }
 
 func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, size int64, dio uint32) (*served, error) {

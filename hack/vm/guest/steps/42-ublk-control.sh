@@ -1,0 +1,11 @@
+#!/bin/sh
+# timeout: 600
+# 42-ublk-control: the ublk control plane on this kernel: features, device
+# create/IO/resize/detach, kill-free re-adoption (user recovery), the orphan
+# sweep and ownership, plus the pure control tests (UAPI layout, encoding,
+# flags, tuning, state files).
+. /opt/fastblk/vm/lib.sh
+[ -e /dev/ublk-control ] || { echo "no /dev/ublk-control: ublk_drv not loaded"; exit 1; }
+gotest pkg/blockdev/ublk -test.run '^(TestControl|TestServer|TestUAPILayout|TestCommandEncoding|TestChooseTuning|TestAddFlags|TestFlagNames|TestParseZeroCopyMode|TestCPUsOf|TestPutCtrlCmd|TestDeviceParams|TestStateRoundTrip|TestValidName|TestOwnerToken)' || exit 1
+left=$(ublk_devices | grep -v ublk-control)
+[ -z "$left" ] || { echo "ublk devices left behind: $left"; exit 1; }

@@ -1,0 +1,105 @@
+package ublk
+
+import (
+	"encoding/binary"
+	"errors"
+	"os"
+	"slices"
+	"testing"
+)
+
+func TestAddFlags(t *testing.T) {
+	const base = FlagCmdIoctlEncode | FlagUserRecovery | FlagUserRecoveryReissue
+	k612 := FlagURingCmdCompInTask | FlagNeedGetData | FlagUserRecovery | FlagUserRecoveryReissue |
+		FlagUnprivilegedDev | FlagCmdIoctlEncode | FlagUserCopy | FlagZoned
+	k73 := uint64(0x1fffff)
+	cases := []struct {
+		name     string
+		features uint64
+		mode     ZeroCopyMode
+		want     uint64
+		wantErr  bool
+	}{
+		{"6.12 auto copies", k612, ZeroCopyAuto, base, false},
+		{"6.12 zero copy on refused", k612, ZeroCopyOn, 0, true},
+		{"7.3 auto zero copy", k73, ZeroCopyAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagAutoBufReg, false},
+		{"7.3 off copies", k73, ZeroCopyOff, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan, false},
+		{"no recovery refused", FlagCmdIoctlEncode, ZeroCopyAuto, 0, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, err := addFlags(c.features, c.mode)
+			if c.wantErr {
+				if !errors.Is(err, errors.ErrUnsupported) {
+					t.Fatalf("err = %v, want ErrUnsupported", err)
+				}
+				return
+			}
+			if err != nil || got != c.want {
+				t.Fatalf("addFlags = %s, %v; want %s", FormatFlags(got), err, FormatFlags(c.want))
+			}
+		})
+	}
+}
+
+func TestFlagNames(t *testing.T) {
+	got := FlagNames(FlagUserRecovery | FlagAutoBufReg | 1<<40)
+	if want := []string{"USER_RECOVERY", "AUTO_BUF_REG", "bit 40"}; !slices.Equal(got, want) {
+		t.Fatalf("FlagNames = %q, want %q", got, want)
+	}
+}
+
+func TestParseZeroCopyMode(t *testing.T) {
+	for in, want := range map[string]ZeroCopyMode{"": ZeroCopyAuto, "auto": ZeroCopyAuto, "on": ZeroCopyOn, "off": ZeroCopyOff} {
+		if got, err := ParseZeroCopyMode(in); err != nil || got != want {
+			t.Errorf("ParseZeroCopyMode(%q) = %q, %v", in, got, err)
+		}
+	}
+	if _, err := ParseZeroCopyMode("yes"); !errors.Is(err, os.ErrInvalid) {
+		t.Errorf("ParseZeroCopyMode(yes) = %v, want os.ErrInvalid", err)
+	}
+}
+
+func TestCPUsOf(t *testing.T) {
+	mask := make([]byte, 16)
+	mask[0], mask[1], mask[15] = 0b101, 0b1, 0x80
+	if got, want := cpusOf(mask), []int{0, 2, 8, 127}; !slices.Equal(got, want) {
+		t.Fatalf("cpusOf = %v, want %v", got, want)
+	}
+}
+
+// TestPutCtrlCmd checks the little-endian encoding of ublksrv_ctrl_cmd.
+func TestPutCtrlCmd(t *testing.T) {
+	b := make([]byte, 80)
+	for i := range b {
+		b[i] = 0xee
+	}
+	putCtrlCmd(b, ctrlCmd{DevID: 7, QueueID: noQueue, Len: 64, Addr: 0x1122334455667788, Data: 42})
+	le := binary.LittleEndian
+	if le.Uint32(b[0:]) != 7 || le.Uint16(b[4:]) != 0xffff || le.Uint16(b[6:]) != 64 ||
+		le.Uint64(b[8:]) != 0x1122334455667788 || le.Uint64(b[16:]) != 42 || le.Uint64(b[24:]) != 0 {
+		t.Fatalf("encoded % x", b[:32])
+	}
+	if b[32] != 0xee {
+		t.Fatal("wrote past the 32-byte command")
+	}
+}
+
+func TestDeviceParams(t *testing.T) {
+	p := deviceParams(DeviceConfig{SizeBytes: 1 << 30, DMAAlign: 4}, DevInfo{MaxIOBufBytes: 128 << 10})
+	switch {
+	case p.Len != sizeofParams || p.Types != paramTypeBasic|paramTypeDiscard|paramTypeDMAAlign:
+		t.Fatalf("len %d types %#x", p.Len, p.Types)
+	case p.Basic.Attrs != attrVolatileCache|attrFUA || p.Basic.LogicalBSShift != 12:
+		t.Fatalf("basic %+v", p.Basic)
+	case p.Basic.MaxSectors != 256 || p.Basic.DevSectors != 1<<21:
+		t.Fatalf("basic sectors %+v", p.Basic)
+	case p.Discard.MaxDiscardSegments != 1 || p.Discard.DiscardGranularity != 4096:
+		t.Fatalf("discard %+v", p.Discard)
+	case p.DMA.Alignment != 511:
+		t.Fatalf("dma alignment %d, want 511", p.DMA.Alignment)
+	}
+	if ro := deviceParams(DeviceConfig{SizeBytes: 4096, ReadOnly: true}, DevInfo{}); ro.Basic.Attrs&attrReadOnly == 0 {
+		t.Fatal("read-only device without UBLK_ATTR_READ_ONLY")
+	}
+}
