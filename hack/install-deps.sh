@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
 	e2fsprogs xfsprogs util-linux mount   # mkfs, resize, blkid, losetup, mount
 	fio                                   # benchmarks and verify tests
-	qemu-system-x86 busybox-static cpio xz-utils zstd  # the ublk VM harness
+	qemu-system-x86 busybox-static cpio xz-utils zstd file debian-archive-keyring  # the ublk VM harness
 )
 
 missing=()

@@ -105,4 +105,12 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir,
 		"capacityAvailable", avail, "capacityTotal", total, "capacityErr", err,
 		"volumes", len(store.Volumes()), "snapshots", len(store.Snapshots()))
+	if f, ok := backend.(interface{ Features() uint64 }); ok {
+		klog.InfoS("ublk driver features", "flags", fmt.Sprintf("%#x", f.Features()))
+	}
+	if r, ok := backend.(interface{ StartupErrors() []error }); ok {
+		for _, err := range r.StartupErrors() {
+			klog.ErrorS(err, "device recovery at start-up")
+		}
+	}
 }
