@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // makeFile creates file with size bytes: sparse (ftruncate) when src is "",
@@ -34,7 +36,7 @@ func makeFile(ctx context.Context, file, src string, size int64) error {
 	if err := unix.Fsync(out); err != nil {
 		return fmt.Errorf("sync %s: %w", file, err)
 	}
-	return syncDir(filepath.Dir(file))
+	return atomicfile.SyncDir(filepath.Dir(file))
 }
 
 // growFile extends file to size bytes (never shrinks) and syncs it.

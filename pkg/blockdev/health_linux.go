@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // This file holds the kernel-facing probes behind the driver's health
@@ -222,7 +224,7 @@ func ProbeWrite(dir string) error {
 	if err := errors.Join(werr, cerr, rerr); err != nil {
 		return fmt.Errorf("write probe in %s: %w", dir, err)
 	}
-	return syncDir(dir)
+	return atomicfile.SyncDir(dir)
 }
 
 // FSErrors is a filesystem's own record of the errors it hit. ext4 keeps

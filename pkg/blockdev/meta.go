@@ -2,11 +2,12 @@ package blockdev
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // Metadata is one JSON file per object, meta/<id>.json, holding a record.
@@ -16,7 +17,7 @@ import (
 // exists after a crash was acknowledged. Leftover temp files are removed
 // when the Store opens.
 const (
-	tempPrefix = ".tmp-"
+	tempPrefix = atomicfile.TempPrefix
 	metaSuffix = ".json"
 	imgSuffix  = ".img"
 
@@ -32,52 +33,6 @@ type record struct {
 	Snapshot *Snapshot `json:"snapshot,omitempty"`
 }
 
-// writeFileAtomic replaces path with data durably.
-func writeFileAtomic(path string, data []byte) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, tempPrefix+filepath.Base(path)+"-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return syncDir(dir)
-}
-
-// syncDir makes the directory's entries (creations, renames, removals) durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync dir %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync dir %s: %w", dir, err)
-	}
-	return nil
-}
-
-// removeDurably removes path (a missing path is fine) and syncs its directory.
-func removeDurably(path string) error {
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove %s: %w", path, err)
-	}
-	return syncDir(filepath.Dir(path))
-}
-
 func (s *Store) metaPath(id string) string { return filepath.Join(s.cfg.Dir, "meta", id+metaSuffix) }
 
 func (s *Store) writeRecord(id string, r record) error {
@@ -85,7 +40,7 @@ func (s *Store) writeRecord(id string, r record) error {
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", id, err)
 	}
-	return writeFileAtomic(s.metaPath(id), append(data, '\n'))
+	return atomicfile.WriteFile(s.metaPath(id), append(data, '\n'))
 }
 
 // readRecords loads every record in meta/, removing temp files and
@@ -121,7 +76,7 @@ func (s *Store) readRecords() (map[string]record, error) {
 		}
 		recs[id] = r
 	}
-	return recs, syncDir(dir)
+	return recs, atomicfile.SyncDir(dir)
 }
 
 func (s *Store) readRecord(id string) (record, error) {
@@ -146,10 +101,10 @@ func (s *Store) readRecord(id string) (record, error) {
 // crash in between leaves a data file without a record, which the next
 // OpenStore removes.
 func (s *Store) removeObject(id string) error {
-	if err := removeDurably(s.metaPath(id)); err != nil {
+	if err := atomicfile.Remove(s.metaPath(id)); err != nil {
 		return err
 	}
-	return removeDurably(s.dataFile(id))
+	return atomicfile.Remove(s.dataFile(id))
 }
 
 // removeOrphans removes, in volumes/ and snapshots/, temp files and data
@@ -172,7 +127,7 @@ func (s *Store) removeOrphans(recs map[string]record) error {
 				}
 			}
 		}
-		if err := syncDir(dir); err != nil {
+		if err := atomicfile.SyncDir(dir); err != nil {
 			return err
 		}
 	}

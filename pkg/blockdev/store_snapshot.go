@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // CreateSnapshot snapshots a volume. Idempotent by name: a snapshot of the
@@ -74,7 +76,7 @@ func (s *Store) takeSnapshot(ctx context.Context, snap Snapshot, q Quiesce) erro
 		err = s.writeRecord(snap.ID, record{State: stateReady, Snapshot: &snap})
 	}
 	if err != nil {
-		removeDurably(file)
+		atomicfile.Remove(file)
 		return classify(fmt.Errorf("create snapshot %s: %w", snap.ID, err))
 	}
 	return nil

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // CreateVolume creates a sparse volume file (or a copy of the source) and its
@@ -171,14 +173,14 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) error {
 // deleteObject removes the record (the object is gone from then on), then
 // the data file; a crash in between leaves an orphan file OpenStore removes.
 func (s *Store) deleteObject(id string) error {
-	if err := removeDurably(s.metaPath(id)); err != nil {
+	if err := atomicfile.Remove(s.metaPath(id)); err != nil {
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
 	s.mu.Lock()
 	delete(s.volumes, id)
 	delete(s.snapshots, id)
 	s.mu.Unlock()
-	if err := removeDurably(s.dataFile(id)); err != nil {
+	if err := atomicfile.Remove(s.dataFile(id)); err != nil {
 		return fmt.Errorf("delete %s: %w", id, err)
 	}
 	return nil

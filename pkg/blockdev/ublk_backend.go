@@ -133,22 +133,7 @@ func (b *ublkBackend) Close() error { return ublkErr("close ublk backend", b.srv
 // link points <DevDir>/<id> at path, replacing any older link atomically.
 func (b *ublkBackend) link(id, path string) (string, error) {
 	link := filepath.Join(b.cfg.DevDir, id)
-	if cur, err := os.Readlink(link); err == nil && cur == path {
-		return link, nil
-	}
-	if err := os.MkdirAll(b.cfg.DevDir, 0o755); err != nil {
-		return "", fmt.Errorf("link %s: %w", link, err)
-	}
-	tmp := link + ".tmp"
-	os.Remove(tmp)
-	if err := os.Symlink(path, tmp); err != nil {
-		return "", fmt.Errorf("link %s: %w", link, err)
-	}
-	if err := os.Rename(tmp, link); err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("link %s: %w", link, err)
-	}
-	return link, nil
+	return link, replaceLink(link, path)
 }
 
 // ublkErr wraps err with op and the class its cause belongs to.

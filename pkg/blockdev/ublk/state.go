@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // State is what a later process needs to re-adopt a device: it is written
@@ -58,44 +60,13 @@ func saveState(dir string, st State) error {
 	if err != nil {
 		return fmt.Errorf("encode state %s: %w", st.VolumeID, err)
 	}
-	path := statePath(dir, st.VolumeID)
-	f, err := os.CreateTemp(dir, ".tmp-"+st.VolumeID+"-*")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), path)
-	}
-	if err != nil {
-		os.Remove(f.Name())
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return syncDir(dir)
+	return atomicfile.WriteFile(statePath(dir, st.VolumeID), data)
 }
 
 // removeState removes the state file durably; a missing file is fine.
 func removeState(dir, id string) error {
-	if err := os.Remove(statePath(dir, id)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := atomicfile.Remove(statePath(dir, id)); err != nil {
 		return fmt.Errorf("remove state %s: %w", id, err)
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync dir %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync dir %s: %w", dir, err)
 	}
 	return nil
 }
@@ -111,7 +82,7 @@ func loadStates(dir string) ([]State, error) {
 	var errs []error
 	for _, e := range ents {
 		name := e.Name()
-		if strings.HasPrefix(name, ".tmp-") {
+		if strings.HasPrefix(name, atomicfile.TempPrefix) {
 			os.Remove(filepath.Join(dir, name))
 			continue
 		}
