@@ -73,7 +73,8 @@ func ublkServe(ctx context.Context, args []string) error {
 	fmt.Printf("tuning queues=%d depth=%d max_io=%d zero_copy=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
 		s.Tuning.MaxIOBytes, s.Tuning.ZeroCopy, ublk.FormatFlags(s.Flags))
 	<-ctx.Done()
-	for i, q := range srv.Stats(id) {
+	stats, _ := srv.Stats(id)
+	for i, q := range stats {
 		fmt.Printf("queue %d: %+v\n", i, q)
 	}
 	return srv.Detach(context.WithoutCancel(ctx), id)

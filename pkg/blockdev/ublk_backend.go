@@ -158,3 +158,37 @@ func ublkErr(op string, err error) error {
 	}
 	return fmt.Errorf("%s: %w: %w", op, class, err)
 }
+
+var _ IOStatser = (*ublkBackend)(nil)
+
+// IOStats sums the counters the device's queue threads keep: errors,
+// requests in flight and the latency histogram (arrival to commit).
+// Recoveries is 1 when this process re-adopted the device from an earlier
+// one.
+func (b *ublkBackend) IOStats(volumeID string) (IOStats, bool) {
+	queues, recovered := b.srv.Stats(volumeID)
+	if queues == nil {
+		return IOStats{}, false
+	}
+	var total ublk.QueueStats
+	for _, q := range queues {
+		total = total.Add(q)
+	}
+	st := IOStats{
+		State:      "live",
+		Errors:     total.Errors,
+		InFlight:   total.InFlight,
+		LatencySum: float64(total.LatencyNs) / 1e9,
+	}
+	if recovered {
+		st.Recoveries = 1
+	}
+	var cum uint64
+	for i, bound := range ublk.LatencyBuckets {
+		cum += total.Latency[i]
+		st.LatencyBounds = append(st.LatencyBounds, bound.Seconds())
+		st.LatencyCounts = append(st.LatencyCounts, cum)
+	}
+	st.LatencyCount = cum + total.Latency[len(ublk.LatencyBuckets)]
+	return st, true
+}

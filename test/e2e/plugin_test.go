@@ -3,9 +3,12 @@ package e2e
 import (
 	"context"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,7 +84,7 @@ func (p *plugin) start() {
 	}
 	p.cmd = exec.Command(p.bin, "serve", "--endpoint", "unix://"+p.sock, "--node-id", "e2e-node",
 		"--data-dir", p.dataDir, "--driver-name", "fastblk.csi.io", "--backend", "ublk",
-		"--dev-dir", p.devDir, "--metrics-address", "", "-v=2")
+		"--dev-dir", p.devDir, "--metrics-address", metricsAddr, "-v=2")
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
@@ -226,4 +229,32 @@ func ublkDevices(t *testing.T) []string {
 		names = append(names, e.Name())
 	}
 	return names
+}
+
+// metricsAddr is where the plugin under test serves /metrics (the VM runs
+// one plugin at a time).
+const metricsAddr = "127.0.0.1:19811"
+
+// metric returns the value of the first /metrics sample whose line starts
+// with prefix, or fails the test.
+func (p *plugin) metric(prefix string) float64 {
+	p.t.Helper()
+	resp, err := http.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		p.t.Fatalf("scrape metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, prefix) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				p.t.Fatalf("parse %q: %v", line, err)
+			}
+			return v
+		}
+	}
+	p.t.Fatalf("no sample %s in /metrics", prefix)
+	return 0
 }

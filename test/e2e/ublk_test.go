@@ -73,6 +73,14 @@ func TestFioVerifyRawBlock(t *testing.T) {
 	p := newPlugin(t)
 	v := p.provision("raw", 128<<20, blockCap(), map[string]string{"queues": "2", "queueDepth": "32"})
 	runFio(t, fioVerify(v.target, "96M", false))
+	// The queue threads' own measurements reach /metrics.
+	labels := fmt.Sprintf(`{name="raw",volume_id="%s"}`, v.id)
+	if n := p.metric("fastblk_volume_io_latency_seconds_count" + labels); n < 1000 {
+		t.Errorf("latency histogram counted %v I/Os after a 96 MiB fio run", n)
+	}
+	if q := p.metric("fastblk_volume_queues" + labels); q != 2 {
+		t.Errorf("queues metric = %v, want 2 (the StorageClass parameter)", q)
+	}
 }
 
 func TestFioVerifyFilesystem(t *testing.T) {
@@ -111,6 +119,9 @@ func TestRecoveryKill9(t *testing.T) {
 	}
 	for _, f := range files {
 		runFio(t, fioVerify(f, "96M", true))
+	}
+	if n := p.metric(fmt.Sprintf(`fastblk_volume_recoveries_total{name="rec-raw",volume_id="%s"}`, raw.id)); n != 1 {
+		t.Errorf("recoveries metric = %v after one kill -9, want 1", n)
 	}
 }
 

@@ -47,8 +47,9 @@ type loop struct {
 	fixed   bool     // copy mode with the tag buffers registered as fixed
 	tags    []tagState
 	cqes    []uring.CQE
-	aborted int // tags that got -ENODEV
-	backing int // backing operations in flight
+	home    *unix.CPUSet // CPU mask to restore once set up (nil: stay)
+	aborted int          // tags that got -ENODEV
+	backing int          // backing operations in flight
 	cmdErr  error
 }
 
@@ -61,7 +62,8 @@ const ringFlags = uring.IORING_SETUP_SINGLE_ISSUER | uring.IORING_SETUP_DEFER_TA
 // thread state, ring, registered files, descriptors, buffers.
 func (q *Queue) setup() (*loop, error) {
 	cfg := &q.cfg
-	if err := threadSetup(cfg.CPU); err != nil {
+	home, err := threadSetup(cfg.CPU)
+	if err != nil {
 		return nil, err
 	}
 	d := uint32(cfg.Depth)
@@ -71,6 +73,9 @@ func (q *Queue) setup() (*loop, error) {
 	}
 	l := &loop{q: q, cfg: cfg, ring: ring, zc: cfg.Flags&FlagAutoBufReg != 0,
 		tags: make([]tagState, cfg.Depth), cqes: make([]uring.CQE, 2*d+2)}
+	if !cfg.PinCPU {
+		l.home = home
+	}
 	if err := l.register(); err != nil {
 		l.close()
 		return nil, err

@@ -174,6 +174,6 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		}
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
-	s.put(st.VolumeID, &served{st: st, dev: dev, file: file})
+	s.put(st.VolumeID, &served{st: st, dev: dev, file: file, recovered: true})
 	return nil
 }

@@ -62,6 +62,9 @@ type served struct {
 	st   State
 	dev  *Device
 	file *os.File // nil for the null target
+	// recovered is true when this process re-adopted the device from an
+	// earlier one (user recovery) rather than creating it.
+	recovered bool
 }
 
 // NewServer opens the control device, checks the kernel (Features), and
@@ -312,12 +315,13 @@ func (s *Server) List() []Served {
 	return out
 }
 
-// Stats returns the queue counters of a volume's device.
-func (s *Server) Stats(id string) []QueueStats {
+// Stats returns the queue counters of a volume's device, and whether this
+// process re-adopted the device from an earlier one.
+func (s *Server) Stats(id string) (queues []QueueStats, recovered bool) {
 	if sv := s.get(id); sv != nil {
-		return sv.dev.Stats()
+		return sv.dev.Stats(), sv.recovered
 	}
-	return nil
+	return nil, false
 }
 
 // Close stops serving without stopping the devices: they stay QUIESCED,

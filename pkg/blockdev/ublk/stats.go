@@ -41,6 +41,8 @@ type QueueStats struct {
 	// Latency counts requests by time from arrival to commit; bucket i
 	// holds those at most LatencyBuckets[i] (and above bucket i-1).
 	Latency [NumLatencyBuckets]uint64
+	// LatencyNs is the sum of all those latencies, in nanoseconds.
+	LatencyNs uint64
 	// Enters counts io_uring_enter calls (batches) of the queue thread.
 	Enters uint64
 }
@@ -53,6 +55,7 @@ type queueStats struct {
 	errors                                   atomic.Uint64
 	inFlight                                 atomic.Int64
 	latency                                  [NumLatencyBuckets]atomic.Uint64
+	latencyNs                                atomic.Uint64
 	enters                                   atomic.Uint64
 }
 
@@ -87,6 +90,7 @@ func (s *queueStats) observe(op uint8, bytes uint32, failed bool, ns int64) {
 		s.zeroes.Add(1)
 	}
 	s.latency[latencyBucket(ns)].Add(1)
+	s.latencyNs.Add(uint64(ns))
 }
 
 func (s *queueStats) snapshot() QueueStats {
@@ -101,6 +105,7 @@ func (s *queueStats) snapshot() QueueStats {
 		Errors:       s.errors.Load(),
 		InFlight:     s.inFlight.Load(),
 		Enters:       s.enters.Load(),
+		LatencyNs:    s.latencyNs.Load(),
 	}
 	for i := range out.Latency {
 		out.Latency[i] = s.latency[i].Load()
@@ -120,6 +125,7 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.Errors += b.Errors
 	a.InFlight += b.InFlight
 	a.Enters += b.Enters
+	a.LatencyNs += b.LatencyNs
 	for i := range a.Latency {
 		a.Latency[i] += b.Latency[i]
 	}
