@@ -99,6 +99,9 @@ func tuningFromParams(p map[string]string) (blockdev.Tuning, error) {
 		if err != nil || n < 1 || n > 4096 {
 			return t, fmt.Errorf("parameter %s=%q: want an integer from 1 to 4096", key, s)
 		}
+		if key == ParamQueueDepth && n&(n-1) != 0 {
+			return t, fmt.Errorf("parameter %s=%q: want a power of two (ublk queue depths are)", key, s)
+		}
 		*dst = n
 	}
 	return t, nil

@@ -106,6 +106,7 @@ func TestCheckParams(t *testing.T) {
 		{"bad fs", map[string]string{ParamFsType: "vfat"}, false},
 		{"bad queues", map[string]string{ParamQueues: "0"}, false},
 		{"huge depth", map[string]string{ParamQueueDepth: "100000"}, false},
+		{"depth not a power of two", map[string]string{ParamQueueDepth: "100"}, false},
 		{"unknown", map[string]string{"speed": "ludicrous"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

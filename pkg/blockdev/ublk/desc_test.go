@@ -129,3 +129,31 @@ func TestStatsObserve(t *testing.T) {
 		t.Fatalf("observe allocates %v times", n)
 	}
 }
+
+// TestStatsConcurrent reads snapshots while the "queue thread" records;
+// run with -race.
+func TestStatsConcurrent(t *testing.T) {
+	var s queueStats
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 10000 {
+			s.inFlight.Add(1)
+			s.observe(ioOpWrite, 4096, false, 100)
+			s.inFlight.Add(-1)
+		}
+	}()
+	for {
+		select {
+		case <-done:
+			if got := s.snapshot(); got.Writes != 10000 || got.BytesWritten != 10000*4096 || got.InFlight != 0 {
+				t.Fatalf("snapshot = %+v", got)
+			}
+			return
+		default:
+			if st := s.snapshot(); st.InFlight < 0 || st.InFlight > 1 {
+				t.Fatalf("in flight %d", st.InFlight)
+			}
+		}
+	}
+}
