@@ -213,21 +213,6 @@ func (c *Control) setParams(devID uint32, p params) error {
 	return err
 }
 
-// getParams reads the device's parameters (the kernel fills DEVT).
-func (c *Control) getParams(devID uint32) (params, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.prepare(); err != nil {
-		return params{}, err
-	}
-	n := c.page.putParams(params{Len: sizeofParams, Types: paramTypeBasic | paramTypeDevt})
-	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: c.page.addr()}
-	if _, err := c.submit("get params", cmdGetParams, h, cmdTimeout); err != nil {
-		return params{}, err
-	}
-	return c.page.params(), nil
-}
-
 // QueueAffinity returns the CPUs the kernel maps to queue qid.
 func (c *Control) QueueAffinity(devID uint32, qid uint16) ([]int, error) {
 	c.mu.Lock()

@@ -156,10 +156,6 @@ const (
 	paramTypeIntegrity = 1 << 6
 )
 
-// autoBufRegFallback is UBLK_AUTO_BUF_REG_FALLBACK, in bits 16..23 of the
-// FETCH/COMMIT sqe->addr with AUTO_BUF_REG (bits 0..15 carry the index).
-const autoBufRegFallback = 1 << 0
-
 // ctrlCmd is struct ublksrv_ctrl_cmd (32 bytes), in the SQE128 cmd area.
 type ctrlCmd struct {
 	_          structs.HostLayout
