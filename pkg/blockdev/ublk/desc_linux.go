@@ -14,6 +14,7 @@
 package ublk
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -76,7 +77,8 @@ func (d *descArea) close() error {
 
 // bufArea is the per-tag I/O buffers of a copy-mode queue: one anonymous
 // mapping, page-aligned (as O_DIRECT needs), tag t at t*size. Pages are
-// touched only when used, so an idle queue costs address space, not RSS.
+// touched only when used (no huge pages), so an idle queue costs address
+// space, not RSS.
 type bufArea struct {
 	mem  []byte
 	size int
@@ -88,6 +90,13 @@ func mapBuffers(depth uint16, size uint32) (*bufArea, error) {
 		unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
 	if err != nil {
 		return nil, fmt.Errorf("mmap %d i/o buffers of %d bytes: %w", depth, sz, err)
+	}
+	// Without this, transparent huge pages make the first 4 KiB request
+	// on a tag fault in 2 MiB: measured in the VM, 4k random I/O made all
+	// 8 MiB of a 2×32×128 KiB device resident instead of ~256 KiB.
+	if err := unix.Madvise(mem, unix.MADV_NOHUGEPAGE); err != nil && !errors.Is(err, unix.EINVAL) {
+		unix.Munmap(mem)
+		return nil, fmt.Errorf("madvise i/o buffers: %w", err)
 	}
 	return &bufArea{mem: mem, size: sz}, nil
 }
