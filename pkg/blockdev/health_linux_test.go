@@ -160,15 +160,7 @@ func TestDeviceNumber(t *testing.T) {
 		}
 	})
 	t.Run("block device matches its mount", func(t *testing.T) {
-		dir := mountImage(t, 32<<20, "mkfs.ext4", "-q", "-F")
-		mounts, err := Mounts()
-		if err != nil {
-			t.Fatal(err)
-		}
-		m, ok := FindMount(mounts, dir)
-		if !ok {
-			t.Fatalf("%s not in the mount table", dir)
-		}
+		m := mountedExt4(t)
 		major, minor, err := DeviceNumber(m.Source)
 		if err != nil {
 			t.Fatal(err)
@@ -238,15 +230,7 @@ func TestStatDirAndProbe(t *testing.T) {
 // record a real filesystem error (ext4's trigger_fs_error attribute calls
 // ext4_error) and reads it again.
 func TestExt4Errors(t *testing.T) {
-	dir := mountImage(t, 32<<20, "mkfs.ext4", "-q", "-F")
-	mounts, err := Mounts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, ok := FindMount(mounts, dir)
-	if !ok {
-		t.Fatalf("%s not in the mount table", dir)
-	}
+	m := mountedExt4(t)
 	e, err := Ext4Errors(m.Major, m.Minor)
 	if err != nil || e.Count != 0 {
 		t.Fatalf("fresh ext4: %+v, %v; want no errors", e, err)
@@ -273,4 +257,20 @@ func TestExt4Errors(t *testing.T) {
 			t.Fatalf("unknown device: %v, want ErrNotExist", err)
 		}
 	})
+}
+
+// mountedExt4 mounts a fresh 32 MiB ext4 image and returns its entry in
+// the mount table.
+func mountedExt4(t *testing.T) MountInfo {
+	t.Helper()
+	dir := mountImage(t, 32<<20, "mkfs.ext4", "-q", "-F")
+	mounts, err := Mounts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, ok := FindMount(mounts, dir)
+	if !ok {
+		t.Fatalf("%s not in the mount table", dir)
+	}
+	return m
 }
