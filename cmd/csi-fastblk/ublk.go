@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
@@ -40,6 +41,9 @@ func ublkServe(ctx context.Context, args []string) error {
 	zc := fs.String("zero-copy", "auto", "zero copy: auto, on or off")
 	null := fs.Bool("null", false, "serve a null device (benchmarks only; no data is kept)")
 	sizeStr := fs.String("size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
+	var qo ublk.QueueOptions
+	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) every tag buffer at start")
+	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a queue thread polls for completions after a busy round before sleeping (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,7 +63,7 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(stateDir)
-	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode})
+	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, Queue: qo})
 	if err != nil {
 		return err
 	}

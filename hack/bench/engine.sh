@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Benchmark csi-fastblk's io_uring engine against fio's io_uring engine on
 # the same file, same parameters, alternating runs; print medians, the IOPS
-# ratio ours/fio, context switches and syscalls per I/O for both.
+# ratio ours/fio, context switches and syscalls per I/O for both, and ours
+# again with batched submission (--submit-batch 0) to show what it costs.
 #
 # Environment: BIN (default bin/csi-fastblk), FILE (default
 # /var/tmp/csi-fastblk-bench.img, must be on a real disk, not tmpfs), SIZE_MB
-# (1024), RUNTIME (seconds, 10), REPS (3), CELLS ("randread:1 randread:2
+# (1024), RUNTIME (seconds, 10), REPS (5), CELLS ("randread:1 randread:2
 # randwrite:1 randwrite:2"), BS (4k), IODEPTH (32).
 #
 # Context switches and syscalls come from `perf stat -e
@@ -59,9 +60,9 @@ mkdir -p "$OUT"
 # perfval FILE EVENT -> count
 perfval() { awk -F, -v e="$2" '$3==e {print $1}' "$1"; }
 
-run_ours() { # rw jobs rep
-	local tag="$OUT/ours-$1-$2-$3" args=(bench engine --file "$FILE" --rw "$1" --bs "$BS"
-		--iodepth "$IODEPTH" --jobs "$2" --runtime "${RUNTIME}s" --direct=1 --json)
+run_ours() { # rw jobs rep [variant submit-batch]
+	local tag="$OUT/ours${4:-}-$1-$2-$3" args=(bench engine --file "$FILE" --rw "$1" --bs "$BS"
+		--iodepth "$IODEPTH" --jobs "$2" --runtime "${RUNTIME}s" --direct=1 --json --submit-batch "${5:-1}")
 	if [ ${#PERF[@]} -gt 0 ]; then "${PERF[@]}" "$tag.perf" "$BIN" "${args[@]}" >"$tag.json"
 	else "$BIN" "${args[@]}" >"$tag.json"; fi
 	local iops ios cs sc
@@ -97,18 +98,19 @@ median() { sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else prin
 
 echo "engine bench: bs=$BS iodepth=$IODEPTH runtime=${RUNTIME}s reps=$REPS file=$FILE ($fstype) kernel $(uname -r)"
 echo "counters: $counters"
-printf '%-10s %4s | %10s %10s %6s %6s | %8s %8s | %8s %8s | %9s %9s\n' rw jobs "ours IOPS" "fio IOPS" ratio pairs \
-	"ours cs" "fio cs" "ours sc" "fio sc" "ours p99" "fio p99"
+printf '%-10s %4s | %10s %10s %6s %6s | %8s %8s | %8s %8s | %9s %9s | %10s %6s\n' rw jobs "ours IOPS" "fio IOPS" ratio pairs \
+	"ours cs" "fio cs" "ours sc" "fio sc" "ours p99" "fio p99" "batch IOPS" ratio
 fail=0
 for cell in $CELLS; do
 	rw=${cell%%:*}; jobs=${cell##*:}
-	: >"$OUT/$rw-$jobs.ours"; : >"$OUT/$rw-$jobs.fio"
+	: >"$OUT/$rw-$jobs.ours"; : >"$OUT/$rw-$jobs.fio"; : >"$OUT/$rw-$jobs.batch"
 	for rep in $(seq 1 "$REPS"); do
 		if [ $((rep % 2)) -eq 1 ]; then
 			run_ours "$rw" "$jobs" "$rep" >>"$OUT/$rw-$jobs.ours"; run_fio "$rw" "$jobs" "$rep" >>"$OUT/$rw-$jobs.fio"
 		else
 			run_fio "$rw" "$jobs" "$rep" >>"$OUT/$rw-$jobs.fio"; run_ours "$rw" "$jobs" "$rep" >>"$OUT/$rw-$jobs.ours"
 		fi
+		run_ours "$rw" "$jobs" "$rep" -batch 0 >>"$OUT/$rw-$jobs.batch"
 	done
 	col() { awk -v c="$2" '{print $c}' "$1" | median; }
 	oi=$(col "$OUT/$rw-$jobs.ours" 1); fi_=$(col "$OUT/$rw-$jobs.fio" 1)
@@ -116,12 +118,15 @@ for cell in $CELLS; do
 	# median of the ratios of each back-to-back pair: cancels device drift
 	pairs=$(paste -d' ' "$OUT/$rw-$jobs.ours" "$OUT/$rw-$jobs.fio" | awk '{printf "%.3f\n", $1/$5}' | median)
 	awk -v r="$ratio" 'BEGIN{exit !(r < 0.97)}' && fail=1
-	printf '%-10s %4s | %10.0f %10.0f %6s %6.3f | %8s %8s | %8s %8s | %9.1f %9.1f\n' "$rw" "$jobs" "$oi" "$fi_" "$ratio" "$pairs" \
+	bi=$(col "$OUT/$rw-$jobs.batch" 1)
+	printf '%-10s %4s | %10.0f %10.0f %6s %6.3f | %8s %8s | %8s %8s | %9.1f %9.1f | %10.0f %6s\n' "$rw" "$jobs" "$oi" "$fi_" "$ratio" "$pairs" \
 		"$(col "$OUT/$rw-$jobs.ours" 2)" "$(col "$OUT/$rw-$jobs.fio" 2)" \
 		"$(col "$OUT/$rw-$jobs.ours" 3)" "$(col "$OUT/$rw-$jobs.fio" 3)" \
-		"$(col "$OUT/$rw-$jobs.ours" 4)" "$(col "$OUT/$rw-$jobs.fio" 4)"
+		"$(col "$OUT/$rw-$jobs.ours" 4)" "$(col "$OUT/$rw-$jobs.fio" 4)" \
+		"$bi" "$(awk -v a="$bi" -v b="$fi_" 'BEGIN{printf "%.3f", a/b}')"
 done
 echo "medians of $REPS alternating runs; ratio = median ours / median fio, pairs = median of per-pair ratios;"
-echo "cs = context switches per I/O, sc = syscalls per I/O, p99 = clat usec"
+echo "cs = context switches per I/O, sc = syscalls per I/O, p99 = clat usec;"
+echo "ours submits each I/O as its slot frees (--submit-batch 1); batch = all ready I/Os in one enter (--submit-batch 0)"
 echo "raw results: $OUT"
 [ "$fail" -eq 0 ] || echo "NOTE: at least one cell below the 0.97 IOPS target"

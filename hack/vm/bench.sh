@@ -91,7 +91,7 @@ for k in "${kernels[@]}"; do
 	log="$logdir/bench-$k.log"
 	((status[$k] == 0)) || failed=1
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
-	grep -a -E '^bench: (ublk device|loop device|csi-fastblk)' "$log" | sed 's/^/  /' || true
+	grep -a -E '^bench: (ublk device|loop device|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
 	table "$log"
 done
 exit "$failed"

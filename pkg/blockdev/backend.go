@@ -3,6 +3,7 @@ package blockdev
 import (
 	"fmt"
 	"os"
+	"time"
 )
 
 // BackendConfig configures whichever backend is selected.
@@ -14,6 +15,11 @@ type BackendConfig struct {
 	DevDir string
 	// Default tuning when a volume does not ask for its own (zero = auto).
 	Tuning Tuning
+	// Poll (ublk only) bounds how long a queue thread polls for
+	// completions after a busy round before it sleeps; within the bound
+	// it polls for twice the average backing latency. It trades CPU time
+	// for latency; 0 never polls.
+	Poll time.Duration
 }
 
 // UblkControl is the ublk control device; its presence selects ublk in "auto".

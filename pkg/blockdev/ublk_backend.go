@@ -37,6 +37,7 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
+		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true},
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)

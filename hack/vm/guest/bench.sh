@@ -127,6 +127,8 @@ main() {
 		rep=$((rep + 1))
 	done
 	[ -z "$UBLK_PID" ] || kill -0 "$UBLK_PID" || { echo "bench: ublk server died"; exit 1; }
+	# The memory one attached volume costs, after every workload ran.
+	[ -z "$UBLK_PID" ] || echo "bench: ublk server memory after the runs: $(grep -E '^VmRSS' "/proc/$UBLK_PID/status" | tr -s ' \t' ' ')"
 }
 
 main

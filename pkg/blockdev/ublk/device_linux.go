@@ -31,6 +31,8 @@ type DeviceConfig struct {
 	// Owner is stored in dev_info.ublksrv_flags, which the kernel keeps
 	// for the server: it proves later which devices are ours.
 	Owner uint64
+	// Queue is every queue's submission and wait policy.
+	Queue QueueOptions
 	// Persist is called after ADD_DEV, before START_DEV makes the device
 	// visible, with the negotiated info; an error aborts the creation.
 	Persist func(DevInfo) error
@@ -98,7 +100,7 @@ func (d *Device) bringUp(ctx context.Context, cfg DeviceConfig) error {
 	if err := d.ctl.setParams(d.ID(), deviceParams(cfg, d.info)); err != nil {
 		return err
 	}
-	if err := d.startQueues(cfg.Target); err != nil {
+	if err := d.startQueues(cfg.Target, cfg.Queue); err != nil {
 		return err
 	}
 	if err := d.ctl.StartDev(d.ID(), os.Getpid()); err != nil {
@@ -157,7 +159,7 @@ func (d *Device) openChar(ctx context.Context) error {
 
 // startQueues starts one queue per hardware queue, each pinned to the
 // first CPU of its affinity set not yet taken by another queue.
-func (d *Device) startQueues(t Target) error {
+func (d *Device) startQueues(t Target, opts QueueOptions) error {
 	used := map[int]bool{}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
 		cpus, err := d.ctl.QueueAffinity(d.ID(), q)
@@ -167,7 +169,7 @@ func (d *Device) startQueues(t Target) error {
 		cpu := pickCPU(cpus, used)
 		queue, err := StartQueue(QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
-			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, CPU: cpu, Target: t,
+			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, CPU: cpu, Target: t, Options: opts,
 		})
 		if err != nil {
 			return err

@@ -69,7 +69,7 @@ func startQueues(t *testing.T, d *testDev, tgt Target, fixed ...bool) ([]*Queue,
 	for qid := range d.info.NrHWQueues {
 		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
 			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes,
-			CPU: int(qid) % runtimeCPUs(), Target: tgt, FixedBuffers: len(fixed) > 0 && fixed[0]})
+			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}})
 		if err != nil {
 			t.Fatalf("start queue %d: %v", qid, err)
 		}

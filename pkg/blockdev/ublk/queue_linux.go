@@ -1,7 +1,7 @@
 // The ublk data plane: one Queue per hardware queue of a device.
 //
 // Thread model: each queue runs on one goroutine that locks its OS thread
-// for its whole life, pins it to QueueConfig.CPU, marks it PR_SET_IO_FLUSHER,
+// for its whole life, sets up on QueueConfig.CPU, marks it PR_SET_IO_FLUSHER,
 // creates its own io_uring (SINGLE_ISSUER|DEFER_TASKRUN|COOP_TASKRUN, with the
 // engine's fallback), registers [ublkc, backing] as fixed files, maps the
 // queue's descriptors read-only and FETCHes every tag. That thread is then
@@ -9,7 +9,10 @@
 // issued from it, and it never blocks on anything but io_uring_enter.
 //
 // The loop (queue_loop_linux.go) submits every ready SQE and waits in one
-// io_uring_enter, reaps every CQE and advances once. Per request
+// io_uring_enter, for a quarter of the backing I/O in flight (completions in
+// batches when the queue is busy), reaps every CQE and advances once. With
+// few requests in service it first polls, within Options.Poll, so that a
+// low-depth round trip does not pay a sleep and a wake-up. Per request
 // (queue_io_linux.go): the tag's completion → decode the descriptor (desc.go)
 // → one backing SQE (READ/WRITE, FSYNC DATASYNC, FALLOCATE) → its completion
 // → COMMIT_AND_FETCH with the full byte count or -errno. Short transfers are
@@ -20,7 +23,7 @@
 // the backing I/O is READ_FIXED/WRITE_FIXED on them (zero copy; no buffers of
 // ours). Otherwise each tag has a MaxIOBytes buffer in one anonymous mapping
 // and the driver copies between it and the request (copy mode); pages become
-// resident on first use unless FixedBuffers registers (pins) them all.
+// resident on first use unless Options.FixedBuffers registers (pins) them all.
 //
 // Ending: STOP_DEV aborts every parked tag with -ENODEV; once all tags are
 // aborted and no backing I/O is in flight, Wait returns nil. Stop wakes the
@@ -36,6 +39,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -59,12 +63,6 @@ type QueueConfig struct {
 	// MaxIOBytes is the device's max_io_buf_bytes: the size of each
 	// per-tag buffer in copy mode.
 	MaxIOBytes uint32
-	// FixedBuffers registers the copy-mode buffers with the ring and uses
-	// READ_FIXED/WRITE_FIXED for the backing I/O: it saves pinning pages
-	// per request (one noisy TCG sample: +30% 4k IOPS) but makes all of
-	// Depth × MaxIOBytes resident at start instead of on first use.
-	// Ignored with zero copy.
-	FixedBuffers bool
 	// CPU is the queue's home CPU (from GET_QUEUE_AFFINITY); -1 for none.
 	// The thread sets up there (the kernel allocates the ring and maps
 	// the descriptors on that CPU's memory node) and FETCHes every tag,
@@ -79,6 +77,26 @@ type QueueConfig struct {
 	PinCPU bool
 	// Target is the backing store: FileTarget or NullTarget.
 	Target Target
+	// Options are the queue thread's submission and wait policy.
+	Options QueueOptions
+}
+
+// QueueOptions are a queue thread's buffer, submission and wait policy;
+// every queue of a device uses the same.
+type QueueOptions struct {
+	// FixedBuffers registers the copy-mode buffers with the ring and uses
+	// READ_FIXED/WRITE_FIXED for the backing I/O: it saves pinning the
+	// pages of every request (TCG samples: +5 to +30% 4k IOPS) but makes
+	// all of Depth × MaxIOBytes resident at start instead of on first use
+	// (the same as after a minute of large I/O). Ignored with zero copy.
+	FixedBuffers bool
+	// Poll bounds how long the queue thread keeps checking its rings for
+	// completions after a round that did work, before it sleeps in
+	// io_uring_enter: it polls for twice its usual wait for the next
+	// completion, and only while that wait is under Poll. 0 never polls. A sleep and wake-up per request is
+	// most of a queue-depth-1 round trip; polling trades that for CPU
+	// time, bounded by Poll per burst of activity.
+	Poll time.Duration
 }
 
 // ErrQueueStopped is what Wait returns when Stop ended the queue.

@@ -50,7 +50,10 @@ type loop struct {
 	home    *unix.CPUSet // CPU mask to restore once set up (nil: stay)
 	aborted int          // tags that got -ENODEV
 	backing int          // backing operations in flight
-	cmdErr  error
+	// gapNs is a moving average of how long the thread waits, after a
+	// round, for the next completion; it sizes the poll (see next).
+	gapNs  int64
+	cmdErr error
 }
 
 // ringFlags are the queue ring's setup flags; the engine drops the ones an
@@ -120,7 +123,7 @@ func (l *loop) register() error {
 // config asks for it, so the backing I/O skips pinning user pages on every
 // request. Registering pins (and so makes resident) every buffer at once.
 func (l *loop) registerBuffers() error {
-	if !l.cfg.FixedBuffers {
+	if !l.cfg.Options.FixedBuffers {
 		return nil
 	}
 	slots := make([][]byte, l.cfg.Depth)
@@ -195,6 +198,7 @@ func putIOCmd(c *[16]byte, qid, tag uint16, result int32, addr uint64) {
 // SQE and waits for completions; every CQE is reaped and the head advanced
 // once; each CQE turns into at most one new SQE.
 func (l *loop) serve() error {
+	n := 0
 	for {
 		if l.q.stopping.Load() {
 			return ErrQueueStopped
@@ -202,12 +206,10 @@ func (l *loop) serve() error {
 		if l.aborted == len(l.tags) && l.backing == 0 {
 			return l.cmdErr
 		}
-		_, err := l.ring.SubmitAndWait(1, 0)
-		l.q.stats.enters.Add(1)
-		if err != nil && !errors.Is(err, unix.ETIME) {
-			return fmt.Errorf("submit and wait: %w", err)
+		var err error
+		if n, err = l.next(n > 0); err != nil {
+			return err
 		}
-		n := l.ring.Reap(l.cqes)
 		for i := range n {
 			if err := l.handle(&l.cqes[i]); err != nil {
 				return err
@@ -215,6 +217,70 @@ func (l *loop) serve() error {
 		}
 	}
 }
+
+// pollMaxInFlight is the most requests a queue may be serving and still
+// poll: with more, the next completion is never far, a sleeping wait
+// gathers them in batches, and polling only takes CPU from the submitters
+// (measured: -10 to -30% IOPS with two fio jobs at queue depth 32 on two
+// CPUs).
+const pollMaxInFlight = 4
+
+// next submits the round's SQEs and returns the next batch of CQEs in
+// l.cqes. After a round that did work (busy), with at most pollMaxInFlight
+// requests in service, and when completions have lately come within
+// Options.Poll of a round's end, it first polls the rings for twice that
+// usual wait (at most Poll), yielding the CPU between checks so that
+// polling never starves a runnable task. Otherwise, or when polling
+// found nothing, it sleeps in io_uring_enter until a batch of completions. Both paths
+// feed the moving average of the wait, so a queue whose completions come
+// slower than Poll stops polling, and one whose come fast starts.
+func (l *loop) next(busy bool) (int, error) {
+	start := monoNow()
+	if poll := int64(l.cfg.Options.Poll); busy && poll > 0 && l.gapNs <= poll &&
+		l.q.stats.inFlight.Load() <= pollMaxInFlight {
+		if _, err := l.ring.Submit(); err != nil {
+			return 0, fmt.Errorf("submit: %w", err)
+		}
+		// Reap enters the kernel only when it flags completions
+		// waiting as task work, so the checks cost no system calls.
+		until := start + min(poll, 2*l.gapNs)
+		for {
+			if n := l.ring.Reap(l.cqes); n > 0 {
+				l.noteGap(start)
+				return n, nil
+			}
+			if monoNow() > until || l.q.stopping.Load() {
+				break
+			}
+			yield()
+		}
+	}
+	// Wait for a quarter of the backing I/O in flight (at least one
+	// completion): those are sure to come, so a batched wait never
+	// hangs, while parked FETCHes complete only when requests arrive.
+	_, err := l.ring.SubmitAndWait(uint32(max(1, l.backing/4)), 0)
+	l.q.stats.enters.Add(1)
+	if err != nil && !errors.Is(err, unix.ETIME) {
+		return 0, fmt.Errorf("submit and wait: %w", err)
+	}
+	n := l.ring.Reap(l.cqes)
+	if n > 0 {
+		l.noteGap(start)
+	}
+	return n, nil
+}
+
+// noteGap adds the wait since start to the moving average (weight 1/8).
+// A sample counts at most 2 × Poll: only its relation to Poll matters, and
+// one idle minute must not keep the queue from polling for long after.
+func (l *loop) noteGap(start int64) {
+	gap := min(monoNow()-start, 2*int64(l.cfg.Options.Poll))
+	l.gapNs += (gap - l.gapNs) / 8
+}
+
+// yield gives the CPU to any other runnable task (sched_yield). It is a
+// raw system call: it never blocks, so the P need not be released.
+func yield() { unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0) }
 
 // handle dispatches one CQE by the kind in its user_data.
 func (l *loop) handle(c *uring.CQE) error {

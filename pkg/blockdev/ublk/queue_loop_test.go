@@ -30,7 +30,7 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 		t.Fatal(err)
 	}
 	q := &Queue{cfg: QueueConfig{Depth: depth, CharFD: int(f.Fd()), MaxIOBytes: 64 << 10,
-		CPU: -1, Target: Target{Kind: kind, FD: int(f.Fd())}, FixedBuffers: len(fixed) > 0 && fixed[0]}}
+		CPU: -1, Target: Target{Kind: kind, FD: int(f.Fd())}, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}}}
 	d := uint32(depth)
 	ring, err := uring.New(uring.Config{Entries: d + 1, CQEntries: 2*d + 2, Flags: ringFlags})
 	if err != nil {
@@ -251,5 +251,55 @@ func TestQueueConfigValidate(t *testing.T) {
 func TestStartQueueRejectsBadConfig(t *testing.T) {
 	if _, err := StartQueue(QueueConfig{Depth: 0}); err == nil {
 		t.Fatal("StartQueue accepted depth 0")
+	}
+}
+
+// TestLoopPoll proves the poll path: after a busy round a completion that
+// is already there is picked up without sleeping in io_uring_enter, and
+// with nothing in flight the poll gives up after its budget.
+func TestLoopPoll(t *testing.T) {
+	l, _ := hostLoop(t, 2, TargetFile)
+	l.cfg.Options.Poll = time.Second
+	l.gapNs = int64(100 * time.Millisecond) // completions come within Poll
+	setDesc(l, 0, ioOpRead, 8, 0)
+	if err := l.onCmd(0, ioResOK); err != nil {
+		t.Fatal(err)
+	}
+	n, err := l.next(true)
+	if err != nil || n != 1 {
+		t.Fatalf("next(busy) = %d, %v; want the backing completion", n, err)
+	}
+	if e := l.q.stats.enters.Load(); e != 0 {
+		t.Fatalf("%d waits in io_uring_enter, want none: the poll should have found the completion", e)
+	}
+	if err := l.onBacking(0, l.cqes[0].Res); err != nil {
+		t.Fatal(err)
+	}
+	// The COMMIT fails at once on a regular file; reap it.
+	if n, err := l.next(true); err != nil || n != 1 {
+		t.Fatalf("next(busy) = %d, %v; want the commit's completion", n, err)
+	}
+	if l.gapNs >= int64(100*time.Millisecond) {
+		t.Fatalf("wait average %v did not move toward the measured waits", time.Duration(l.gapNs))
+	}
+	l.cfg.Options.Poll, l.gapNs = 20*time.Millisecond, int64(10*time.Millisecond)
+	start := time.Now()
+	if n, err := l.next(true); err != nil || n != 0 {
+		t.Fatalf("next with nothing in flight = %d, %v", n, err)
+	}
+	if took := time.Since(start); took < l.cfg.Options.Poll {
+		t.Fatalf("idle poll returned after %v, before its %v budget", took, l.cfg.Options.Poll)
+	}
+	if e := l.q.stats.enters.Load(); e != 1 {
+		t.Fatalf("%d waits after an empty poll, want 1", e)
+	}
+	// Completions that usually take longer than Poll: no polling at all.
+	l.gapNs = int64(time.Second)
+	start = time.Now()
+	if n, err := l.next(true); err != nil || n != 0 {
+		t.Fatalf("next with nothing in flight = %d, %v", n, err)
+	}
+	if took := time.Since(start); took >= l.cfg.Options.Poll {
+		t.Fatalf("next polled %v although completions come slower than Poll", took)
 	}
 }

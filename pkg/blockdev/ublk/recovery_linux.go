@@ -68,7 +68,7 @@ func (d *Device) resume(ctx context.Context, cfg DeviceConfig) error {
 	if err := d.openChar(ctx); err != nil {
 		return err
 	}
-	if err := d.startQueues(cfg.Target); err != nil {
+	if err := d.startQueues(cfg.Target, cfg.Queue); err != nil {
 		return err
 	}
 	return d.ctl.EndUserRecovery(d.ID(), os.Getpid())
@@ -166,7 +166,8 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	if err != nil {
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
-	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: FileTarget(int(file.Fd())), DMAAlign: dio, Owner: s.owner})
+	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: FileTarget(int(file.Fd())), DMAAlign: dio, Owner: s.owner,
+		Queue: s.cfg.Queue})
 	if err != nil {
 		file.Close()
 		if errors.Is(err, unix.ENODEV) || errors.Is(err, ErrNotOwned) {

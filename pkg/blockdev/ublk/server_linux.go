@@ -24,6 +24,8 @@ type ServerConfig struct {
 	CPUs int
 	// MemoryBudget is the copy-mode buffer budget per device (0 = default).
 	MemoryBudget int64
+	// Queue is the queue threads' submission and wait policy.
+	Queue QueueOptions
 }
 
 // AttachSpec asks for a volume's device.
@@ -186,7 +188,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		target = FileTarget(int(file.Fd()))
 	}
 	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
-		DMAAlign: dio, Owner: s.owner, Persist: func(info DevInfo) error {
+		DMAAlign: dio, Owner: s.owner, Queue: s.cfg.Queue, Persist: func(info DevInfo) error {
 			st.DevID, st.Flags = info.DevID, info.Flags
 			if spec.Null {
 				return nil // benchmark devices are never re-adopted

@@ -27,6 +27,7 @@ type job struct {
 	write  bool
 	random bool
 
+	prepped     int // prepared since the last submission
 	ios, enters uint64
 	lat         hist
 }
@@ -137,7 +138,9 @@ func (j *job) prep(slot int, now time.Time) {
 	j.sent[slot] = now
 }
 
-// loop keeps iodepth I/Os in flight until stopped, then drains.
+// loop keeps iodepth I/Os in flight until stopped, then drains. Each
+// wait is for a batch of completions (WaitMin); each freed slot is refilled
+// and, with SubmitBatch 1, handed to the kernel at once.
 func (j *job) loop() error {
 	cqes := make([]uring.CQE, 2*j.cfg.IODepth)
 	now := time.Now()
@@ -153,6 +156,7 @@ func (j *job) loop() error {
 		if _, err := j.ring.SubmitAndWait(wait, 0); err != nil {
 			return err
 		}
+		j.prepped = 0
 		n := j.ring.Reap(cqes)
 		now = time.Now()
 		for _, c := range cqes[:n] {
@@ -162,8 +166,15 @@ func (j *job) loop() error {
 			slot := int(c.UserData)
 			j.lat.record(now.Sub(j.sent[slot]))
 			j.ios++
-			if !stopping {
-				j.prep(slot, now)
+			if stopping {
+				continue
+			}
+			j.prep(slot, now)
+			if j.prepped++; j.cfg.SubmitBatch > 0 && j.prepped >= j.cfg.SubmitBatch {
+				if _, err := j.ring.Submit(); err != nil {
+					return err
+				}
+				j.prepped = 0
 			}
 		}
 	}
