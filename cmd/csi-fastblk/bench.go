@@ -41,6 +41,7 @@ func runBenchEngine(ctx context.Context, args []string) error {
 	fs.IntVar(&direct, "direct", 1, "1: O_DIRECT")
 	fs.IntVar(&fixed, "fixed", 1, "1: registered file and buffers (READ_FIXED/WRITE_FIXED)")
 	fs.IntVar(&cfg.WaitMin, "wait-min", 0, "min_complete per wait (0: iodepth/4)")
+	fs.DurationVar(&cfg.Poll, "poll", 100*time.Microsecond, "check the rings this long before each sleeping wait (0: never)")
 	fs.IntVar(&cfg.SubmitBatch, "submit-batch", 1, "prepared I/Os per io_uring_enter (0: all that are ready, with the wait)")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
 	if err := fs.Parse(args); err != nil {

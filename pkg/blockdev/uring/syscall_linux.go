@@ -1,9 +1,9 @@
-// The three io_uring system calls, one raw entry each. They use
-// unix.Syscall6 (never RawSyscall) so a blocking wait releases the P, and
+// The three io_uring system calls, one raw entry each. Anything that may
+// block uses unix.Syscall6, so a blocking wait releases the P, and
 // keep the memory they pass alive across the call with runtime.KeepAlive.
 //
 // Soundness of the unsafe.Pointer arguments: each pointer is converted to
-// uintptr inside the unix.Syscall6 call expression, and the pointee is kept
+// uintptr inside the unix.(Raw)Syscall6 call expression, and the pointee is kept
 // alive until the call returns.
 
 package uring
@@ -32,9 +32,22 @@ func setup(entries uint32, p *params) (int, error) {
 
 // enter calls io_uring_enter once. EINTR is returned to the caller, which
 // knows whether and how to retry (a timed wait must keep its deadline).
+//
+// An enter that waits for nothing (minComplete 0) does not sleep: io_uring
+// issues with IOCB_NOWAIT and hands what would block to its workers. It
+// goes through RawSyscall6, which keeps the P and skips the scheduler's
+// syscall bookkeeping, a measurable cost when each I/O is its own enter.
+// One that may wait uses Syscall6, so the P is released while it sleeps.
 func enter(fd int, toSubmit, minComplete, flags uint32, arg unsafe.Pointer, argSize uintptr) (int, error) {
-	n, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit),
-		uintptr(minComplete), uintptr(flags), uintptr(arg), argSize)
+	var n uintptr
+	var errno unix.Errno
+	if minComplete == 0 {
+		n, _, errno = unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit),
+			uintptr(minComplete), uintptr(flags), uintptr(arg), argSize)
+	} else {
+		n, _, errno = unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit),
+			uintptr(minComplete), uintptr(flags), uintptr(arg), argSize)
+	}
 	runtime.KeepAlive(arg)
 	if errno != 0 {
 		return 0, errno

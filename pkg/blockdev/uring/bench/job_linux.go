@@ -138,6 +138,24 @@ func (j *job) prep(slot int, now time.Time) {
 	j.sent[slot] = now
 }
 
+// poll submits what is prepared and checks the rings for completions for
+// up to Config.Poll; it returns how many it reaped (0: none in time, or
+// polling is off).
+func (j *job) poll(cqes []uring.CQE) int {
+	if j.cfg.Poll <= 0 {
+		return 0
+	}
+	if _, err := j.ring.Submit(); err != nil {
+		return 0 // the wait that follows submits again and reports it
+	}
+	until := time.Now().Add(j.cfg.Poll)
+	for {
+		if n := j.ring.Reap(cqes); n > 0 || time.Now().After(until) {
+			return n
+		}
+	}
+}
+
 // loop keeps iodepth I/Os in flight until stopped, then drains. Each
 // wait is for a batch of completions (WaitMin); each freed slot is refilled
 // and, with SubmitBatch 1, handed to the kernel at once.
@@ -153,11 +171,14 @@ func (j *job) loop() error {
 		if stopping && j.ring.InFlight() == 0 && j.ring.Pending() == 0 {
 			break
 		}
-		if _, err := j.ring.SubmitAndWait(wait, 0); err != nil {
-			return err
+		n := j.poll(cqes)
+		if n == 0 {
+			if _, err := j.ring.SubmitAndWait(wait, 0); err != nil {
+				return err
+			}
+			n = j.ring.Reap(cqes)
 		}
 		j.prepped = 0
-		n := j.ring.Reap(cqes)
 		now = time.Now()
 		for _, c := range cqes[:n] {
 			if c.Res != int32(j.cfg.BS) {

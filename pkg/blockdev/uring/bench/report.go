@@ -18,8 +18,8 @@ func usec(d time.Duration) float64 { return float64(d) / float64(time.Microsecon
 func (r *Result) Print(w io.Writer) {
 	c := r.Config
 	direct := map[bool]int{false: 0, true: 1}[c.Direct]
-	fmt.Fprintf(w, "engine: file=%s rw=%s bs=%d iodepth=%d jobs=%d runtime=%v direct=%d wait_min=%d submit_batch=%d fixed=%v\n",
-		c.File, c.RW, c.BS, c.IODepth, c.Jobs, c.Runtime, direct, c.WaitMin, c.SubmitBatch, !c.NoFixed)
+	fmt.Fprintf(w, "engine: file=%s rw=%s bs=%d iodepth=%d jobs=%d runtime=%v direct=%d wait_min=%d submit_batch=%d poll=%v fixed=%v\n",
+		c.File, c.RW, c.BS, c.IODepth, c.Jobs, c.Runtime, direct, c.WaitMin, c.SubmitBatch, c.Poll, !c.NoFixed)
 	dir := "read"
 	if c.RW == "write" || c.RW == "randwrite" {
 		dir = "write"
