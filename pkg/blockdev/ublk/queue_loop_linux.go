@@ -230,10 +230,10 @@ const pollMaxInFlight = 4
 // requests in service, and when completions have lately come within
 // Options.Poll of a round's end, it first polls the rings for twice that
 // usual wait (at most Poll), yielding the CPU between checks so that
-// polling never starves a runnable task. Otherwise, or when polling
-// found nothing, it sleeps in io_uring_enter until a batch of completions. Both paths
-// feed the moving average of the wait, so a queue whose completions come
-// slower than Poll stops polling, and one whose come fast starts.
+// polling never starves a runnable task. Otherwise, or when polling found
+// nothing, it sleeps in io_uring_enter until a batch of completions. Both
+// paths feed the moving average of the wait, so a queue whose completions
+// come slower than Poll stops polling, and one whose come fast starts.
 func (l *loop) next(busy bool) (int, error) {
 	start := monoNow()
 	if poll := int64(l.cfg.Options.Poll); busy && poll > 0 && l.gapNs <= poll &&
