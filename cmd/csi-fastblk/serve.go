@@ -37,7 +37,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
 	fs.IntVar(&c.devices.Tuning.QueueDepth, "queue-depth", 0, "default ublk queue depth (0 = from the node's CPUs and memory)")
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
-		"longest a ublk queue thread polls for completions before sleeping; it polls for twice the disk's average latency within this (0 = never poll, saves CPU)")
+		"longest a ublk queue thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
 		"advertise ControllerExpandVolume (leave off in clusters: external-resizer has no per-node mode, so nodes grow their own volumes in NodeExpandVolume)")
 	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /status (empty disables)")

@@ -16,9 +16,9 @@ type BackendConfig struct {
 	// Default tuning when a volume does not ask for its own (zero = auto).
 	Tuning Tuning
 	// Poll (ublk only) bounds how long a queue thread polls for
-	// completions after a busy round before it sleeps; within the bound
-	// it polls for twice the average backing latency. It trades CPU time
-	// for latency; 0 never polls.
+	// completions after a busy round before it sleeps (see
+	// ublk.QueueOptions.Poll). It trades CPU time for latency; 0 never
+	// polls.
 	Poll time.Duration
 }
 

@@ -244,7 +244,10 @@ func (p *plugin) metric(prefix string) float64 {
 		p.t.Fatalf("scrape metrics: %v", err)
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
+	body, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		p.t.Fatalf("scrape metrics: status %s, %v", resp.Status, err)
+	}
 	for _, line := range strings.Split(string(body), "\n") {
 		if strings.HasPrefix(line, prefix) {
 			f := strings.Fields(line)

@@ -235,9 +235,12 @@ const pollMaxInFlight = 4
 // paths feed the moving average of the wait, so a queue whose completions
 // come slower than Poll stops polling, and one whose come fast starts.
 func (l *loop) next(busy bool) (int, error) {
+	poll := int64(l.cfg.Options.Poll)
+	if poll <= 0 {
+		return l.wait()
+	}
 	start := monoNow()
-	if poll := int64(l.cfg.Options.Poll); busy && poll > 0 && l.gapNs <= poll &&
-		l.q.stats.inFlight.Load() <= pollMaxInFlight {
+	if busy && l.gapNs <= poll && l.q.stats.inFlight.Load() <= pollMaxInFlight {
 		if _, err := l.ring.Submit(); err != nil {
 			return 0, fmt.Errorf("submit: %w", err)
 		}
@@ -255,20 +258,29 @@ func (l *loop) next(busy bool) (int, error) {
 			yield()
 		}
 	}
-	// Wait for a quarter of the backing I/O in flight (at least one
-	// completion): those are sure to come, so a batched wait never
-	// hangs, while parked FETCHes complete only when requests arrive.
-	_, err := l.ring.SubmitAndWait(uint32(max(1, l.backing/4)), 0)
+	n, err := l.wait()
+	if n > 0 {
+		l.noteGap(start)
+	}
+	return n, err
+}
+
+// wait submits the round's SQEs and sleeps in the same io_uring_enter until
+// waitFor(backing) completions are ready, then reaps them.
+func (l *loop) wait() (int, error) {
+	_, err := l.ring.SubmitAndWait(waitFor(l.backing), 0)
 	l.q.stats.enters.Add(1)
 	if err != nil && !errors.Is(err, unix.ETIME) {
 		return 0, fmt.Errorf("submit and wait: %w", err)
 	}
-	n := l.ring.Reap(l.cqes)
-	if n > 0 {
-		l.noteGap(start)
-	}
-	return n, nil
+	return l.ring.Reap(l.cqes), nil
 }
+
+// waitFor is how many completions a sleeping wait asks for with backing
+// operations in flight: a quarter of them, at least one. Backing I/O is
+// sure to complete, while parked FETCHes complete only when requests
+// arrive, so the wait never hangs; a busy queue wakes once per batch.
+func waitFor(backing int) uint32 { return uint32(max(1, backing/4)) }
 
 // noteGap adds the wait since start to the moving average (weight 1/8).
 // A sample counts at most 2 × Poll: only its relation to Poll matters, and

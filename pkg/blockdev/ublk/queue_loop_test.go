@@ -303,3 +303,16 @@ func TestLoopPoll(t *testing.T) {
 		t.Fatalf("next polled %v although completions come slower than Poll", took)
 	}
 }
+
+// TestWaitFor pins the batched-wait policy: one completion when little is
+// in flight, a quarter of the backing I/O when much is.
+func TestWaitFor(t *testing.T) {
+	for _, c := range []struct {
+		backing int
+		want    uint32
+	}{{0, 1}, {1, 1}, {7, 1}, {8, 2}, {32, 8}, {64, 16}} {
+		if got := waitFor(c.backing); got != c.want {
+			t.Errorf("waitFor(%d) = %d, want %d", c.backing, got, c.want)
+		}
+	}
+}

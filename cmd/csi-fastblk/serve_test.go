@@ -1,0 +1,80 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"testing"
+	"time"
+
+	"gopkg.in/yaml.v3"
+	"k8s.io/klog/v2"
+)
+
+// TestDeployArgsParse proves the plugin accepts every argument the chart
+// gives it (deploy/ is the chart rendered with default values and kept
+// fresh by test/chart), and that they mean what the values say.
+func TestDeployArgsParse(t *testing.T) {
+	args := deployPluginArgs(t)
+	if len(args) == 0 || args[0] != "serve" {
+		t.Fatalf("plugin args %q do not start with serve", args)
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	cfg := serveFlags(fs)
+	klog.InitFlags(fs)
+	if err := fs.Parse(args[1:]); err != nil {
+		t.Fatalf("serve rejects the chart's arguments: %v", err)
+	}
+	if cfg.devices.Poll != time.Millisecond {
+		t.Errorf("--ublk-poll = %v, want the chart's default 1ms", cfg.devices.Poll)
+	}
+	if cfg.backend != "auto" || cfg.store.Dir != "/var/lib/csi-fastblk" {
+		t.Errorf("backend %q data dir %q, want the chart defaults", cfg.backend, cfg.store.Dir)
+	}
+}
+
+// deployPluginArgs returns the args of the csi-fastblk container in the
+// DaemonSet of deploy/csi-fastblk.yaml.
+func deployPluginArgs(t *testing.T) []string {
+	t.Helper()
+	f, err := os.Open("../../deploy/csi-fastblk.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	dec := yaml.NewDecoder(f)
+	for {
+		var obj struct {
+			Kind string `yaml:"kind"`
+			Spec struct {
+				Template struct {
+					Spec struct {
+						Containers []struct {
+							Name string   `yaml:"name"`
+							Args []string `yaml:"args"`
+						} `yaml:"containers"`
+					} `yaml:"spec"`
+				} `yaml:"template"`
+			} `yaml:"spec"`
+		}
+		err := dec.Decode(&obj)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("decode deploy/csi-fastblk.yaml: %v", err)
+		}
+		if obj.Kind != "DaemonSet" {
+			continue
+		}
+		for _, c := range obj.Spec.Template.Spec.Containers {
+			if c.Name == "csi-fastblk" {
+				return c.Args
+			}
+		}
+	}
+	t.Fatal("no csi-fastblk container in a DaemonSet of deploy/csi-fastblk.yaml")
+	return nil
+}
