@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -41,6 +42,8 @@ func ublkServe(ctx context.Context, args []string) error {
 	zc := fs.String("zero-copy", "auto", "zero copy: auto, on or off")
 	null := fs.Bool("null", false, "serve a null device (benchmarks only; no data is kept)")
 	sizeStr := fs.String("size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
+	maxIO := fs.Uint("max-io", 0, "copy mode: largest request in bytes, a multiple of 4096 (0 = tuning policy)")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	var qo ublk.QueueOptions
 	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) every tag buffer at start")
 	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a queue thread polls for completions after a busy round before sleeping (0: never)")
@@ -51,12 +54,26 @@ func ublkServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if *maxIO > ublk.ZeroCopyMaxIOBytes {
+		return fmt.Errorf("ublk serve: --max-io %d: at most %d", *maxIO, ublk.ZeroCopyMaxIOBytes)
+	}
 	if (*file == "") == !*null {
 		return errors.New("ublk serve: give exactly one of --file or --null")
 	}
 	size, err := parseSize(*sizeStr)
 	if err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	stateDir, err := os.MkdirTemp("", "csi-fastblk-ublk-serve-")
 	if err != nil {
@@ -69,7 +86,7 @@ func ublkServe(ctx context.Context, args []string) error {
 	}
 	defer srv.Close()
 	id := fmt.Sprintf("serve-%d", os.Getpid())
-	s, err := srv.Attach(ctx, ublk.AttachSpec{VolumeID: id, File: *file, SizeBytes: size, Queues: *queues, Depth: *depth, Null: *null})
+	s, err := srv.Attach(ctx, ublk.AttachSpec{VolumeID: id, File: *file, SizeBytes: size, Queues: *queues, Depth: *depth, MaxIOBytes: uint32(*maxIO), Null: *null})
 	if err != nil {
 		return err
 	}

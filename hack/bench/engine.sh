@@ -6,8 +6,9 @@
 #
 # Environment: BIN (default bin/csi-fastblk), FILE (default
 # /var/tmp/csi-fastblk-bench.img, must be on a real disk, not tmpfs), SIZE_MB
-# (1024), RUNTIME (seconds, 10), REPS (5), CELLS ("randread:1 randread:2
-# randwrite:1 randwrite:2"), BS (4k), IODEPTH (32).
+# (1024), RUNTIME (seconds, 5), REPS (11), CELLS ("randread:1 randread:2
+# randwrite:1 randwrite:2"), BS (4k), IODEPTH (32), CPU_CELLS ("randread:1
+# randwrite:1"; empty skips the CPU-bound tmpfs cells), CPU_REPS (5).
 #
 # Context switches and syscalls come from `perf stat -e
 # context-switches,raw_syscalls:sys_enter` around each run (whole process
@@ -20,12 +21,14 @@ cd "$(dirname "$0")/../.."
 BIN=${BIN:-bin/csi-fastblk}
 FILE=${FILE:-/var/tmp/csi-fastblk-bench.img}
 SIZE_MB=${SIZE_MB:-1024}
-RUNTIME=${RUNTIME:-10}
-REPS=${REPS:-5}
+RUNTIME=${RUNTIME:-5}
+REPS=${REPS:-11}
 BS=${BS:-4k}
 IODEPTH=${IODEPTH:-32}
-CELLS=${CELLS:-"randread:1 randread:2 randwrite:1 randwrite:2"}
+CELLS=${CELLS-"randread:1 randread:2 randwrite:1 randwrite:2"}
 OUT=${OUT:-bin/bench-engine}
+CPU_CELLS=${CPU_CELLS-"randread:1 randwrite:1"}
+CPU_REPS=${CPU_REPS:-5}
 
 need() { # command package
 	command -v "$1" >/dev/null 2>&1 && return 0
@@ -125,6 +128,28 @@ for cell in $CELLS; do
 		"$(col "$OUT/$rw-$jobs.ours" 4)" "$(col "$OUT/$rw-$jobs.fio" 4)" \
 		"$bi" "$(awk -v a="$bi" -v b="$fi_" 'BEGIN{printf "%.3f", a/b}')"
 done
+# The engine's own cost per I/O, without the disk: buffered 4k I/O on a tmpfs
+# file is CPU-bound, so IOPS there compare the two engines' submission and
+# completion paths alone (the disk cells above also measure the disk's noise).
+if [ -n "$CPU_CELLS" ] && [ -d /dev/shm ]; then
+	shm=/dev/shm/csi-fastblk-bench-cpu.img
+	dd if=/dev/urandom of="$shm" bs=1M count=256 status=none
+	for cell in $CPU_CELLS; do
+		rw=${cell%%:*}; jobs=${cell##*:}; dir=read; case $rw in *write) dir=write ;; esac
+		: >"$OUT/cpu-$rw-$jobs.ours"; : >"$OUT/cpu-$rw-$jobs.fio"
+		for rep in $(seq 1 "$CPU_REPS"); do
+			"$BIN" bench engine --file "$shm" --rw "$rw" --bs "$BS" --iodepth "$IODEPTH" --jobs "$jobs" \
+				--runtime 3s --direct=0 --json | jq .iops >>"$OUT/cpu-$rw-$jobs.ours"
+			fio --name=cpu --filename="$shm" --size=256m --rw="$rw" --bs="$BS" --iodepth="$IODEPTH" --numjobs="$jobs" \
+				--runtime=3 --time_based --ioengine=io_uring --direct=0 --registerfiles --fixedbufs \
+				--group_reporting --output-format=json | jq ".jobs[0].$dir.iops" >>"$OUT/cpu-$rw-$jobs.fio"
+		done
+		oi=$(median <"$OUT/cpu-$rw-$jobs.ours"); fi_=$(median <"$OUT/cpu-$rw-$jobs.fio")
+		printf 'cpu-bound %-10s %s job(s), buffered on tmpfs: ours %10.0f  fio %10.0f  ratio %.3f\n' "$rw" "$jobs" "$oi" "$fi_" \
+			"$(awk -v a="$oi" -v b="$fi_" 'BEGIN{print a/b}')"
+	done
+	rm -f "$shm"
+fi
 echo "medians of $REPS alternating runs; ratio = median ours / median fio, pairs = median of per-pair ratios;"
 echo "cs = context switches per I/O, sc = syscalls per I/O, p99 = clat usec;"
 echo "ours submits each I/O as its slot frees (--submit-batch 1); batch = all ready I/Os in one enter (--submit-batch 0)"

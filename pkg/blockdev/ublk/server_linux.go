@@ -36,6 +36,8 @@ type AttachSpec struct {
 	ReadOnly  bool
 	// Queues and Depth override the tuning policy (0 = choose).
 	Queues, Depth int
+	// MaxIOBytes overrides the copy-mode request size limit (0 = default).
+	MaxIOBytes uint32
 	// Null serves a null target instead of File (benchmarks only).
 	Null bool
 }
@@ -177,7 +179,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 	if err != nil {
 		return nil, err
 	}
-	tun, err := ChooseTuning(TuningInput{CPUs: s.cfg.CPUs, Queues: spec.Queues, Depth: spec.Depth,
+	tun, err := ChooseTuning(TuningInput{CPUs: s.cfg.CPUs, Queues: spec.Queues, Depth: spec.Depth, MaxIOBytes: spec.MaxIOBytes,
 		ZeroCopy: zeroCopy(flags), MemoryBudget: s.cfg.MemoryBudget})
 	if err != nil {
 		return nil, err

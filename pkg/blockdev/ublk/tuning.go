@@ -40,6 +40,9 @@ type TuningInput struct {
 	ZeroCopy bool
 	// MemoryBudget is the copy-mode buffer budget in bytes; 0 = default.
 	MemoryBudget int64
+	// MaxIOBytes overrides max_io_buf_bytes in copy mode (0 = default):
+	// a multiple of 4 KiB up to ZeroCopyMaxIOBytes. Zero copy ignores it.
+	MaxIOBytes uint32
 }
 
 // Tuning is the queue geometry chosen for one device.
@@ -60,7 +63,8 @@ type Tuning struct {
 //     clamps nr_hw_queues to nr_cpu_ids, so more would be silently lost);
 //     depth must be a power of two in 1..4096 (UBLK_MAX_QUEUE_DEPTH). A
 //     bad value is an error wrapping os.ErrInvalid, never silently fixed.
-//  2. max_io_buf_bytes is 128 KiB in copy mode and 1 MiB with zero copy.
+//  2. max_io_buf_bytes is 128 KiB in copy mode (unless overridden, a
+//     multiple of 4 KiB up to 1 MiB) and 1 MiB with zero copy.
 //  3. Without overrides: queues = min(CPUs, 4) (one thread per queue, so 64
 //     volumes on a 2-CPU node cost 128 threads), depth = 64.
 //  4. Copy mode must fit the memory budget (default 8 MiB per volume,
@@ -85,6 +89,8 @@ func ChooseTuning(in TuningInput) (Tuning, error) {
 	t := Tuning{Queues: in.Queues, Depth: in.Depth, MaxIOBytes: DefaultMaxIOBytes, ZeroCopy: in.ZeroCopy}
 	if in.ZeroCopy {
 		t.MaxIOBytes = ZeroCopyMaxIOBytes
+	} else if in.MaxIOBytes != 0 {
+		t.MaxIOBytes = in.MaxIOBytes
 	}
 	if t.Queues == 0 {
 		t.Queues = min(in.CPUs, DefaultMaxQueues)
@@ -109,6 +115,9 @@ func validateOverrides(in TuningInput) error {
 	}
 	if in.Depth < 0 || in.Depth > maxQueueDepth || (in.Depth > 0 && bits.OnesCount(uint(in.Depth)) != 1) {
 		return fmt.Errorf("tuning: queueDepth %d is not a power of two in 1..%d: %w", in.Depth, maxQueueDepth, os.ErrInvalid)
+	}
+	if in.MaxIOBytes%4096 != 0 || in.MaxIOBytes > ZeroCopyMaxIOBytes {
+		return fmt.Errorf("tuning: max i/o bytes %d is not a multiple of 4096 up to %d: %w", in.MaxIOBytes, ZeroCopyMaxIOBytes, os.ErrInvalid)
 	}
 	return nil
 }
