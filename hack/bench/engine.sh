@@ -27,6 +27,7 @@ BS=${BS:-4k}
 IODEPTH=${IODEPTH:-32}
 CELLS=${CELLS-"randread:1 randread:2 randwrite:1 randwrite:2"}
 OUT=${OUT:-bin/bench-engine}
+DIRECT=1
 CPU_CELLS=${CPU_CELLS-"randread:1 randwrite:1"}
 CPU_REPS=${CPU_REPS:-5}
 
@@ -63,9 +64,12 @@ mkdir -p "$OUT"
 # perfval FILE EVENT -> count
 perfval() { awk -F, -v e="$2" '$3==e {print $1}' "$1"; }
 
+# run_ours and run_fio run one measurement on $FILE with $DIRECT, $RUNTIME
+# and $SIZE_MB (the CPU-bound cells set them per call) and print
+# "IOPS cs/IO sc/IO p99"; VARIANT names the raw result files apart.
 run_ours() { # rw jobs rep [variant submit-batch]
 	local tag="$OUT/ours${4:-}-$1-$2-$3" args=(bench engine --file "$FILE" --rw "$1" --bs "$BS"
-		--iodepth "$IODEPTH" --jobs "$2" --runtime "${RUNTIME}s" --direct=1 --json --submit-batch "${5:-1}")
+		--iodepth "$IODEPTH" --jobs "$2" --runtime "${RUNTIME}s" --direct="$DIRECT" --json --submit-batch "${5:-1}")
 	if [ ${#PERF[@]} -gt 0 ]; then "${PERF[@]}" "$tag.perf" "$BIN" "${args[@]}" >"$tag.json"
 	else "$BIN" "${args[@]}" >"$tag.json"; fi
 	local iops ios cs sc
@@ -79,10 +83,10 @@ run_ours() { # rw jobs rep [variant submit-batch]
 	echo "$iops $(awk -v c="$cs" -v n="$ios" 'BEGIN{printf "%.4f", c/n}') $(awk -v c="$sc" -v n="$ios" 'BEGIN{printf "%.4f", c/n}') $(jq '.clat_usec.p99' "$tag.json")"
 }
 
-run_fio() { # rw jobs rep
-	local tag="$OUT/fio-$1-$2-$3" args=(--name=bench --filename="$FILE" --size="${SIZE_MB}m" --rw="$1" --bs="$BS"
+run_fio() { # rw jobs rep [variant]
+	local tag="$OUT/fio${4:-}-$1-$2-$3" args=(--name=bench --filename="$FILE" --size="${SIZE_MB}m" --rw="$1" --bs="$BS"
 		--iodepth="$IODEPTH" --numjobs="$2" --runtime="$RUNTIME" --time_based --ioengine=io_uring
-		--direct=1 --hipri=0 --registerfiles --fixedbufs --group_reporting --output-format=json)
+		--direct="$DIRECT" --hipri=0 --registerfiles --fixedbufs --group_reporting --output-format=json)
 	if [ ${#PERF[@]} -gt 0 ]; then "${PERF[@]}" "$tag.perf" fio "${args[@]}" >"$tag.json"
 	else fio "${args[@]}" >"$tag.json"; fi
 	local dir=read; case $1 in *write) dir=write ;; esac
@@ -98,6 +102,7 @@ run_fio() { # rw jobs rep
 }
 
 median() { sort -g | awk '{a[NR]=$1} END{ if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+col() { awk -v c="$2" '{print $c}' "$1" | median; } # col FILE N: median of column N
 
 echo "engine bench: bs=$BS iodepth=$IODEPTH runtime=${RUNTIME}s reps=$REPS file=$FILE ($fstype) kernel $(uname -r)"
 echo "counters: $counters"
@@ -115,7 +120,6 @@ for cell in $CELLS; do
 		fi
 		run_ours "$rw" "$jobs" "$rep" -batch 0 >>"$OUT/$rw-$jobs.batch"
 	done
-	col() { awk -v c="$2" '{print $c}' "$1" | median; }
 	oi=$(col "$OUT/$rw-$jobs.ours" 1); fi_=$(col "$OUT/$rw-$jobs.fio" 1)
 	ratio=$(awk -v a="$oi" -v b="$fi_" 'BEGIN{printf "%.3f", a/b}')
 	# median of the ratios of each back-to-back pair: cancels device drift
@@ -135,16 +139,13 @@ if [ -n "$CPU_CELLS" ] && [ -d /dev/shm ]; then
 	shm=/dev/shm/csi-fastblk-bench-cpu.img
 	dd if=/dev/urandom of="$shm" bs=1M count=256 status=none
 	for cell in $CPU_CELLS; do
-		rw=${cell%%:*}; jobs=${cell##*:}; dir=read; case $rw in *write) dir=write ;; esac
+		rw=${cell%%:*}; jobs=${cell##*:}
 		: >"$OUT/cpu-$rw-$jobs.ours"; : >"$OUT/cpu-$rw-$jobs.fio"
 		for rep in $(seq 1 "$CPU_REPS"); do
-			"$BIN" bench engine --file "$shm" --rw "$rw" --bs "$BS" --iodepth "$IODEPTH" --jobs "$jobs" \
-				--runtime 3s --direct=0 --json | jq .iops >>"$OUT/cpu-$rw-$jobs.ours"
-			fio --name=cpu --filename="$shm" --size=256m --rw="$rw" --bs="$BS" --iodepth="$IODEPTH" --numjobs="$jobs" \
-				--runtime=3 --time_based --ioengine=io_uring --direct=0 --registerfiles --fixedbufs \
-				--group_reporting --output-format=json | jq ".jobs[0].$dir.iops" >>"$OUT/cpu-$rw-$jobs.fio"
+			FILE=$shm SIZE_MB=256 RUNTIME=3 DIRECT=0 run_ours "$rw" "$jobs" "$rep" -cpu >>"$OUT/cpu-$rw-$jobs.ours"
+			FILE=$shm SIZE_MB=256 RUNTIME=3 DIRECT=0 run_fio "$rw" "$jobs" "$rep" -cpu >>"$OUT/cpu-$rw-$jobs.fio"
 		done
-		oi=$(median <"$OUT/cpu-$rw-$jobs.ours"); fi_=$(median <"$OUT/cpu-$rw-$jobs.fio")
+		oi=$(col "$OUT/cpu-$rw-$jobs.ours" 1); fi_=$(col "$OUT/cpu-$rw-$jobs.fio" 1)
 		printf 'cpu-bound %-10s %s job(s), buffered on tmpfs: ours %10.0f  fio %10.0f  ratio %.3f\n' "$rw" "$jobs" "$oi" "$fi_" \
 			"$(awk -v a="$oi" -v b="$fi_" 'BEGIN{print a/b}')"
 	done
