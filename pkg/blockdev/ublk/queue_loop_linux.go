@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -52,8 +53,11 @@ type loop struct {
 	backing int          // backing operations in flight
 	// gapNs is a moving average of how long the thread waits, after a
 	// round, for the next completion; it sizes the poll (see next).
-	gapNs  int64
-	cmdErr error
+	gapNs int64
+	// offeredAt is when the thread last offered itself to the Go
+	// scheduler (see offerThread).
+	offeredAt int64
+	cmdErr    error
 }
 
 // ringFlags are the queue ring's setup flags; the engine drops the ones an
@@ -236,11 +240,8 @@ const pollMaxInFlight = 4
 // come slower than Poll stops polling, and one whose come fast starts.
 func (l *loop) next(busy bool) (int, error) {
 	poll := int64(l.cfg.Options.Poll)
-	if poll <= 0 {
-		return l.wait()
-	}
 	start := monoNow()
-	if busy && l.gapNs <= poll && l.q.stats.inFlight.Load() <= pollMaxInFlight {
+	if poll > 0 && busy && l.gapNs <= poll && l.q.stats.inFlight.Load() <= pollMaxInFlight {
 		if _, err := l.ring.Submit(); err != nil {
 			return 0, fmt.Errorf("submit: %w", err)
 		}
@@ -258,11 +259,33 @@ func (l *loop) next(busy bool) (int, error) {
 			yield()
 		}
 	}
+	l.offeredAt = offerThread(start, l.offeredAt, runtime.Gosched)
 	n, err := l.wait()
-	if n > 0 {
+	if poll > 0 && n > 0 {
 		l.noteGap(start)
 	}
 	return n, err
+}
+
+// offerInterval is how often a queue thread about to sleep offers itself
+// to the Go scheduler: just under the runtime's 10 ms limit on one
+// goroutine's time slice. A locked goroutine that never reschedules
+// outlives every slice, so the runtime's monitor thread (sysmon) takes its
+// P away in the middle of each sleeping wait, and after every such take it
+// checks again every 20 µs for a millisecond. Measured in the 6.12 VM with
+// 4k I/O at queue depth 32: the monitor used 12% of a vCPU without the
+// offer and 4-6% with it, and the server's CPU per I/O fell by about 10%.
+const offerInterval = 9 * time.Millisecond
+
+// offerThread calls gosched (runtime.Gosched: the thread's P goes to another
+// thread and comes back) when offerInterval has passed since offered, and
+// returns the new time of the last offer.
+func offerThread(now, offered int64, gosched func()) int64 {
+	if now-offered < int64(offerInterval) {
+		return offered
+	}
+	gosched()
+	return monoNow()
 }
 
 // wait submits the round's SQEs and sleeps in the same io_uring_enter until

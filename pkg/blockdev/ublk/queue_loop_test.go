@@ -316,3 +316,26 @@ func TestWaitFor(t *testing.T) {
 		}
 	}
 }
+
+// TestOfferThread pins the pacing of the queue thread's offers to the Go
+// scheduler: none within offerInterval of the last one, one after it, and
+// the new last offer is the clock when it happened.
+func TestOfferThread(t *testing.T) {
+	calls := 0
+	gosched := func() { calls++ }
+	now, iv := monoNow(), int64(offerInterval)
+	if got := offerThread(now, now-iv/2, gosched); calls != 0 || got != now-iv/2 {
+		t.Fatalf("half an interval after the last offer: %d calls, last offer moved by %d ns", calls, got-(now-iv/2))
+	}
+	got := offerThread(now, now-iv, gosched)
+	if calls != 1 || got < now {
+		t.Fatalf("a full interval after the last offer: %d calls, last offer %d ns after now; want 1 call, not before now", calls, got-now)
+	}
+	if offerThread(got, got, gosched); calls != 1 {
+		t.Fatalf("right after an offer: %d calls, want still 1", calls)
+	}
+	// A queue that never offered (zero value) offers on its first wait.
+	if offerThread(iv, 0, gosched); calls != 2 {
+		t.Fatalf("first offer: %d calls, want 2", calls)
+	}
+}
