@@ -35,6 +35,27 @@ func TestDeployArgsParse(t *testing.T) {
 	}
 }
 
+// TestServeMaxIOSizeFlag proves --max-io-size takes the StorageClass
+// parameter's format and refuses what ublk cannot take.
+func TestServeMaxIOSizeFlag(t *testing.T) {
+	for arg, want := range map[string]int{"512Ki": 512 << 10, "1Mi": 1 << 20, "65536": 64 << 10} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg := serveFlags(fs)
+		if err := fs.Parse([]string{"--max-io-size=" + arg}); err != nil || cfg.devices.Tuning.MaxIOBytes != want {
+			t.Errorf("--max-io-size=%s: %d, %v; want %d", arg, cfg.devices.Tuning.MaxIOBytes, err, want)
+		}
+	}
+	for _, arg := range []string{"2Mi", "1000", "big"} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		serveFlags(fs)
+		if err := fs.Parse([]string{"--max-io-size=" + arg}); err == nil {
+			t.Errorf("--max-io-size=%s parsed; want an error", arg)
+		}
+	}
+}
+
 // deployPluginArgs returns the args of the csi-fastblk container in the
 // DaemonSet of deploy/csi-fastblk.yaml.
 func deployPluginArgs(t *testing.T) []string {

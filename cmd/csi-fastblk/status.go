@@ -95,7 +95,7 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 	fmt.Fprintf(w, "capacity %s available of %s  volumes %d  snapshots %d\n\n",
 		human(st.CapacityAvailable), human(st.CapacityTotal), len(st.Volumes), st.Snapshots)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
+	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
 	for _, v := range st.Volumes {
 		state, reads, writes, rb, wb, inflight := "detached", "-", "-", "-", "-", "-"
 		if v.Device != "" {
@@ -109,9 +109,13 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 			rb, wb = human(int64(d.ReadSectors*512)), human(int64(d.WriteSectors*512))
 			inflight = fmt.Sprint(d.InFlight)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		maxIO := "-"
+		if v.Tuning.MaxIOBytes > 0 {
+			maxIO = human(int64(v.Tuning.MaxIOBytes))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			v.ID, v.Name, human(v.SizeBytes), dash(v.Access), dash(v.Device), dash(v.Backend),
-			v.Tuning.Queues, v.Tuning.QueueDepth, state, reads, writes, rb, wb, inflight)
+			v.Tuning.Queues, v.Tuning.QueueDepth, maxIO, state, reads, writes, rb, wb, inflight)
 	}
 	tw.Flush()
 }

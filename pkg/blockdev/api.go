@@ -61,6 +61,10 @@ type Snapshot struct {
 type Tuning struct {
 	Queues     int `json:"queues,omitempty"`
 	QueueDepth int `json:"queueDepth,omitempty"`
+	// MaxIOBytes is the largest request the device takes, in bytes. In
+	// copy mode each tag has a buffer this big, so it trades memory for
+	// large-I/O throughput; zero copy always takes 1 MiB.
+	MaxIOBytes int `json:"maxIOBytes,omitempty"`
 }
 
 // Device is a block device that exposes one volume.

@@ -72,8 +72,16 @@ func (b *ublkBackend) Attach(ctx context.Context, req AttachRequest) (Device, er
 	if t.QueueDepth == 0 {
 		t.QueueDepth = b.cfg.Tuning.QueueDepth
 	}
+	if t.MaxIOBytes == 0 {
+		t.MaxIOBytes = b.cfg.Tuning.MaxIOBytes
+	}
+	// Checked here too, before the narrowing to 32 bits could wrap it.
+	if t.MaxIOBytes < 0 || t.MaxIOBytes > ublk.ZeroCopyMaxIOBytes {
+		return Device{}, fmt.Errorf("attach %s: max i/o bytes %d not in 0..%d: %w",
+			req.VolumeID, t.MaxIOBytes, ublk.ZeroCopyMaxIOBytes, ErrInvalid)
+	}
 	s, err := b.srv.Attach(ctx, ublk.AttachSpec{VolumeID: req.VolumeID, File: req.File, SizeBytes: req.SizeBytes,
-		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth})
+		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes)})
 	if err != nil {
 		return Device{}, ublkErr("attach "+req.VolumeID, err)
 	}
@@ -90,7 +98,8 @@ func (b *ublkBackend) device(s ublk.Served, link string) Device {
 		size = s.SizeBytes
 	}
 	return Device{VolumeID: s.VolumeID, Path: s.Path, Link: link, Backend: b.Name(),
-		Tuning: Tuning{Queues: s.Tuning.Queues, QueueDepth: s.Tuning.Depth}, SizeBytes: size}
+		Tuning:    Tuning{Queues: s.Tuning.Queues, QueueDepth: s.Tuning.Depth, MaxIOBytes: int(s.Tuning.MaxIOBytes)},
+		SizeBytes: size}
 }
 
 // Detach removes the volume's device and link. Unknown volumes return

@@ -15,6 +15,7 @@ const (
 	ParamFsType     = "csi.storage.k8s.io/fstype"
 	ParamQueues     = "queues"
 	ParamQueueDepth = "queueDepth"
+	ParamMaxIOSize  = "maxIOSize"
 	// Keys under this prefix are added by the external-provisioner
 	// (--extra-create-metadata) and are accepted and ignored.
 	paramCSIPrefix = "csi.storage.k8s.io/"
@@ -75,10 +76,11 @@ func checkParams(p map[string]string) error {
 			if !supportedFsTypes[v] {
 				return fmt.Errorf("parameter %s=%q: want ext4 or xfs", k, v)
 			}
-		case ParamQueues, ParamQueueDepth:
+		case ParamQueues, ParamQueueDepth, ParamMaxIOSize:
 		default:
 			if !strings.HasPrefix(k, paramCSIPrefix) {
-				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s)", k, ParamFsType, ParamQueues, ParamQueueDepth)
+				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s)",
+					k, ParamFsType, ParamQueues, ParamQueueDepth, ParamMaxIOSize)
 			}
 		}
 	}
@@ -104,7 +106,36 @@ func tuningFromParams(p map[string]string) (blockdev.Tuning, error) {
 		}
 		*dst = n
 	}
+	if s, ok := p[ParamMaxIOSize]; ok {
+		n, err := ParseMaxIOSize(s)
+		if err != nil {
+			return t, fmt.Errorf("parameter %s=%q: %w", ParamMaxIOSize, s, err)
+		}
+		t.MaxIOBytes = n
+	}
 	return t, nil
+}
+
+// maxIOSizeLimit is the largest request a ublk device takes (1 MiB, what
+// zero copy uses).
+const maxIOSizeLimit = 1 << 20
+
+// ParseMaxIOSize reads a request size (the maxIOSize parameter and the
+// --max-io-size flag) in bytes, with an optional Ki or Mi suffix as in
+// Kubernetes quantities: a multiple of 4Ki up to 1Mi.
+func ParseMaxIOSize(s string) (int, error) {
+	num, unit := s, 1
+	switch {
+	case strings.HasSuffix(s, "Ki"):
+		num, unit = strings.TrimSuffix(s, "Ki"), 1<<10
+	case strings.HasSuffix(s, "Mi"):
+		num, unit = strings.TrimSuffix(s, "Mi"), 1<<20
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n < 1 || n > maxIOSizeLimit/unit || n*unit%4096 != 0 {
+		return 0, fmt.Errorf("want a multiple of 4Ki from 4Ki to 1Mi, in bytes or with a Ki or Mi suffix (e.g. 512Ki)")
+	}
+	return n * unit, nil
 }
 
 // fsTypeFor picks the filesystem: the capability's, then the parameter's,

@@ -96,6 +96,9 @@ func (d *Driver) attachRequest(v blockdev.Volume) blockdev.AttachRequest {
 		if p.QueueDepth != 0 {
 			t.QueueDepth = p.QueueDepth
 		}
+		if p.MaxIOBytes != 0 {
+			t.MaxIOBytes = p.MaxIOBytes
+		}
 	}
 	return blockdev.AttachRequest{
 		VolumeID:  v.ID,

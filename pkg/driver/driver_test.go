@@ -94,6 +94,23 @@ func TestPaginate(t *testing.T) {
 	}
 }
 
+// TestParseMaxIOSize pins the maxIOSize parameter's format: bytes or Ki/Mi,
+// a multiple of 4 KiB from 4 KiB to 1 MiB, nothing that could overflow.
+func TestParseMaxIOSize(t *testing.T) {
+	for in, want := range map[string]int{"4096": 4096, "4Ki": 4096, "512Ki": 512 << 10, "1Mi": 1 << 20,
+		"1048576": 1 << 20, "1024Ki": 1 << 20} {
+		if got, err := ParseMaxIOSize(in); err != nil || got != want {
+			t.Errorf("ParseMaxIOSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "0", "-4Ki", "1000", "6Ki", "2Mi", "1025Ki", "1Gi", "512k", "512KiB",
+		"9223372036854775807Mi", "1.5Mi"} {
+		if got, err := ParseMaxIOSize(in); err == nil {
+			t.Errorf("ParseMaxIOSize(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
 func TestCheckParams(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -107,6 +124,8 @@ func TestCheckParams(t *testing.T) {
 		{"bad queues", map[string]string{ParamQueues: "0"}, false},
 		{"huge depth", map[string]string{ParamQueueDepth: "100000"}, false},
 		{"depth not a power of two", map[string]string{ParamQueueDepth: "100"}, false},
+		{"max i/o size", map[string]string{ParamMaxIOSize: "512Ki", ParamQueueDepth: "16"}, true},
+		{"max i/o size too large", map[string]string{ParamMaxIOSize: "2Mi"}, false},
 		{"unknown", map[string]string{"speed": "ludicrous"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -143,5 +162,23 @@ func TestKeyLocksSerialise(t *testing.T) {
 	again()
 	if n := len(k.locks); n != 0 {
 		t.Errorf("%d lock entries left, want 0", n)
+	}
+}
+
+// TestAttachRequestTuning proves that a volume's StorageClass tuning
+// (queueDepth, maxIOSize) reaches the backend over the node's defaults,
+// and that the node's defaults fill what the StorageClass left out.
+func TestAttachRequestTuning(t *testing.T) {
+	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: t.TempDir(), OverProvisionRatio: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Driver{cfg: Config{Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 64, MaxIOBytes: 128 << 10}}, store: store}
+	v := blockdev.Volume{ID: blockdev.VolumeID("pvc-tuned"), SizeBytes: 1 << 30,
+		Params: map[string]string{ParamQueueDepth: "16", ParamMaxIOSize: "1Mi"}}
+	req := d.attachRequest(v)
+	want := blockdev.Tuning{Queues: 2, QueueDepth: 16, MaxIOBytes: 1 << 20}
+	if req.Tuning != want || req.File != store.VolumeFile(v.ID) {
+		t.Fatalf("attachRequest tuning %+v file %q, want %+v and the volume's file", req.Tuning, req.File, want)
 	}
 }

@@ -52,7 +52,8 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 		return errors.Join(fmt.Errorf("record staging: %w", err), d.backend.Detach(ctx, v.ID))
 	}
 	klog.InfoS("volume attached", "volumeID", v.ID, "device", dev.Path, "link", dev.Link,
-		"backend", dev.Backend, "queues", dev.Tuning.Queues, "queueDepth", dev.Tuning.QueueDepth)
+		"backend", dev.Backend, "queues", dev.Tuning.Queues, "queueDepth", dev.Tuning.QueueDepth,
+		"maxIOBytes", dev.Tuning.MaxIOBytes)
 	if block {
 		return nil
 	}

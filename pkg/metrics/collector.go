@@ -28,6 +28,7 @@ var (
 	descState     = prometheus.NewDesc(ns+"_volume_device_state", "1 for the device's current state.", append(volLabels, "backend", "state"), nil)
 	descQueues    = prometheus.NewDesc(ns+"_volume_queues", "Hardware queues of the volume's device.", volLabels, nil)
 	descDepth     = prometheus.NewDesc(ns+"_volume_queue_depth", "Depth of each queue of the volume's device.", volLabels, nil)
+	descMaxIO     = prometheus.NewDesc(ns+"_volume_max_io_bytes", "Largest request the volume's ublk device takes.", volLabels, nil)
 	descIOs       = prometheus.NewDesc(ns+"_volume_ios_total", "I/Os completed by the device.", append(volLabels, "op"), nil)
 	descBytes     = prometheus.NewDesc(ns+"_volume_bytes_total", "Bytes transferred (or discarded) by the device.", append(volLabels, "op"), nil)
 	descIOTime    = prometheus.NewDesc(ns+"_volume_io_time_seconds_total", "Time I/Os of the op spent in the device (kernel accounting).", append(volLabels, "op"), nil)
@@ -47,7 +48,7 @@ func NewCollector(status StatusFunc) *Collector { return &Collector{status: stat
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descCapAvail, descCapTotal, descVolumes, descSnapshots, descSize,
-		descState, descQueues, descDepth, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency} {
+		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency} {
 		ch <- d
 	}
 }
@@ -79,6 +80,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descState, 1, append(l, v.Backend, deviceState(v))...)
 		gauge(descQueues, float64(v.Tuning.Queues), l...)
 		gauge(descDepth, float64(v.Tuning.QueueDepth), l...)
+		if v.Tuning.MaxIOBytes > 0 {
+			gauge(descMaxIO, float64(v.Tuning.MaxIOBytes), l...)
+		}
 		if d := v.Disk; d != nil {
 			collectDisk(counter, gauge, l, d)
 		}

@@ -22,7 +22,7 @@ var attached = driver.NodeStatus{
 	Backend: "ublk", Kernel: "6.12", Healthy: true, CapacityAvailable: 100, CapacityTotal: 200,
 	Volumes: []driver.VolumeStatus{
 		{ID: "v1", Name: "pvc-1", SizeBytes: 1 << 30, Device: "/dev/ublkb0", Backend: "ublk",
-			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 128},
+			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 128, MaxIOBytes: 512 << 10},
 			Disk:   &blockdev.DiskStats{ReadIOs: 10, ReadSectors: 80, WriteIOs: 5, WriteSectors: 40, InFlight: 3},
 			IO: &blockdev.IOStats{State: "live", Recoveries: 1, Errors: 2, LatencyBounds: []float64{0.001, 0.01},
 				LatencyCounts: []uint64{4, 15}, LatencySum: 0.05, LatencyCount: 15}},
@@ -45,6 +45,7 @@ func TestCollectorReportsVolumes(t *testing.T) {
 		{"fastblk_volume_bytes_total", `fastblk_volume_bytes_total{name="pvc-1",op="write",volume_id="v1"} 20480`},
 		{"fastblk_volume_in_flight_ios", `fastblk_volume_in_flight_ios{name="pvc-1",volume_id="v1"} 3`},
 		{"fastblk_volume_queue_depth", `fastblk_volume_queue_depth{name="pvc-1",volume_id="v1"} 128`},
+		{"fastblk_volume_max_io_bytes", `fastblk_volume_max_io_bytes{name="pvc-1",volume_id="v1"} 524288`},
 		{"fastblk_volume_recoveries_total", `fastblk_volume_recoveries_total{name="pvc-1",volume_id="v1"} 1`},
 		{"fastblk_volume_io_latency_seconds", `fastblk_volume_io_latency_seconds_bucket{name="pvc-1",volume_id="v1",le="0.01"} 15`},
 		{"fastblk_volume_device_state", `fastblk_volume_device_state{backend="ublk",name="pvc-1",state="live",volume_id="v1"} 1`},

@@ -45,7 +45,7 @@ func TestCSIDriver(t *testing.T) {
 }
 
 // TestStorageClass checks the class and its parameters, which the plugin
-// validates (queues and queueDepth must be 1..4096 when present).
+// validates (queues and queueDepth must be 1..4096, maxIOSize 4Ki..1Mi, when present).
 func TestStorageClass(t *testing.T) {
 	type class struct {
 		Provisioner          string            `yaml:"provisioner"`
@@ -61,8 +61,8 @@ func TestStorageClass(t *testing.T) {
 	}{
 		{"default", nil, map[string]string{"csi.storage.k8s.io/fstype": "ext4"}, false},
 		{"tuned xfs default class", []string{"storageClass.fsType=xfs", "storageClass.queues=2",
-			"storageClass.queueDepth=128", "storageClass.isDefault=true"},
-			map[string]string{"csi.storage.k8s.io/fstype": "xfs", "queues": "2", "queueDepth": "128"}, true},
+			"storageClass.queueDepth=128", "storageClass.maxIOSize=512Ki", "storageClass.isDefault=true"},
+			map[string]string{"csi.storage.k8s.io/fstype": "xfs", "queues": "2", "queueDepth": "128", "maxIOSize": "512Ki"}, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
