@@ -2,8 +2,10 @@
 # bench.sh (make bench-vm) measures a csi-fastblk ublk volume against the
 # kernel loop device with direct I/O, on the same backing file on the same
 # virtio disk, in one VM run per kernel (guest side: guest/bench.sh), and prints
-# per kernel a table of medians and the ublk/loop ratio. A benchmark, not a
-# test: it fails only when a VM run fails.
+# per kernel a table of medians, the ratio of the ublk and loop medians, and
+# the median of the per-repetition ublk/loop ratios ("pairs": each pair ran
+# back to back, so it is the figure least moved by the host's drift). A
+# benchmark, not a test: it fails only when a VM run fails.
 #
 # Usage: hack/vm/bench.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                         [--size SIZE] [--only 'WORKLOAD...'] [--ublk-args 'ARGS']
@@ -49,7 +51,8 @@ guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SIZE=$size"
 [[ -z $ublk_args ]] || guest+=" BENCH_UBLK_ARGS='$ublk_args'"
 guest+=" /opt/fastblk/vm/bench.sh"
 
-# table LOG prints the medians and ratios of the BENCH lines in LOG.
+# table LOG prints the medians, their ratio and the median pair ratio of the
+# BENCH lines in LOG.
 table() {
 	awk '
 	function median(list,   n, v, i, j, t) {
@@ -63,13 +66,17 @@ table() {
 		if (!(wl in seen)) { seen[wl] = 1; order[++nw] = wl }
 		if ($5 == "-") { fails[wl, dev]++; next }
 		vals[wl, dev] = vals[wl, dev] " " $5; unit[wl] = $6; runs[wl, dev]++
+		rep[wl, $4, dev] = $5
+		if (dev == "loop" && (wl, $4, "ublk") in rep && $5 > 0) pairs[wl] = pairs[wl] " " rep[wl, $4, "ublk"] / $5
+		if (dev == "ublk" && (wl, $4, "loop") in rep && rep[wl, $4, "loop"] > 0) pairs[wl] = pairs[wl] " " $5 / rep[wl, $4, "loop"]
 	}
 	END {
-		printf "  %-18s %-6s %10s %10s %10s  %s\n", "workload", "unit", "ublk", "loop", "ublk/loop", "runs (ublk/loop)"
+		printf "  %-18s %-6s %10s %10s %10s %6s  %s\n", "workload", "unit", "ublk", "loop", "ublk/loop", "pairs", "runs (ublk/loop)"
 		for (i = 1; i <= nw; i++) {
-			wl = order[i]; u = median(vals[wl, "ublk"]); l = median(vals[wl, "loop"])
+			wl = order[i]; u = median(vals[wl, "ublk"]); l = median(vals[wl, "loop"]); p = median(pairs[wl])
 			r = (u != "" && l > 0) ? sprintf("%.2f", u / l) : "-"
-			printf "  %-18s %-6s %10s %10s %10s  %d/%d%s\n", wl, unit[wl], u == "" ? "-" : u, l == "" ? "-" : l, r,
+			printf "  %-18s %-6s %10s %10s %10s %6s  %d/%d%s\n", wl, unit[wl], u == "" ? "-" : u, l == "" ? "-" : l, r,
+				p == "" ? "-" : sprintf("%.2f", p),
 				runs[wl, "ublk"], runs[wl, "loop"], (fails[wl, "ublk"] + fails[wl, "loop"]) ? "  (failed runs!)" : ""
 		}
 	}' "$1"
