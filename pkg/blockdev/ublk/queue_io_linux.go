@@ -86,10 +86,12 @@ func (l *loop) issue(tag uint16) error {
 // prepRW fills a read or write of n bytes at off. In zero-copy mode the
 // request's own pages are fixed buffer #tag (registered by the kernel with
 // AUTO_BUF_REG) and addr is the offset into them; in copy mode the data
-// goes through the tag's buffer.
+// goes through the tag's buffer, as fixed buffer #tag when it lies within
+// the buffer's registered head.
 func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	t := &l.tags[tag]
 	write := t.plan.act == actWrite
+	fixed := t.done+n <= l.fixed
 	switch {
 	case l.zc && write:
 		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, fileBacking, uint64(t.done), n, off)
@@ -97,10 +99,10 @@ func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	case l.zc:
 		sqe.PrepRW(uring.IORING_OP_READ_FIXED, fileBacking, uint64(t.done), n, off)
 		sqe.BufIndex = tag
-	case l.fixed && write:
+	case fixed && write:
 		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, fileBacking, l.bufs.addr(tag, t.done), n, off)
 		sqe.BufIndex = tag
-	case l.fixed:
+	case fixed:
 		sqe.PrepRW(uring.IORING_OP_READ_FIXED, fileBacking, l.bufs.addr(tag, t.done), n, off)
 		sqe.BufIndex = tag
 	case write:

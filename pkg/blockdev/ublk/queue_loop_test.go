@@ -100,8 +100,8 @@ func TestLoopReadWrite(t *testing.T) {
 
 func testLoopReadWrite(t *testing.T, fixed bool) {
 	l, f := hostLoop(t, 4, TargetFile, fixed)
-	if l.fixed != fixed {
-		t.Fatalf("fixed = %v, want %v", l.fixed, fixed)
+	if wantHead := map[bool]uint32{false: 0, true: FixedHeadBytes}[fixed]; l.fixed != wantHead {
+		t.Fatalf("registered head = %d bytes, want %d", l.fixed, wantHead)
 	}
 	want := bytes.Repeat([]byte("fastblk!"), 1024) // 8 KiB
 	copy(l.bufs.slice(1), want)
@@ -117,6 +117,22 @@ func testLoopReadWrite(t *testing.T, fixed bool) {
 	if !bytes.Equal(l.bufs.slice(2)[:len(want)], want) {
 		t.Fatal("buffer after READ differs")
 	}
+	// 32 KiB is more than the registered head: it takes the unregistered
+	// path and must move the same bytes.
+	big := bytes.Repeat([]byte("fastblk big i/o!"), 2048)
+	copy(l.bufs.slice(1), big)
+	setDesc(l, 1, ioOpWrite, 64, 64) // 32 KiB at 32 KiB
+	serveOne(t, l, 1)
+	gotBig := make([]byte, len(big))
+	if _, err := f.ReadAt(gotBig, 32<<10); err != nil || !bytes.Equal(gotBig, big) {
+		t.Fatalf("backing file after a 32 KiB WRITE differs (err %v)", err)
+	}
+	clear(l.bufs.slice(2))
+	setDesc(l, 2, ioOpRead, 64, 64)
+	serveOne(t, l, 2)
+	if !bytes.Equal(l.bufs.slice(2)[:len(big)], big) {
+		t.Fatal("buffer after a 32 KiB READ differs")
+	}
 	setDesc(l, 3, ioOpDiscard, 16, 8)
 	serveOne(t, l, 3)
 	clear(got[:1])
@@ -126,8 +142,36 @@ func testLoopReadWrite(t *testing.T, fixed bool) {
 	setDesc(l, 0, ioOpFlush, 0, 0)
 	serveOne(t, l, 0)
 	st := l.q.stats.snapshot()
-	if st.Reads != 1 || st.Writes != 1 || st.Discards != 1 || st.Flushes != 1 || st.Errors != 0 || st.InFlight != 0 {
+	if st.Reads != 2 || st.Writes != 2 || st.Discards != 1 || st.Flushes != 1 || st.Errors != 0 || st.InFlight != 0 {
 		t.Fatalf("stats = %+v", st)
+	}
+}
+
+// TestPrepRWFixedHead pins which backing opcode a copy-mode transfer gets:
+// READ_FIXED/WRITE_FIXED while it lies within the registered head of the
+// tag's buffer, plain READ/WRITE past it (including the rest of a short
+// transfer that started inside it), and always plain without registration.
+func TestPrepRWFixedHead(t *testing.T) {
+	for _, tc := range []struct {
+		fixed    bool
+		act      action
+		done, n  uint32
+		wantCode uint8
+	}{
+		{true, actWrite, 0, 4 << 10, uring.IORING_OP_WRITE_FIXED},
+		{true, actRead, 0, FixedHeadBytes, uring.IORING_OP_READ_FIXED},
+		{true, actRead, 0, FixedHeadBytes + 4096, uring.IORING_OP_READ},
+		{true, actWrite, 12 << 10, 8 << 10, uring.IORING_OP_WRITE},
+		{true, actWrite, 8 << 10, 8 << 10, uring.IORING_OP_WRITE_FIXED},
+		{false, actRead, 0, 4 << 10, uring.IORING_OP_READ},
+	} {
+		l, _ := hostLoop(t, 2, TargetFile, tc.fixed)
+		l.tags[1].plan.act, l.tags[1].done = tc.act, tc.done
+		var sqe uring.SQE
+		l.prepRW(&sqe, 1, 0, tc.n)
+		if sqe.Opcode != tc.wantCode {
+			t.Errorf("registered=%v act=%v done=%d n=%d: opcode %d, want %d", tc.fixed, tc.act, tc.done, tc.n, sqe.Opcode, tc.wantCode)
+		}
 	}
 }
 
