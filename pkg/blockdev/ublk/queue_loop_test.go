@@ -103,39 +103,13 @@ func testLoopReadWrite(t *testing.T, fixed bool) {
 	if wantHead := map[bool]uint32{false: 0, true: FixedHeadBytes}[fixed]; l.fixed != wantHead {
 		t.Fatalf("registered head = %d bytes, want %d", l.fixed, wantHead)
 	}
-	want := bytes.Repeat([]byte("fastblk!"), 1024) // 8 KiB
-	copy(l.bufs.slice(1), want)
-	setDesc(l, 1, ioOpWrite|ioFlagFUA, 16, 8) // 8 KiB at 4 KiB
-	serveOne(t, l, 1)
-	got := make([]byte, len(want))
-	if _, err := f.ReadAt(got, 4096); err != nil || !bytes.Equal(got, want) {
-		t.Fatalf("backing file after WRITE differs (err %v)", err)
-	}
-	clear(l.bufs.slice(2))
-	setDesc(l, 2, ioOpRead, 16, 8)
-	serveOne(t, l, 2)
-	if !bytes.Equal(l.bufs.slice(2)[:len(want)], want) {
-		t.Fatal("buffer after READ differs")
-	}
-	// 32 KiB is more than the registered head: it takes the unregistered
-	// path and must move the same bytes.
-	big := bytes.Repeat([]byte("fastblk big i/o!"), 2048)
-	copy(l.bufs.slice(1), big)
-	setDesc(l, 1, ioOpWrite, 64, 64) // 32 KiB at 32 KiB
-	serveOne(t, l, 1)
-	gotBig := make([]byte, len(big))
-	if _, err := f.ReadAt(gotBig, 32<<10); err != nil || !bytes.Equal(gotBig, big) {
-		t.Fatalf("backing file after a 32 KiB WRITE differs (err %v)", err)
-	}
-	clear(l.bufs.slice(2))
-	setDesc(l, 2, ioOpRead, 64, 64)
-	serveOne(t, l, 2)
-	if !bytes.Equal(l.bufs.slice(2)[:len(big)], big) {
-		t.Fatal("buffer after a 32 KiB READ differs")
-	}
+	// 8 KiB fits the registered head; 32 KiB is larger and takes the
+	// unregistered path: both must move the same bytes.
+	roundTrip(t, l, f, bytes.Repeat([]byte("fastblk!"), 1024), 8, ioFlagFUA)
+	roundTrip(t, l, f, bytes.Repeat([]byte("fastblk big i/o!"), 2048), 64, 0)
 	setDesc(l, 3, ioOpDiscard, 16, 8)
 	serveOne(t, l, 3)
-	clear(got[:1])
+	got := make([]byte, 8<<10)
 	if _, err := f.ReadAt(got, 4096); err != nil || !bytes.Equal(got, make([]byte, len(got))) {
 		t.Fatalf("discarded range is not zero (err %v)", err)
 	}
@@ -144,6 +118,26 @@ func testLoopReadWrite(t *testing.T, fixed bool) {
 	st := l.q.stats.snapshot()
 	if st.Reads != 2 || st.Writes != 2 || st.Discards != 1 || st.Flushes != 1 || st.Errors != 0 || st.InFlight != 0 {
 		t.Fatalf("stats = %+v", st)
+	}
+}
+
+// roundTrip writes data at sector through tag 1 (with writeFlags) and reads
+// it back through tag 2, checking the backing file and the read buffer.
+func roundTrip(t *testing.T, l *loop, f *os.File, data []byte, sector uint64, writeFlags uint32) {
+	t.Helper()
+	n := uint32(len(data) / 512)
+	copy(l.bufs.slice(1), data)
+	setDesc(l, 1, ioOpWrite|writeFlags, n, sector)
+	serveOne(t, l, 1)
+	got := make([]byte, len(data))
+	if _, err := f.ReadAt(got, int64(sector)*512); err != nil || !bytes.Equal(got, data) {
+		t.Fatalf("backing file after a %d-byte WRITE differs (err %v)", len(data), err)
+	}
+	clear(l.bufs.slice(2))
+	setDesc(l, 2, ioOpRead, n, sector)
+	serveOne(t, l, 2)
+	if !bytes.Equal(l.bufs.slice(2)[:len(data)], data) {
+		t.Fatalf("buffer after a %d-byte READ differs", len(data))
 	}
 }
 
