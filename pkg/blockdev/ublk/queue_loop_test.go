@@ -355,25 +355,47 @@ func TestWaitFor(t *testing.T) {
 	}
 }
 
-// TestOfferThread pins the pacing of the queue thread's offers to the Go
-// scheduler: none within offerInterval of the last one, one after it, and
-// the new last offer is the clock when it happened.
-func TestOfferThread(t *testing.T) {
-	calls := 0
-	gosched := func() { calls++ }
+// TestOfferDue pins the pacing of the queue thread's offers to the Go
+// scheduler: none within offerInterval of the last one, one from then on.
+func TestOfferDue(t *testing.T) {
 	now, iv := monoNow(), int64(offerInterval)
-	if got := offerThread(now, now-iv/2, gosched); calls != 0 || got != now-iv/2 {
-		t.Fatalf("half an interval after the last offer: %d calls, last offer moved by %d ns", calls, got-(now-iv/2))
+	for _, c := range []struct {
+		offered int64
+		want    bool
+	}{{now, false}, {now - iv/2, false}, {now - iv + 1, false}, {now - iv, true}, {now - 10*iv, true}} {
+		if got := offerDue(now, c.offered); got != c.want {
+			t.Errorf("offerDue %v after the last offer = %v, want %v", time.Duration(now-c.offered), got, c.want)
+		}
 	}
-	got := offerThread(now, now-iv, gosched)
-	if calls != 1 || got < now {
-		t.Fatalf("a full interval after the last offer: %d calls, last offer %d ns after now; want 1 call, not before now", calls, got-now)
-	}
-	if offerThread(got, got, gosched); calls != 1 {
-		t.Fatalf("right after an offer: %d calls, want still 1", calls)
-	}
-	// A queue that never offered (zero value) offers on its first wait.
-	if offerThread(iv, 0, gosched); calls != 2 {
-		t.Fatalf("first offer: %d calls, want 2", calls)
+}
+
+// TestLoopOffersBeforeSleeping proves a round with an offer due still
+// submits its backing I/O and gets the completion, and records the offer;
+// a round right after an offer does not offer again.
+func TestLoopOffersBeforeSleeping(t *testing.T) {
+	l, _ := hostLoop(t, 2, TargetFile)
+	for round := range 2 {
+		setDesc(l, 0, ioOpRead, 8, 0)
+		if err := l.onCmd(0, ioResOK); err != nil {
+			t.Fatal(err)
+		}
+		l.offeredAt = monoNow() - int64(offerInterval) // due
+		if round == 1 {
+			l.offeredAt = monoNow() // just offered: not due again
+		}
+		before := l.offeredAt
+		n, err := l.next(true)
+		if err != nil || n != 1 {
+			t.Fatalf("round %d: next = %d, %v; want the backing completion", round, n, err)
+		}
+		if offered := l.offeredAt != before; offered != (round == 0) {
+			t.Fatalf("round %d: offered = %v, want %v", round, offered, round == 0)
+		}
+		if err := l.onBacking(0, l.cqes[0].Res); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := l.next(true); err != nil || n != 1 { // the failed COMMIT of a regular file
+			t.Fatalf("round %d: next = %d, %v; want the commit's completion", round, n, err)
+		}
 	}
 }
