@@ -59,6 +59,10 @@ func (b *ublkBackend) Features() uint64 { return b.srv.Features() }
 
 func (b *ublkBackend) Name() string { return "ublk" }
 
+// MaxIOBytesLimit is the largest Tuning.MaxIOBytes a ublk device takes: the
+// 1 MiB requests of zero copy.
+const MaxIOBytesLimit = ublk.ZeroCopyMaxIOBytes
+
 // Attach serves the volume file as /dev/ublkbN. Idempotent: a device
 // already serving the volume is returned.
 func (b *ublkBackend) Attach(ctx context.Context, req AttachRequest) (Device, error) {
@@ -76,9 +80,9 @@ func (b *ublkBackend) Attach(ctx context.Context, req AttachRequest) (Device, er
 		t.MaxIOBytes = b.cfg.Tuning.MaxIOBytes
 	}
 	// Checked here too, before the narrowing to 32 bits could wrap it.
-	if t.MaxIOBytes < 0 || t.MaxIOBytes > ublk.ZeroCopyMaxIOBytes {
+	if t.MaxIOBytes < 0 || t.MaxIOBytes > MaxIOBytesLimit {
 		return Device{}, fmt.Errorf("attach %s: max i/o bytes %d not in 0..%d: %w",
-			req.VolumeID, t.MaxIOBytes, ublk.ZeroCopyMaxIOBytes, ErrInvalid)
+			req.VolumeID, t.MaxIOBytes, MaxIOBytesLimit, ErrInvalid)
 	}
 	s, err := b.srv.Attach(ctx, ublk.AttachSpec{VolumeID: req.VolumeID, File: req.File, SizeBytes: req.SizeBytes,
 		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes)})

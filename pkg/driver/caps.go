@@ -116,10 +116,6 @@ func tuningFromParams(p map[string]string) (blockdev.Tuning, error) {
 	return t, nil
 }
 
-// maxIOSizeLimit is the largest request a ublk device takes (1 MiB, what
-// zero copy uses).
-const maxIOSizeLimit = 1 << 20
-
 // ParseMaxIOSize reads a request size (the maxIOSize parameter and the
 // --max-io-size flag) in bytes, with an optional Ki or Mi suffix as in
 // Kubernetes quantities: a multiple of 4Ki up to 1Mi.
@@ -132,7 +128,7 @@ func ParseMaxIOSize(s string) (int, error) {
 		num, unit = strings.TrimSuffix(s, "Mi"), 1<<20
 	}
 	n, err := strconv.Atoi(num)
-	if err != nil || n < 1 || n > maxIOSizeLimit/unit || n*unit%4096 != 0 {
+	if err != nil || n < 1 || n > blockdev.MaxIOBytesLimit/unit || n*unit%4096 != 0 {
 		return 0, fmt.Errorf("want a multiple of 4Ki from 4Ki to 1Mi, in bytes or with a Ki or Mi suffix (e.g. 512Ki)")
 	}
 	return n * unit, nil

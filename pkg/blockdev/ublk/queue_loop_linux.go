@@ -54,8 +54,8 @@ type loop struct {
 	// gapNs is a moving average of how long the thread waits, after a
 	// round, for the next completion; it sizes the poll (see next).
 	gapNs int64
-	// offeredAt is when the thread last offered itself to the Go
-	// scheduler (see offerThread).
+	// offeredAt is when (monoNow) the thread last offered itself to the
+	// Go scheduler (see next and offerDue).
 	offeredAt int64
 	cmdErr    error
 }
