@@ -45,7 +45,8 @@ func ublkServe(ctx context.Context, args []string) error {
 	maxIO := fs.Uint("max-io", 0, "copy mode: largest request in bytes, a multiple of 4096 (0 = tuning policy)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	var qo ublk.QueueOptions
-	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) every tag buffer at start")
+	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
+	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
 	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a queue thread polls for completions after a busy round before sleeping (0: never)")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -37,7 +37,7 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
-		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true},
+		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)

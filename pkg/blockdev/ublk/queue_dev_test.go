@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -63,13 +65,13 @@ func queueCases(t *testing.T, c *Control) []queueCase {
 }
 
 // startQueues starts every queue of d on the backing fd and the device.
-func startQueues(t *testing.T, d *testDev, tgt Target, fixed ...bool) ([]*Queue, string) {
+func startQueues(t *testing.T, d *testDev, tgt Target, opts QueueOptions) ([]*Queue, string) {
 	t.Helper()
 	var qs []*Queue
 	for qid := range d.info.NrHWQueues {
 		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
 			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes,
-			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}})
+			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: opts})
 		if err != nil {
 			t.Fatalf("start queue %d: %v", qid, err)
 		}
@@ -101,7 +103,7 @@ func TestQueueDataPath(t *testing.T) {
 			const size = 64 << 20
 			f, path := backingFile(t, size)
 			d := addTestDev(t, c, qc.queues, 64, 512<<10, qc.flags, size)
-			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), qc.fixed)
+			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: qc.fixed})
 			checkReadWrite(t, dev, f)
 			checkParallel(t, dev)
 			checkDiscard(t, dev, path)
@@ -271,7 +273,7 @@ func TestQueueStop(t *testing.T) {
 	const size = 16 << 20
 	f, _ := backingFile(t, size)
 	d := addTestDev(t, c, 1, 32, 128<<10, 0, size)
-	qs, dev := startQueues(t, d, FileTarget(int(f.Fd())))
+	qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{})
 	// Opening the disk waits for the partition scan (it holds the disk's
 	// open mutex), so no scan I/O is in flight when the queue leaves;
 	// such I/O would otherwise wait for the 30 s block-layer timeout.
@@ -291,7 +293,7 @@ func TestQueueNullTarget(t *testing.T) {
 	requireUblk(t)
 	c := openTestCtl(t)
 	d := addTestDev(t, c, 1, 32, 128<<10, 0, 16<<20)
-	qs, dev := startQueues(t, d, NullTarget())
+	qs, dev := startQueues(t, d, NullTarget(), QueueOptions{})
 	bd, err := os.OpenFile(dev, os.O_RDWR|unix.O_DIRECT, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -309,4 +311,81 @@ func TestQueueNullTarget(t *testing.T) {
 	if st := qs[0].Stats(); st.Reads < 16 || st.Writes < 16 {
 		t.Fatalf("stats = %+v", st)
 	}
+}
+
+// TestQueueIdleReclaim proves, on the real kernel, that a copy-mode queue
+// gives back the buffer memory a burst of large I/O made resident once it
+// has been idle for IdleReclaim, and that I/O after the reclaim moves the
+// right bytes through the re-faulted buffers.
+func TestQueueIdleReclaim(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	const size, depth, maxIO = 64 << 20, 16, 512 << 10
+	f, _ := backingFile(t, size)
+	d := addTestDev(t, c, 1, depth, maxIO, 0, size)
+	qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true, IdleReclaim: 500 * time.Millisecond})
+	bd, err := os.OpenFile(dev, os.O_RDWR|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bd.Close()
+	// Writes of a whole buffer each, all at once, so that every tag's
+	// buffer fills: 16 × 512 KiB = 8 MiB resident.
+	bufs := make([][]byte, depth)
+	for i := range bufs {
+		bufs[i] = alignedBuf(t, maxIO)
+		fill(bufs[i], byte(i))
+	}
+	before := rssAnon(t)
+	errs := make(chan error, depth)
+	for i := range bufs {
+		go func() {
+			_, err := bd.WriteAt(bufs[i], int64(i)*maxIO)
+			errs <- err
+		}()
+	}
+	for range bufs {
+		if err := <-errs; err != nil {
+			t.Fatalf("write: %v", err)
+		}
+	}
+	busy := rssAnon(t)
+	deadline := time.Now().Add(10 * time.Second)
+	for qs[0].Stats().Reclaims == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reclaim 10 s after the last request (stats %+v)", qs[0].Stats())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	idle := rssAnon(t)
+	t.Logf("RssAnon: %d KiB before, %d KiB after 8 MiB of writes, %d KiB after the idle reclaim", before>>10, busy>>10, idle>>10)
+	if busy-idle < 4<<20 {
+		t.Fatalf("the reclaim gave back %d KiB, want at least 4 MiB of the 8 MiB of buffers", (busy-idle)>>10)
+	}
+	got := alignedBuf(t, maxIO)
+	for i := range bufs {
+		if _, err := bd.ReadAt(got, int64(i)*maxIO); err != nil || !bytes.Equal(got, bufs[i]) {
+			t.Fatalf("chunk %d reads back differently after the reclaim (err %v)", i, err)
+		}
+	}
+}
+
+// rssAnon is this process's resident anonymous memory in bytes.
+func rssAnon(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "RssAnon:"); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb); err != nil {
+				t.Fatalf("RssAnon %q: %v", v, err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no RssAnon in /proc/self/status")
+	return 0
 }

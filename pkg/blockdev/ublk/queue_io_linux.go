@@ -46,6 +46,7 @@ func (l *loop) onCmd(tag uint16, res int32) error {
 	t.plan = planFor(t.req, l.cfg.Target.Kind)
 	t.done, t.retries, t.start = 0, 0, monoNow()
 	l.q.stats.inFlight.Add(1)
+	l.noteTailUse(t)
 	if l.bufs != nil && t.plan.act <= actWrite && t.req.len > uint32(l.bufs.size) {
 		// The kernel keeps requests within max_io_buf_bytes; a larger
 		// one would overrun the tag's buffer, so refuse it.

@@ -101,6 +101,11 @@ type QueueOptions struct {
 	// most of a queue-depth-1 round trip; polling trades that for CPU
 	// time, bounded by Poll per burst of activity.
 	Poll time.Duration
+	// IdleReclaim is how long a copy-mode queue stays idle after its
+	// last request that used a buffer past the registered head before it
+	// gives the pages of those buffer tails back (queue_reclaim_linux.go).
+	// 0 never reclaims.
+	IdleReclaim time.Duration
 }
 
 // ErrQueueStopped is what Wait returns when Stop ended the queue.

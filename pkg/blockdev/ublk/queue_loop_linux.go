@@ -57,6 +57,11 @@ type loop struct {
 	// offeredAt is when (monoNow) the thread last offered itself to the
 	// Go scheduler (see next and offerDue).
 	offeredAt int64
+	// tailsUsed says that some request reached past the registered head
+	// of its buffer since the last reclaim; tailsAt is when (monoNow) the
+	// last one arrived (see queue_reclaim_linux.go).
+	tailsUsed bool
+	tailsAt   int64
 	cmdErr    error
 }
 
@@ -276,9 +281,14 @@ func (l *loop) next(busy bool) (int, error) {
 		runtime.Gosched()
 		l.offeredAt = monoNow()
 	}
-	n, err := l.wait()
+	n, err := l.wait(start)
 	if poll > 0 && n > 0 {
 		l.noteGap(start)
+	}
+	if n == 0 && err == nil {
+		if now := monoNow(); l.reclaimDue(now) {
+			l.reclaim()
+		}
 	}
 	return n, err
 }
@@ -299,9 +309,10 @@ const offerInterval = 9 * time.Millisecond
 func offerDue(now, offered int64) bool { return now-offered >= int64(offerInterval) }
 
 // wait submits the round's SQEs and sleeps in the same io_uring_enter until
-// waitFor(backing) completions are ready, then reaps them.
-func (l *loop) wait() (int, error) {
-	_, err := l.ring.SubmitAndWait(waitFor(l.backing), 0)
+// waitFor(backing) completions are ready, or until idle buffer tails fall
+// due for reclaim, then reaps them.
+func (l *loop) wait(now int64) (int, error) {
+	_, err := l.ring.SubmitAndWait(waitFor(l.backing), l.reclaimWait(now))
 	l.q.stats.enters.Add(1)
 	if err != nil && !errors.Is(err, unix.ETIME) {
 		return 0, fmt.Errorf("submit and wait: %w", err)

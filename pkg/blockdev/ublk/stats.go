@@ -45,6 +45,8 @@ type QueueStats struct {
 	LatencyNs uint64
 	// Enters counts io_uring_enter calls (batches) of the queue thread.
 	Enters uint64
+	// Reclaims counts idle reclaims of the copy-mode buffer tails.
+	Reclaims uint64
 }
 
 // queueStats is the live, atomically updated form of QueueStats. The queue
@@ -57,6 +59,7 @@ type queueStats struct {
 	latency                                  [NumLatencyBuckets]atomic.Uint64
 	latencyNs                                atomic.Uint64
 	enters                                   atomic.Uint64
+	reclaims                                 atomic.Uint64
 }
 
 // latencyBucket returns the histogram bucket for a duration in nanoseconds.
@@ -105,6 +108,7 @@ func (s *queueStats) snapshot() QueueStats {
 		Errors:       s.errors.Load(),
 		InFlight:     s.inFlight.Load(),
 		Enters:       s.enters.Load(),
+		Reclaims:     s.reclaims.Load(),
 		LatencyNs:    s.latencyNs.Load(),
 	}
 	for i := range out.Latency {
@@ -125,6 +129,7 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.Errors += b.Errors
 	a.InFlight += b.InFlight
 	a.Enters += b.Enters
+	a.Reclaims += b.Reclaims
 	a.LatencyNs += b.LatencyNs
 	for i := range a.Latency {
 		a.Latency[i] += b.Latency[i]

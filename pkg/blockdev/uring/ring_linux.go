@@ -281,3 +281,7 @@ func (r *Ring) InFlight() uint32 { return r.inflight }
 
 // Pending returns how many prepared SQEs wait in the engine for ring room.
 func (r *Ring) Pending() int { return r.pLen }
+
+// Unsubmitted returns how many prepared SQEs the kernel has not consumed
+// yet: those in the SQ and those waiting for room in it.
+func (r *Ring) Unsubmitted() int { return int(r.unsubmitted()) + r.pLen }

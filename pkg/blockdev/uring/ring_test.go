@@ -142,3 +142,29 @@ func TestProbes(t *testing.T) {
 		t.Errorf("opcode 255: %v, want ErrNotSupported", err)
 	}
 }
+
+// TestUnsubmitted proves that Unsubmitted counts prepared SQEs until the
+// kernel consumes them, those waiting for ring room included.
+func TestUnsubmitted(t *testing.T) {
+	lockThread(t)
+	r := newRing(t, Config{Entries: 2, Flags: QueueFlags})
+	for i := range 5 {
+		s := r.GetSQE()
+		if s == nil {
+			t.Fatalf("no sqe for nop %d", i)
+		}
+		s.PrepNop()
+	}
+	if n := r.Unsubmitted(); n != 5 {
+		t.Fatalf("Unsubmitted = %d after preparing 5, want 5", n)
+	}
+	for done := 0; done < 5; {
+		if _, err := r.SubmitAndWait(1, 0); err != nil {
+			t.Fatal(err)
+		}
+		done += r.Reap(make([]CQE, 8))
+	}
+	if n := r.Unsubmitted(); n != 0 {
+		t.Fatalf("Unsubmitted = %d after all completed, want 0", n)
+	}
+}

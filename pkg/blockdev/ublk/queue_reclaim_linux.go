@@ -1,0 +1,83 @@
+package ublk
+
+import (
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+)
+
+// Idle reclaim. In copy mode every tag has a buffer of max_io_buf_bytes,
+// mapped lazily: small requests only ever touch its registered head, but
+// one burst of large I/O makes every buffer it used resident, and that
+// memory would stay with the volume for its life (8 MiB per device with
+// the default geometry). A queue that has served large requests and then
+// stays idle for QueueOptions.IdleReclaim gives the pages of the buffer
+// tails, everything past the registered head, back to the kernel. They
+// fault in again, zero-filled, on next use.
+
+// DefaultIdleReclaim is the IdleReclaim the plugin uses: long enough that
+// a volume streaming with pauses keeps its buffers, short enough that a
+// burst of large I/O costs memory for seconds, not for the volume's life.
+const DefaultIdleReclaim = 10 * time.Second
+
+// noteTailUse records, at the arrival of a request, whether its data (which
+// the kernel copies through the tag's buffer) reaches past the registered
+// head.
+func (l *loop) noteTailUse(t *tagState) {
+	if l.bufs != nil && t.req.len > l.fixed && (t.req.op == ioOpRead || t.req.op == ioOpWrite) {
+		l.tailsUsed, l.tailsAt = true, t.start
+	}
+}
+
+// reclaimWait bounds a sleeping wait at now so that the queue wakes when
+// its buffer tails fall due for reclaim; 0 means no bound. With requests
+// in flight there is none: their completions end the wait anyway.
+func (l *loop) reclaimWait(now int64) time.Duration {
+	after := l.cfg.Options.IdleReclaim
+	if after <= 0 || !l.tailsUsed || l.q.stats.inFlight.Load() != 0 {
+		return 0
+	}
+	return max(time.Duration(l.tailsAt+int64(after)-now), time.Millisecond)
+}
+
+// reclaimDue reports whether the buffer tails may be reclaimed at now:
+// some were used, the last such request came IdleReclaim ago, and no
+// buffer holds data for the kernel or for us. Every request has been
+// committed and every commit consumed (in copy mode the kernel copies a
+// read's data out of the buffer while it consumes the COMMIT), and the
+// caller has just reaped nothing, so no delivered WRITE waits in a buffer.
+// With DEFER_TASKRUN the kernel copies a new WRITE into its buffer only
+// inside this thread's waiting io_uring_enter, so none can land between
+// two madvise calls; without it, it could, and the queue never reclaims.
+func (l *loop) reclaimDue(now int64) bool {
+	after := l.cfg.Options.IdleReclaim
+	return after > 0 && l.tailsUsed && now-l.tailsAt >= int64(after) &&
+		l.ring.Flags()&uring.IORING_SETUP_DEFER_TASKRUN != 0 &&
+		l.q.stats.inFlight.Load() == 0 && l.ring.Unsubmitted() == 0
+}
+
+// reclaim drops the pages of every buffer tail (MADV_DONTNEED). The
+// registered heads stay: the ring holds their pages pinned, and dropping
+// them from the mapping would part the buffer from what the ring reads
+// and writes.
+func (l *loop) reclaim() {
+	for tag := range l.tags {
+		// Best effort: madvise fails only for locked memory
+		// (mlockall), whose tails simply stay resident.
+		_ = l.bufs.dropTail(uint16(tag), l.fixed)
+	}
+	l.tailsUsed = false
+	l.q.stats.reclaims.Add(1)
+}
+
+// dropTail gives back the pages of tag's buffer past its first head bytes.
+func (b *bufArea) dropTail(tag uint16, head uint32) error {
+	start := int(tag)*b.size + roundUp(int(head), unix.Getpagesize())
+	end := (int(tag) + 1) * b.size
+	if start >= end {
+		return nil
+	}
+	return unix.Madvise(b.mem[start:end], unix.MADV_DONTNEED)
+}
