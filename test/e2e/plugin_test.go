@@ -63,13 +63,20 @@ type plugin struct {
 	conn                      *grpc.ClientConn
 	ctrl                      csi.ControllerClient
 	node                      csi.NodeClient
+	// cgroupFD, when set, is the cgroup (an open directory) the plugin
+	// starts in.
+	cgroupFD int
 }
 
-func newPlugin(t *testing.T) *plugin {
+func newPlugin(t *testing.T) *plugin { return newPluginIn(t, -1) }
+
+// newPluginIn starts the plugin in the cgroup open as cgroupFD (-1: this
+// process's cgroup).
+func newPluginIn(t *testing.T, cgroupFD int) *plugin {
 	bin := requireVM(t)
 	dir := workDir(t)
 	p := &plugin{t: t, bin: bin, dir: dir, dataDir: filepath.Join(dir, "data"),
-		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock")}
+		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock"), cgroupFD: cgroupFD}
 	p.start()
 	t.Cleanup(p.stop)
 	return p
@@ -86,6 +93,9 @@ func (p *plugin) start() {
 		"--data-dir", p.dataDir, "--driver-name", "fastblk.csi.io", "--backend", "ublk",
 		"--dev-dir", p.devDir, "--metrics-address", metricsAddr, "-v=2")
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
+	if p.cgroupFD > 0 {
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: p.cgroupFD}
+	}
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
 	}

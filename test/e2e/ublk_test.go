@@ -438,3 +438,40 @@ func readDirect(t *testing.T, path string, n int) []byte {
 	}
 	return bytes.Clone(buf)
 }
+
+// TestPidsLimitCapsVolumes starts the plugin in a cgroup whose pids.max
+// cannot hold the queue threads of 64 volumes and proves that NodeGetInfo
+// reports the lower count that fits, so the scheduler never places a
+// volume whose threads the kernel would refuse.
+func TestPidsLimitCapsVolumes(t *testing.T) {
+	requireVM(t)
+	const root = "/sys/fs/cgroup"
+	if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+pids"), 0o644); err != nil {
+		t.Skipf("no pids controller for child cgroups: %v", err)
+	}
+	dir := filepath.Join(root, "e2e-pids")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte("200"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last-in first-out: the plugin stops before the cgroup goes.
+	t.Cleanup(func() { unix.Close(fd); os.Remove(dir) })
+	p := newPluginIn(t, fd)
+	info, err := p.node.NodeGetInfo(context.Background(), &csi.NodeGetInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := info.GetMaxVolumesPerNode()
+	// 200 tasks, minus the plugin's threads at start and 64 in reserve,
+	// over 2 threads per queue × min(CPUs, 4) queues per volume.
+	if got < 1 || got >= 64 || got > (200-64)/4 {
+		t.Fatalf("max volumes per node = %d under pids.max 200, want 1..%d", got, (200-64)/4)
+	}
+	t.Logf("pids.max 200: NodeGetInfo reports %d volumes (default 64)", got)
+}
