@@ -50,9 +50,7 @@ func PidsLimit(pid int) (int64, error) {
 		if err != nil {
 			return 0, fmt.Errorf("pids limit: %w", err)
 		}
-		if l >= 0 && (limit < 0 || l < limit) {
-			limit = l
-		}
+		limit = tighter(limit, l)
 	}
 	if err := sc.Err(); err != nil {
 		return 0, fmt.Errorf("pids limit: %w", err)
@@ -78,13 +76,19 @@ func minPidsMax(root, rel string) (int64, error) {
 		if err != nil {
 			return 0, err
 		}
-		if l >= 0 && (limit < 0 || l < limit) {
-			limit = l
-		}
+		limit = tighter(limit, l)
 		if p == "/" {
 			return limit, nil
 		}
 	}
+}
+
+// tighter is the smaller of two limits, where -1 means none.
+func tighter(a, b int64) int64 {
+	if a < 0 || (b >= 0 && b < a) {
+		return b
+	}
+	return a
 }
 
 // readPidsMax reads one pids.max: a number, "max", or no file (the root

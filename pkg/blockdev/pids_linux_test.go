@@ -86,3 +86,11 @@ func pidsHierarchy(t *testing.T) string {
 	t.Skip("no pids controller to test with")
 	return ""
 }
+
+func TestTighterLimit(t *testing.T) {
+	for _, c := range [][3]int64{{-1, -1, -1}, {-1, 5, 5}, {5, -1, 5}, {5, 3, 3}, {3, 5, 3}} {
+		if got := tighter(c[0], c[1]); got != c[2] {
+			t.Errorf("tighter(%d, %d) = %d, want %d", c[0], c[1], got, c[2])
+		}
+	}
+}

@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
 
 // resident counts the resident pages of b.
@@ -88,6 +90,21 @@ func TestLoopReclaimWaitsForIdle(t *testing.T) {
 	l.cfg.Options.IdleReclaim = 0
 	if l.reclaimDue(later) || l.reclaimWait(later) != 0 {
 		t.Fatal("IdleReclaim 0 still reclaims")
+	}
+	// Without DEFER_TASKRUN the kernel may copy a new WRITE into a buffer
+	// between two madvise calls: such a ring never reclaims.
+	l.cfg.Options.IdleReclaim = time.Millisecond
+	plain, err := uring.New(uring.Config{Entries: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deferred := l.ring
+	l.ring = plain
+	due := l.reclaimDue(later)
+	l.ring = deferred
+	plain.Close()
+	if due {
+		t.Fatal("reclaim due on a ring without DEFER_TASKRUN")
 	}
 }
 
