@@ -21,12 +21,58 @@ const CgroupRoot = "/sys/fs/cgroup"
 // means no limit (or no pids controller). Every ublk queue is a thread of
 // this process, so the limit bounds how many volumes the node can serve.
 func PidsLimit(pid int) (int64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/cgroup", pid))
+	dirs, err := pidsDirs(pid)
 	if err != nil {
 		return 0, fmt.Errorf("pids limit: %w", err)
 	}
-	defer f.Close()
 	limit := int64(-1)
+	for _, d := range dirs {
+		l, err := readPidsMax(filepath.Join(d, "pids.max"))
+		if err != nil {
+			return 0, fmt.Errorf("pids limit: %w", err)
+		}
+		limit = tighter(limit, l)
+	}
+	return limit, nil
+}
+
+// PidsHeadroom returns how many more tasks process pid's cgroup can take
+// now: the smallest pids.max − pids.current over its cgroup and every
+// ancestor that sets a limit (other processes in those cgroups count too).
+// -1 means no limit.
+func PidsHeadroom(pid int) (int64, error) {
+	dirs, err := pidsDirs(pid)
+	if err != nil {
+		return 0, fmt.Errorf("pids headroom: %w", err)
+	}
+	room := int64(-1)
+	for _, d := range dirs {
+		l, err := readPidsMax(filepath.Join(d, "pids.max"))
+		if err != nil {
+			return 0, fmt.Errorf("pids headroom: %w", err)
+		}
+		if l < 0 {
+			continue
+		}
+		cur, err := readPidsCurrent(filepath.Join(d, "pids.current"))
+		if err != nil {
+			return 0, fmt.Errorf("pids headroom: %w", err)
+		}
+		room = tighter(room, max(0, l-cur))
+	}
+	return room, nil
+}
+
+// pidsDirs lists the cgroup directories whose pids limits apply to process
+// pid: its own cgroup and each ancestor, in the v2 hierarchy and in v1's
+// pids hierarchy, whichever are mounted.
+func pidsDirs(pid int) ([]string, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var dirs []string
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		// hierarchy-ID:controller-list:cgroup-path
@@ -34,28 +80,21 @@ func PidsLimit(pid int) (int64, error) {
 		if len(parts) != 3 {
 			continue
 		}
-		var dir string
+		var root string
 		switch {
 		case parts[0] == "0" && parts[1] == "":
-			dir = CgroupRoot // v2
-			if _, err := os.Stat(filepath.Join(dir, "cgroup.controllers")); err != nil {
-				dir = filepath.Join(CgroupRoot, "unified") // v1/v2 hybrid
+			root = CgroupRoot // v2
+			if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
+				root = filepath.Join(CgroupRoot, "unified") // v1/v2 hybrid
 			}
 		case hasController(parts[1], "pids"):
-			dir = filepath.Join(CgroupRoot, "pids")
+			root = filepath.Join(CgroupRoot, "pids")
 		default:
 			continue
 		}
-		l, err := minPidsMax(dir, parts[2])
-		if err != nil {
-			return 0, fmt.Errorf("pids limit: %w", err)
-		}
-		limit = tighter(limit, l)
+		dirs = append(dirs, ancestors(root, parts[2])...)
 	}
-	if err := sc.Err(); err != nil {
-		return 0, fmt.Errorf("pids limit: %w", err)
-	}
-	return limit, nil
+	return dirs, sc.Err()
 }
 
 func hasController(list, name string) bool {
@@ -67,18 +106,13 @@ func hasController(list, name string) bool {
 	return false
 }
 
-// minPidsMax is the smallest pids.max from cgroup rel under root up to
-// root itself; -1 when none sets one.
-func minPidsMax(root, rel string) (int64, error) {
-	limit := int64(-1)
+// ancestors lists cgroup rel under root and each of its parents up to root.
+func ancestors(root, rel string) []string {
+	var dirs []string
 	for p := path.Clean("/" + rel); ; p = path.Dir(p) {
-		l, err := readPidsMax(filepath.Join(root, p, "pids.max"))
-		if err != nil {
-			return 0, err
-		}
-		limit = tighter(limit, l)
+		dirs = append(dirs, filepath.Join(root, p))
 		if p == "/" {
-			return limit, nil
+			return dirs
 		}
 	}
 }
@@ -108,6 +142,22 @@ func readPidsMax(file string) (int64, error) {
 	n, err := strconv.ParseInt(s, 10, 64)
 	if err != nil {
 		return 0, fmt.Errorf("%s: %q: %w", file, s, err)
+	}
+	return n, nil
+}
+
+// readPidsCurrent reads one pids.current (0 when the file is missing).
+func readPidsCurrent(file string) (int64, error) {
+	b, err := os.ReadFile(file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %q: %w", file, b, err)
 	}
 	return n, nil
 }

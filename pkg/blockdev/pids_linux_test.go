@@ -32,7 +32,7 @@ func TestReadPidsMax(t *testing.T) {
 
 // TestPidsLimitOfRealCgroup puts a child process in a real pids cgroup with
 // pids.max 77 and a nested one without a limit, and proves that PidsLimit
-// finds the ancestor's limit.
+// finds the ancestor's limit and PidsHeadroom what is left of it.
 func TestPidsLimitOfRealCgroup(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create a cgroup")
@@ -67,8 +67,27 @@ func TestPidsLimitOfRealCgroup(t *testing.T) {
 	if err != nil || got != 77 {
 		t.Fatalf("PidsLimit = %d, %v; want 77 (the parent cgroup's pids.max)", got, err)
 	}
+	// The child is the only task under the limit: room for 76 more; a
+	// second child in the inner cgroup takes one of them.
+	if got, err := PidsHeadroom(child.Process.Pid); err != nil || got != 76 {
+		t.Fatalf("PidsHeadroom = %d, %v; want 76 (77 minus the child)", got, err)
+	}
+	second := exec.Command("sleep", "60")
+	if err := second.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { second.Process.Kill(); second.Wait() }()
+	if err := os.WriteFile(filepath.Join(inner, "cgroup.procs"), []byte(strconv.Itoa(second.Process.Pid)), 0o644); err != nil {
+		t.Fatalf("move the second child into the cgroup: %v", err)
+	}
+	if got, err := PidsHeadroom(child.Process.Pid); err != nil || got != 75 {
+		t.Fatalf("PidsHeadroom with two children = %d, %v; want 75", got, err)
+	}
 	if _, err := PidsLimit(os.Getpid()); err != nil {
 		t.Fatalf("PidsLimit of this process: %v", err)
+	}
+	if _, err := PidsHeadroom(os.Getpid()); err != nil {
+		t.Fatalf("PidsHeadroom of this process: %v", err)
 	}
 }
 

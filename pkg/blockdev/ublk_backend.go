@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
@@ -38,6 +39,13 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
 		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
+		ThreadRoom: func() (int64, error) {
+			room, err := PidsHeadroom(os.Getpid())
+			if err != nil {
+				klog.ErrorS(err, "cannot read the pids headroom; creating the device anyway")
+			}
+			return room, err
+		},
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
@@ -167,6 +175,8 @@ func ublkErr(op string, err error) error {
 		class = ErrConflict
 	case errors.Is(err, unix.EBUSY):
 		class = ErrBusy
+	case errors.Is(err, ublk.ErrThreadLimit):
+		class = ErrNoSpace
 	default:
 		return fmt.Errorf("%s: %w", op, err)
 	}

@@ -445,23 +445,7 @@ func readDirect(t *testing.T, path string, n int) []byte {
 // volume whose threads the kernel would refuse.
 func TestPidsLimitCapsVolumes(t *testing.T) {
 	requireVM(t)
-	const root = "/sys/fs/cgroup"
-	if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+pids"), 0o644); err != nil {
-		t.Skipf("no pids controller for child cgroups: %v", err)
-	}
-	dir := filepath.Join(root, "e2e-pids")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte("200"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Cleanups run last-in first-out: the plugin stops before the cgroup goes.
-	t.Cleanup(func() { unix.Close(fd); os.Remove(dir) })
+	_, fd := pidsCgroup(t, 200)
 	p := newPluginIn(t, fd)
 	info, err := p.node.NodeGetInfo(context.Background(), &csi.NodeGetInfoRequest{})
 	if err != nil {
@@ -474,4 +458,99 @@ func TestPidsLimitCapsVolumes(t *testing.T) {
 		t.Fatalf("max volumes per node = %d under pids.max 200, want 1..%d", got, (200-64)/4)
 	}
 	t.Logf("pids.max 200: NodeGetInfo reports %d volumes (default 64)", got)
+}
+
+// TestPidsHeadroomRefusesStage lowers the plugin's pids limit below what a
+// new device's queue threads need and proves that NodeStageVolume is
+// refused with ResourceExhausted, leaving no device behind and the plugin
+// serving, and that the same volume stages once the limit is raised.
+func TestPidsHeadroomRefusesStage(t *testing.T) {
+	requireVM(t)
+	dir, fd := pidsCgroup(t, 400)
+	p := newPluginIn(t, fd)
+	ctx := context.Background()
+	held := p.provision("pids-held", 64<<20, blockCap(), nil)
+	cur := readInt(t, filepath.Join(dir, "pids.current"))
+	// Room for a few threads: fewer than one queue's plus the reserve.
+	setPidsMax(t, dir, cur+ublk.ThreadReserve/2)
+	c := blockCap()
+	cr, err := p.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pids-refused", VolumeCapabilities: []*csi.VolumeCapability{c},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := cr.GetVolume().GetVolumeId()
+	t.Cleanup(func() { p.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
+	staging := filepath.Join(p.dir, "staging", "pids-refused")
+	if err := os.MkdirAll(staging, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	before := len(ublkDevices(t))
+	stage := &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c,
+		VolumeContext: cr.GetVolume().GetVolumeContext()}
+	_, err = p.node.NodeStageVolume(ctx, stage)
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("NodeStageVolume with pids.max %d (%d in use) = %v, want ResourceExhausted\n%s", cur+ublk.ThreadReserve/2, cur, err, p.logTail())
+	}
+	t.Logf("refused: %v", err)
+	if n := len(ublkDevices(t)); n != before {
+		t.Fatalf("%d ublk devices after the refused stage, want %d", n, before)
+	}
+	if _, err := p.node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{}); err != nil {
+		t.Fatalf("plugin not serving after the refusal: %v", err)
+	}
+	// The volume staged before still serves I/O.
+	fill(t, p.devLink(held), 1<<20)
+	if b := readDirect(t, p.devLink(held), 4096); b[2] != 3 { // fill writes byte(i) | 1
+		t.Fatalf("volume staged before the refusal reads back %#x at byte 2, want 3", b[2])
+	}
+	setPidsMax(t, dir, 400)
+	if _, err := p.node.NodeStageVolume(ctx, stage); err != nil {
+		t.Fatalf("NodeStageVolume after raising pids.max: %v\n%s", err, p.logTail())
+	}
+	if _, err := p.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// pidsCgroup makes a cgroup v2 child with the pids controller and pids.max
+// limit, and returns its directory and an open fd for CLONE_INTO_CGROUP.
+func pidsCgroup(t *testing.T, limit int64) (string, int) {
+	t.Helper()
+	const root = "/sys/fs/cgroup"
+	if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+pids"), 0o644); err != nil {
+		t.Skipf("no pids controller for child cgroups: %v", err)
+	}
+	dir := filepath.Join(root, "e2e-pids")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	setPidsMax(t, dir, limit)
+	fd, err := unix.Open(dir, unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Cleanups run last-in first-out: the plugin stops before the cgroup goes.
+	t.Cleanup(func() { unix.Close(fd); os.Remove(dir) })
+	return dir, fd
+}
+
+func setPidsMax(t *testing.T, dir string, limit int64) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "pids.max"), []byte(strconv.FormatInt(limit, 10)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readInt(t *testing.T, file string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return n
 }

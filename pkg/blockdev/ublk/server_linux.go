@@ -26,6 +26,11 @@ type ServerConfig struct {
 	MemoryBudget int64
 	// Queue is the queue threads' submission and wait policy.
 	Queue QueueOptions
+	// ThreadRoom, when set, returns how many more threads the process
+	// may start (-1: no limit). A new device whose queue threads would
+	// not fit is refused before anything is created (see checkThreads);
+	// re-adopted devices are never refused.
+	ThreadRoom func() (int64, error)
 }
 
 // AttachSpec asks for a volume's device.
@@ -182,6 +187,9 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 	tun, err := ChooseTuning(TuningInput{CPUs: s.cfg.CPUs, Queues: spec.Queues, Depth: spec.Depth, MaxIOBytes: spec.MaxIOBytes,
 		ZeroCopy: zeroCopy(flags), MemoryBudget: s.cfg.MemoryBudget})
 	if err != nil {
+		return nil, err
+	}
+	if err := checkThreads(s.cfg.ThreadRoom, tun.Queues); err != nil {
 		return nil, err
 	}
 	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun, Owner: s.owner}
@@ -373,4 +381,34 @@ func DeviceSize(devID uint32) (int64, error) {
 		return 0, fmt.Errorf("parse size of ublkb%d: %w", devID, err)
 	}
 	return n << 9, nil
+}
+
+// ErrThreadLimit is the class of a device refused because the process's
+// pids limit has no room for its queue threads.
+var ErrThreadLimit = errors.New("no room for queue threads under the pids limit")
+
+// ThreadReserve is the room checkThreads keeps free beyond a new device's
+// queue threads: for the Go runtime, gRPC and the mkfs and mount children
+// the node service starts.
+const ThreadReserve = 16
+
+// checkThreads refuses a device of queues queues when room says the
+// process cannot start their threads and keep ThreadReserve free. Go
+// treats a refused thread creation as a fatal error, so starting the
+// queues anyway would take down every device this process serves. A
+// failure to read the room does not block the device.
+func checkThreads(room func() (int64, error), queues int) error {
+	if room == nil {
+		return nil
+	}
+	n, err := room()
+	if err != nil || n < 0 {
+		return nil
+	}
+	need := int64(queues * ThreadsPerQueue)
+	if n < need+ThreadReserve {
+		return fmt.Errorf("%d queues need %d threads and %d in reserve, the pids limit leaves room for %d (raise the plugin's pids limit): %w",
+			queues, need, ThreadReserve, n, ErrThreadLimit)
+	}
+	return nil
 }
