@@ -92,8 +92,12 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 	}
 	fmt.Fprintf(w, "node %s  driver %s %s  kernel %s  backend %s  %s\n",
 		st.NodeID, st.Driver, st.Version, st.Kernel, st.Backend, health)
-	fmt.Fprintf(w, "capacity %s available of %s  volumes %d  snapshots %d\n\n",
+	fmt.Fprintf(w, "capacity %s available of %s  volumes %d  snapshots %d",
 		human(st.CapacityAvailable), human(st.CapacityTotal), len(st.Volumes), st.Snapshots)
+	if st.PidsHeadroom != nil {
+		fmt.Fprintf(w, "  pids headroom %d", *st.PidsHeadroom)
+	}
+	fmt.Fprint(w, "\n\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
 	for _, v := range st.Volumes {

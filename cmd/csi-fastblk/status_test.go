@@ -38,3 +38,19 @@ func TestPrintStatusMaxIO(t *testing.T) {
 		t.Errorf("MAX-IO per volume %v, want %v\n%s", got, want, b.String())
 	}
 }
+
+// TestPrintStatusPidsHeadroom proves the summary line shows the pids
+// headroom only when the plugin has a pids limit.
+func TestPrintStatusPidsHeadroom(t *testing.T) {
+	room := int64(42)
+	for _, c := range []struct {
+		room *int64
+		want bool
+	}{{&room, true}, {nil, false}} {
+		var b strings.Builder
+		printStatus(&b, driver.NodeStatus{PidsHeadroom: c.room})
+		if got := strings.Contains(b.String(), "pids headroom 42"); got != c.want {
+			t.Errorf("headroom %v: summary shows it %v, want %v:\n%s", c.room, got, c.want, b.String())
+		}
+	}
+}

@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"os"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
@@ -21,6 +22,10 @@ type NodeStatus struct {
 	CapacityTotal     int64          `json:"capacityTotal"`
 	Volumes           []VolumeStatus `json:"volumes"`
 	Snapshots         int            `json:"snapshots"`
+	// PidsHeadroom is how many more tasks the plugin's cgroup may start
+	// under its pids limit (blockdev.PidsHeadroom); nil when there is no
+	// limit. Each ublk queue is two of them.
+	PidsHeadroom *int64 `json:"pidsHeadroom,omitempty"`
 }
 
 // VolumeStatus describes one volume and, when attached, its device.
@@ -56,6 +61,9 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	}
 	st.CapacityAvailable, st.CapacityTotal, _ = d.store.Capacity()
 	st.Snapshots = len(d.store.Snapshots())
+	if room, err := blockdev.PidsHeadroom(os.Getpid()); err == nil && room >= 0 {
+		st.PidsHeadroom = &room
+	}
 	devs, err := d.backend.List(ctx)
 	if err != nil {
 		return st, fmt.Errorf("list devices: %w", err)

@@ -18,8 +18,10 @@ func fixedStatus(st driver.NodeStatus) StatusFunc {
 	return func(context.Context) (driver.NodeStatus, error) { return st, nil }
 }
 
+var headroom = int64(180)
+
 var attached = driver.NodeStatus{
-	Backend: "ublk", Kernel: "6.12", Healthy: true, CapacityAvailable: 100, CapacityTotal: 200,
+	Backend: "ublk", Kernel: "6.12", Healthy: true, CapacityAvailable: 100, CapacityTotal: 200, PidsHeadroom: &headroom,
 	Volumes: []driver.VolumeStatus{
 		{ID: "v1", Name: "pvc-1", SizeBytes: 1 << 30, Device: "/dev/ublkb0", Backend: "ublk",
 			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 128, MaxIOBytes: 512 << 10},
@@ -51,6 +53,7 @@ func TestCollectorReportsVolumes(t *testing.T) {
 		{"fastblk_volume_device_state", `fastblk_volume_device_state{backend="ublk",name="pvc-1",state="live",volume_id="v1"} 1`},
 		{"fastblk_volume_size_bytes", `fastblk_volume_size_bytes{name="pvc-2",volume_id="v2"} 1.048576e+06`},
 		{"fastblk_node_capacity_available_bytes", `fastblk_node_capacity_available_bytes 100`},
+		{"fastblk_node_pids_headroom", `fastblk_node_pids_headroom 180`},
 	} {
 		t.Run(tc.metric, func(t *testing.T) {
 			out, err := testutil.CollectAndFormat(c, expfmt.TypeTextPlain, tc.metric)
@@ -64,6 +67,11 @@ func TestCollectorReportsVolumes(t *testing.T) {
 	}
 	if n := testutil.CollectAndCount(c, "fastblk_volume_queues"); n != 1 {
 		t.Errorf("queue gauges = %d, want 1 (detached volumes have no device)", n)
+	}
+	unlimited := attached
+	unlimited.PidsHeadroom = nil
+	if n := testutil.CollectAndCount(NewCollector(fixedStatus(unlimited)), "fastblk_node_pids_headroom"); n != 0 {
+		t.Errorf("pids headroom gauges without a pids limit = %d, want 0", n)
 	}
 }
 

@@ -471,8 +471,14 @@ func TestPidsHeadroomRefusesStage(t *testing.T) {
 	ctx := context.Background()
 	held := p.provision("pids-held", 64<<20, blockCap(), nil)
 	cur := readInt(t, filepath.Join(dir, "pids.current"))
+	if got := p.metric("fastblk_node_pids_headroom "); got <= 0 || got > float64(400-cur) {
+		t.Errorf("fastblk_node_pids_headroom = %v with %d of 400 tasks in use, want 1..%d", got, cur, 400-cur)
+	}
 	// Room for a few threads: fewer than one queue's plus the reserve.
 	setPidsMax(t, dir, cur+ublk.ThreadReserve/2)
+	if got := p.metric("fastblk_node_pids_headroom "); got > ublk.ThreadReserve/2 {
+		t.Errorf("fastblk_node_pids_headroom = %v after lowering pids.max to %d in use + %d", got, cur, ublk.ThreadReserve/2)
+	}
 	c := blockCap()
 	cr, err := p.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pids-refused", VolumeCapabilities: []*csi.VolumeCapability{c},
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
