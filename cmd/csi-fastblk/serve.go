@@ -22,6 +22,7 @@ type serveConfig struct {
 	endpoint       string
 	backend        string
 	metricsAddress string
+	reconcileRetry time.Duration
 	driver         driver.Config
 	store          blockdev.StoreConfig
 	devices        blockdev.BackendConfig
@@ -51,6 +52,8 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
 		"advertise ControllerExpandVolume (leave off in clusters: external-resizer has no per-node mode, so nodes grow their own volumes in NodeExpandVolume)")
 	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /status (empty disables)")
+	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
+		"how often to retry restoring staged volumes whose devices could not be restored at start (for example held back by the pids limit)")
 	return c
 }
 
@@ -93,7 +96,8 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	logStartup(cfg, store, backend)
 	if err := drv.Reconcile(ctx); err != nil {
-		klog.ErrorS(err, "some staged volumes could not be restored")
+		klog.ErrorS(err, "some staged volumes could not be restored; retrying", "every", cfg.reconcileRetry)
+		go retryReconcile(ctx, drv, cfg.reconcileRetry)
 	}
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
@@ -112,6 +116,26 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return nil
 	}
 	return err
+}
+
+// retryReconcile calls Reconcile every interval until it succeeds or ctx
+// ends.
+func retryReconcile(ctx context.Context, drv *driver.Driver, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := drv.Reconcile(ctx)
+		if err == nil {
+			klog.InfoS("all staged volumes restored")
+			return
+		}
+		klog.ErrorS(err, "some staged volumes could not be restored; retrying", "every", interval)
+	}
 }
 
 // limitVolumesToPids lowers the volume count the node reports (NodeGetInfo,

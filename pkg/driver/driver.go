@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"regexp"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
 	utilexec "k8s.io/utils/exec"
@@ -70,21 +72,40 @@ func New(cfg Config, store *blockdev.Store, backend blockdev.Backend) (*Driver, 
 
 // Reconcile brings devices back in line with persisted node state after a
 // restart: every staged volume gets its device again (Attach is idempotent,
-// so devices that survived are adopted, not recreated).
+// so devices that survived are adopted, not recreated). Each volume is
+// locked and re-read, so a Reconcile retried while the node serves never
+// races a NodeUnstageVolume.
 func (d *Driver) Reconcile(ctx context.Context) error {
 	var errs []error
 	for _, v := range d.store.Volumes() {
 		if v.Node.StagingPath == "" {
 			continue
 		}
-		dev, err := d.backend.Attach(ctx, d.attachRequest(v))
-		if err != nil {
+		if err := d.reattach(ctx, v.ID); err != nil {
 			errs = append(errs, fmt.Errorf("reattach %s: %w", v.ID, err))
-			continue
 		}
-		klog.InfoS("volume device restored", "volumeID", v.ID, "device", dev.Path, "link", dev.Link)
 	}
 	return errors.Join(errs...)
+}
+
+func (d *Driver) reattach(ctx context.Context, id string) error {
+	v, unlock, err := d.lockedVolume(ctx, id)
+	if status.Code(err) == codes.NotFound {
+		return nil // deleted meanwhile
+	}
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if v.Node.StagingPath == "" {
+		return nil // unstaged meanwhile
+	}
+	dev, err := d.backend.Attach(ctx, d.attachRequest(v))
+	if err != nil {
+		return err
+	}
+	klog.InfoS("volume device restored", "volumeID", v.ID, "device", dev.Path, "link", dev.Link)
+	return nil
 }
 
 func (d *Driver) attachRequest(v blockdev.Volume) blockdev.AttachRequest {

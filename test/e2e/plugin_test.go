@@ -66,6 +66,8 @@ type plugin struct {
 	// cgroupFD, when set, is the cgroup (an open directory) the plugin
 	// starts in.
 	cgroupFD int
+	// args are extra serve flags.
+	args []string
 }
 
 func newPlugin(t *testing.T) *plugin { return newPluginIn(t, -1) }
@@ -89,9 +91,10 @@ func (p *plugin) start() {
 	if err != nil {
 		p.t.Fatal(err)
 	}
-	p.cmd = exec.Command(p.bin, "serve", "--endpoint", "unix://"+p.sock, "--node-id", "e2e-node",
+	args := []string{"serve", "--endpoint", "unix://" + p.sock, "--node-id", "e2e-node",
 		"--data-dir", p.dataDir, "--driver-name", "fastblk.csi.io", "--backend", "ublk",
-		"--dev-dir", p.devDir, "--metrics-address", metricsAddr, "-v=2")
+		"--dev-dir", p.devDir, "--metrics-address", metricsAddr, "-v=2"}
+	p.cmd = exec.Command(p.bin, append(args, p.args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if p.cgroupFD > 0 {
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: p.cgroupFD}

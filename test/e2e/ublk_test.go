@@ -519,6 +519,54 @@ func TestPidsHeadroomRefusesStage(t *testing.T) {
 	}
 }
 
+// TestPidsHeadroomDefersReadoption kills the plugin with a volume staged
+// and restarts it under a pids limit too tight for the volume's queue
+// threads. The plugin must come up instead of crashing on the re-adoption,
+// keep the device with its I/O held, and re-adopt it by itself once the
+// limit is raised, with the data intact.
+func TestPidsHeadroomDefersReadoption(t *testing.T) {
+	requireVM(t)
+	dir, fd := pidsCgroup(t, 400)
+	p := newPluginIn(t, fd)
+	p.args = []string{"--reconcile-retry=1s"}
+	idle := readInt(t, filepath.Join(dir, "pids.current")) // the plugin with no device
+	v := p.provision("pids-adopt", 64<<20, blockCap(), nil)
+	fill(t, p.devLink(v), 1<<20)
+	p.kill9()
+	// The plugin's own tasks fit; the volume's queue threads (2 per queue)
+	// and the reserve do not.
+	limit := idle + ublk.ThreadReserve
+	setPidsMax(t, dir, limit)
+	p.start()
+	if _, err := p.node.NodeGetInfo(context.Background(), &csi.NodeGetInfoRequest{}); err != nil {
+		t.Fatalf("plugin not serving under pids.max %d: %v", limit, err)
+	}
+	held := ""
+	for _, l := range strings.Split(p.logTail(), "\n") {
+		if strings.Contains(l, "no room for queue threads") {
+			held = l
+		}
+	}
+	if held == "" {
+		t.Fatalf("no log of the held-back re-adoption under pids.max %d:\n%s", limit, p.logTail())
+	}
+	t.Logf("pids.max %d (%d used with no device): %s", limit, idle, held)
+	if n := len(ublkDevices(t)); n != 1 {
+		t.Fatalf("%d ublk devices while re-adoption is held back, want the volume's 1", n)
+	}
+	setPidsMax(t, dir, 400)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.logTail(), "all staged volumes restored") {
+		if time.Now().After(deadline) {
+			t.Fatalf("volume not re-adopted 30 s after raising pids.max:\n%s", p.logTail())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if b := readDirect(t, p.devLink(v), 4096); b[2] != 3 { // fill writes byte(i) | 1
+		t.Fatalf("re-adopted volume reads back %#x at byte 2, want 3", b[2])
+	}
+}
+
 // pidsCgroup makes a cgroup v2 child with the pids controller and pids.max
 // limit, and returns its directory and an open fd for CLONE_INTO_CGROUP.
 func pidsCgroup(t *testing.T, limit int64) (string, int) {

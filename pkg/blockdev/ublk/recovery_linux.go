@@ -162,6 +162,12 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		}
 		return removeState(s.cfg.StateDir, st.VolumeID)
 	}
+	// Starting the queues without room for their threads would crash the
+	// process and every device with it; the device stays recorded, its
+	// I/O held, for a later Attach once the limit allows.
+	if err := checkThreads(s.cfg.ThreadRoom, st.Tuning.Queues); err != nil {
+		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
+	}
 	file, _, dio, err := openBacking(AttachSpec{VolumeID: st.VolumeID, File: st.File, SizeBytes: st.SizeBytes, ReadOnly: st.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
