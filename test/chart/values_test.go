@@ -32,6 +32,7 @@ func TestBadValuesFail(t *testing.T) {
 		{"bad driver name", "driverName=Fast_Blk", []string{"/driverName", "does not match pattern"}},
 		{"port clash", "metrics.port=9808", []string{"metrics.port 9808 is already used by healthPort"}},
 		{"data dir under kubelet", "dataDir=/var/lib/kubelet/fastblk", []string{"must not be inside kubeletDir"}},
+		{"capacity alert ratio above one", "metrics.prometheusRule.capacityAvailableMinRatio=2", []string{"/metrics/prometheusRule/capacityAvailableMinRatio", "maximum"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -76,6 +77,7 @@ var valueSets = map[string][]string{
 		"storageClass.queues=2", "storageClass.queueDepth=64", "storageClass.maxIOSize=256Ki", "storageClass.fsType=xfs", "storageClass.isDefault=true", "logLevel=5",
 		"overProvisionRatio=1.5", "maxVolumesPerNode=0"},
 	"no snapshots": {"snapshotter.enabled=false", "storageClass.create=false"},
+	"alerts":       {"metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom"},
 }
 
 // TestRenders checks every value set renders objects with the API versions a
@@ -88,6 +90,7 @@ func TestRenders(t *testing.T) {
 		"ClusterRoleBinding": "rbac.authorization.k8s.io/v1", "Role": "rbac.authorization.k8s.io/v1",
 		"RoleBinding":              "rbac.authorization.k8s.io/v1",
 		"CustomResourceDefinition": "apiextensions.k8s.io/v1",
+		"PrometheusRule":           "monitoring.coreos.com/v1",
 	}
 	for name, set := range valueSets {
 		t.Run(name, func(t *testing.T) {
