@@ -21,17 +21,13 @@ const CgroupRoot = "/sys/fs/cgroup"
 // means no limit (or no pids controller). Every ublk queue is a thread of
 // this process, so the limit bounds how many volumes the node can serve.
 func PidsLimit(pid int) (int64, error) {
-	dirs, err := pidsDirs(pid)
+	levels, err := pidsLevels(pid)
 	if err != nil {
 		return 0, fmt.Errorf("pids limit: %w", err)
 	}
 	limit := int64(-1)
-	for _, d := range dirs {
-		l, err := readPidsMax(filepath.Join(d, "pids.max"))
-		if err != nil {
-			return 0, fmt.Errorf("pids limit: %w", err)
-		}
-		limit = tighter(limit, l)
+	for _, l := range levels {
+		limit = tighter(limit, l.max)
 	}
 	return limit, nil
 }
@@ -41,26 +37,46 @@ func PidsLimit(pid int) (int64, error) {
 // ancestor that sets a limit (other processes in those cgroups count too).
 // -1 means no limit.
 func PidsHeadroom(pid int) (int64, error) {
-	dirs, err := pidsDirs(pid)
+	levels, err := pidsLevels(pid)
 	if err != nil {
 		return 0, fmt.Errorf("pids headroom: %w", err)
 	}
 	room := int64(-1)
-	for _, d := range dirs {
-		l, err := readPidsMax(filepath.Join(d, "pids.max"))
-		if err != nil {
-			return 0, fmt.Errorf("pids headroom: %w", err)
-		}
-		if l < 0 {
+	for _, l := range levels {
+		if l.max < 0 {
 			continue
 		}
-		cur, err := readPidsCurrent(filepath.Join(d, "pids.current"))
+		cur, err := readPidsCurrent(filepath.Join(l.dir, "pids.current"))
 		if err != nil {
 			return 0, fmt.Errorf("pids headroom: %w", err)
 		}
-		room = tighter(room, max(0, l-cur))
+		room = tighter(room, max(0, l.max-cur))
 	}
 	return room, nil
+}
+
+// pidsLevel is one cgroup whose pids limit applies, and its pids.max (-1:
+// none).
+type pidsLevel struct {
+	dir string
+	max int64
+}
+
+// pidsLevels reads pids.max of every cgroup level that applies to pid.
+func pidsLevels(pid int) ([]pidsLevel, error) {
+	dirs, err := pidsDirs(pid)
+	if err != nil {
+		return nil, err
+	}
+	levels := make([]pidsLevel, 0, len(dirs))
+	for _, d := range dirs {
+		m, err := readPidsMax(filepath.Join(d, "pids.max"))
+		if err != nil {
+			return nil, err
+		}
+		levels = append(levels, pidsLevel{dir: d, max: m})
+	}
+	return levels, nil
 }
 
 // pidsDirs lists the cgroup directories whose pids limits apply to process
