@@ -53,7 +53,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		"advertise ControllerExpandVolume (leave off in clusters: external-resizer has no per-node mode, so nodes grow their own volumes in NodeExpandVolume)")
 	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /status (empty disables)")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
-		"how often to retry restoring staged volumes whose devices could not be restored at start (for example held back by the pids limit)")
+		"how often to retry restoring staged volumes whose devices could not be restored at start, for example held back by the pids limit (0 = never)")
 	return c
 }
 
@@ -96,8 +96,12 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	logStartup(cfg, store, backend)
 	if err := drv.Reconcile(ctx); err != nil {
-		klog.ErrorS(err, "some staged volumes could not be restored; retrying", "every", cfg.reconcileRetry)
-		go retryReconcile(ctx, drv, cfg.reconcileRetry)
+		if cfg.reconcileRetry > 0 {
+			klog.ErrorS(err, "some staged volumes could not be restored; retrying", "every", cfg.reconcileRetry)
+			go retryReconcile(ctx, drv, cfg.reconcileRetry)
+		} else {
+			klog.ErrorS(err, "some staged volumes could not be restored")
+		}
 	}
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {

@@ -27,9 +27,9 @@ type ServerConfig struct {
 	// Queue is the queue threads' submission and wait policy.
 	Queue QueueOptions
 	// ThreadRoom, when set, returns how many more threads the process
-	// may start (-1: no limit). A new device whose queue threads would
-	// not fit is refused before anything is created (see checkThreads);
-	// re-adopted devices are never refused.
+	// may start (-1: no limit). A device whose queue threads would not
+	// fit is refused before anything is created, and a recorded one is
+	// left for a later Attach instead of re-adopted (see checkThreads).
 	ThreadRoom func() (int64, error)
 }
 
