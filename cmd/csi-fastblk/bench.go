@@ -43,6 +43,7 @@ func runBenchEngine(ctx context.Context, args []string) error {
 	fs.IntVar(&cfg.WaitMin, "wait-min", 0, "min_complete per wait (0: iodepth/4)")
 	fs.DurationVar(&cfg.Poll, "poll", 100*time.Microsecond, "check the rings this long before each sleeping wait (0: never)")
 	fs.IntVar(&cfg.SubmitBatch, "submit-batch", 1, "prepared I/Os per io_uring_enter (0: all that are ready, with the wait)")
+	fs.BoolVar(&cfg.NoRandomMap, "norandommap", false, "random offsets drawn uniformly, repeats included (fio's --norandommap); default: each block once per pass, as fio")
 	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
 	if err := fs.Parse(args); err != nil {
 		return err

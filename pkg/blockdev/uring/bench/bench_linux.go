@@ -38,6 +38,10 @@ type Config struct {
 	Poll time.Duration
 	// NoFixed disables registered files and buffers (plain READ/WRITE).
 	NoFixed bool
+	// NoRandomMap draws random offsets uniformly, repeats included, as
+	// fio's --norandommap; by default each job visits every block once per
+	// pass, as fio does by default.
+	NoRandomMap bool
 }
 
 // Result is what a run measured, summed over jobs.

@@ -22,7 +22,8 @@ type job struct {
 	bufs   *uring.Buffers
 	sent   []time.Time // submit time per slot
 	rng    uint64
-	seq    uint64 // next sequential block
+	perm   *blockPerm // random offsets without repeats (nil: uniform draws)
+	seq    uint64     // next sequential block
 	blocks uint64
 	write  bool
 	random bool
@@ -56,6 +57,9 @@ func (j *job) setup() error {
 	j.random = c.RW == "randread" || c.RW == "randwrite"
 	j.blocks = uint64(c.Size / int64(c.BS))
 	j.rng = uint64(j.id)*0x9e3779b97f4a7c15 + uint64(time.Now().UnixNano()) | 1
+	if j.random && !c.NoRandomMap {
+		j.perm = newBlockPerm(j.blocks, j.rng)
+	}
 	j.sent = make([]time.Time, c.IODepth)
 	flags := unix.O_RDWR | unix.O_CLOEXEC
 	if c.Direct {
@@ -113,9 +117,12 @@ func (j *job) next() uint64 {
 // prep queues one I/O for slot.
 func (j *job) prep(slot int, now time.Time) {
 	var blk uint64
-	if j.random {
+	switch {
+	case j.perm != nil:
+		blk = j.perm.next()
+	case j.random:
 		blk = j.next() % j.blocks
-	} else {
+	default:
 		blk = j.seq
 		j.seq = (j.seq + 1) % j.blocks
 	}
