@@ -31,31 +31,35 @@ func (l *loop) noteTailUse(t *tagState) {
 	}
 }
 
+// reclaimArmed reports whether the buffer tails await a reclaim: reclaim
+// is on, some tails were used, no request is in flight, and the ring
+// defers task work. With DEFER_TASKRUN the kernel copies a new WRITE into
+// its buffer only inside this thread's waiting io_uring_enter, so none can
+// land between two madvise calls; without it, it could, and the queue
+// never reclaims (nor bounds its waits for it).
+func (l *loop) reclaimArmed() bool {
+	return l.cfg.Options.IdleReclaim > 0 && l.tailsUsed && l.q.stats.inFlight.Load() == 0 &&
+		l.ring.Flags()&uring.IORING_SETUP_DEFER_TASKRUN != 0
+}
+
 // reclaimWait bounds a sleeping wait at now so that the queue wakes when
 // its buffer tails fall due for reclaim; 0 means no bound. With requests
 // in flight there is none: their completions end the wait anyway.
 func (l *loop) reclaimWait(now int64) time.Duration {
-	after := l.cfg.Options.IdleReclaim
-	if after <= 0 || !l.tailsUsed || l.q.stats.inFlight.Load() != 0 {
+	if !l.reclaimArmed() {
 		return 0
 	}
-	return max(time.Duration(l.tailsAt+int64(after)-now), time.Millisecond)
+	return max(time.Duration(l.tailsAt+int64(l.cfg.Options.IdleReclaim)-now), time.Millisecond)
 }
 
-// reclaimDue reports whether the buffer tails may be reclaimed at now:
-// some were used, the last such request came IdleReclaim ago, and no
-// buffer holds data for the kernel or for us. Every request has been
-// committed and every commit consumed (in copy mode the kernel copies a
-// read's data out of the buffer while it consumes the COMMIT), and the
-// caller has just reaped nothing, so no delivered WRITE waits in a buffer.
-// With DEFER_TASKRUN the kernel copies a new WRITE into its buffer only
-// inside this thread's waiting io_uring_enter, so none can land between
-// two madvise calls; without it, it could, and the queue never reclaims.
+// reclaimDue reports whether the buffer tails may be reclaimed at now: the
+// last request that used them came IdleReclaim ago, and no buffer holds
+// data for the kernel or for us. Every request has been committed and
+// every commit consumed (in copy mode the kernel copies a read's data out
+// of the buffer while it consumes the COMMIT), and the caller has just
+// reaped nothing, so no delivered WRITE waits in a buffer.
 func (l *loop) reclaimDue(now int64) bool {
-	after := l.cfg.Options.IdleReclaim
-	return after > 0 && l.tailsUsed && now-l.tailsAt >= int64(after) &&
-		l.ring.Flags()&uring.IORING_SETUP_DEFER_TASKRUN != 0 &&
-		l.q.stats.inFlight.Load() == 0 && l.ring.Unsubmitted() == 0
+	return l.reclaimArmed() && now-l.tailsAt >= int64(l.cfg.Options.IdleReclaim) && l.ring.Unsubmitted() == 0
 }
 
 // reclaim drops the pages of every buffer tail (MADV_DONTNEED). The
