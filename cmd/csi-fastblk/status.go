@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 	"github.com/fastblk/csi-fastblk/pkg/metrics"
 )
@@ -99,7 +100,7 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 	}
 	fmt.Fprint(w, "\n\n")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
+	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tLIMIT\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
 	for _, v := range st.Volumes {
 		state, reads, writes, rb, wb, inflight := "detached", "-", "-", "-", "-", "-"
 		if v.Device != "" {
@@ -117,11 +118,24 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 		if v.Tuning.MaxIOBytes > 0 {
 			maxIO = human(int64(v.Tuning.MaxIOBytes))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			v.ID, v.Name, human(v.SizeBytes), dash(v.Access), dash(v.Device), dash(v.Backend),
-			v.Tuning.Queues, v.Tuning.QueueDepth, maxIO, state, reads, writes, rb, wb, inflight)
+			v.Tuning.Queues, v.Tuning.QueueDepth, maxIO, limitText(v.Limits), state, reads, writes, rb, wb, inflight)
 	}
 	tw.Flush()
+}
+
+// limitText shows rate limits as "5000iops,200.0MiB/s" (one field, as
+// every cell of the table is), "-" for none.
+func limitText(l qos.Limits) string {
+	var parts []string
+	if l.IOPS > 0 {
+		parts = append(parts, fmt.Sprintf("%diops", l.IOPS))
+	}
+	if l.BytesPerSecond > 0 {
+		parts = append(parts, human(l.BytesPerSecond)+"/s")
+	}
+	return dash(strings.Join(parts, ","))
 }
 
 func dash(s string) string {

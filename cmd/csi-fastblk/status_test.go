@@ -1,21 +1,19 @@
 package main
 
 import (
+	"maps"
 	"strings"
 	"testing"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 )
 
-// TestPrintStatusMaxIO proves the status table shows each attached
-// volume's largest request, and a dash where the backend has none (loop).
-func TestPrintStatusMaxIO(t *testing.T) {
-	st := driver.NodeStatus{Volumes: []driver.VolumeStatus{
-		{ID: "vublk", Name: "pvc-a", SizeBytes: 1 << 30, Device: "/dev/ublkb0", Backend: "ublk",
-			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 32, MaxIOBytes: 512 << 10}},
-		{ID: "vloop", Name: "pvc-b", SizeBytes: 1 << 30, Device: "/dev/loop0", Backend: "loop"},
-	}}
+// statusColumn prints st and returns one column of the volume table,
+// by volume ID.
+func statusColumn(t *testing.T, st driver.NodeStatus, column string) map[string]string {
+	t.Helper()
 	var b strings.Builder
 	printStatus(&b, st)
 	var head []string
@@ -27,15 +25,42 @@ func TestPrintStatusMaxIO(t *testing.T) {
 			head = f
 		case head != nil && len(f) == len(head):
 			for i, h := range head {
-				if h == "MAX-IO" {
+				if h == column {
 					got[f[0]] = f[i]
 				}
 			}
+		case head != nil && len(f) > 0:
+			t.Fatalf("row with %d cells under %d headings:\n%s", len(f), len(head), b.String())
 		}
 	}
-	want := map[string]string{"vublk": "512.0KiB", "vloop": "-"}
-	if len(got) != len(want) || got["vublk"] != want["vublk"] || got["vloop"] != want["vloop"] {
-		t.Errorf("MAX-IO per volume %v, want %v\n%s", got, want, b.String())
+	return got
+}
+
+var statusVolumes = []driver.VolumeStatus{
+	{ID: "vublk", Name: "pvc-a", SizeBytes: 1 << 30, Device: "/dev/ublkb0", Backend: "ublk",
+		Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 32, MaxIOBytes: 512 << 10},
+		Limits: qos.Limits{IOPS: 5000, BytesPerSecond: 200 << 20}},
+	{ID: "vloop", Name: "pvc-b", SizeBytes: 1 << 30, Device: "/dev/loop0", Backend: "loop"},
+	{ID: "vdet", Name: "pvc-c", SizeBytes: 1 << 30, Limits: qos.Limits{IOPS: 100}},
+}
+
+// TestPrintStatusMaxIO proves the status table shows each attached
+// volume's largest request, and a dash where the backend has none (loop).
+func TestPrintStatusMaxIO(t *testing.T) {
+	got := statusColumn(t, driver.NodeStatus{Volumes: statusVolumes}, "MAX-IO")
+	want := map[string]string{"vublk": "512.0KiB", "vloop": "-", "vdet": "-"}
+	if !maps.Equal(got, want) {
+		t.Errorf("MAX-IO per volume %v, want %v", got, want)
+	}
+}
+
+// TestPrintStatusLimits proves the status table shows each volume's rate
+// limits in one cell, attached or not, and a dash without any.
+func TestPrintStatusLimits(t *testing.T) {
+	got := statusColumn(t, driver.NodeStatus{Volumes: statusVolumes}, "LIMIT")
+	want := map[string]string{"vublk": "5000iops,200.0MiB/s", "vloop": "-", "vdet": "100iops"}
+	if !maps.Equal(got, want) {
+		t.Errorf("LIMIT per volume %v, want %v", got, want)
 	}
 }
 

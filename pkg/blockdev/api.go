@@ -3,6 +3,8 @@ package blockdev
 import (
 	"context"
 	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
 // Volume is the persisted record of one volume. The Store returns copies;
@@ -12,6 +14,10 @@ type Volume struct {
 	Name      string            `json:"name"`
 	SizeBytes int64             `json:"sizeBytes"`
 	Params    map[string]string `json:"params,omitempty"`
+	// MutableParams are the parameters that may change over the
+	// volume's life (CSI mutable parameters, from a Kubernetes
+	// VolumeAttributesClass); they override Params of the same name.
+	MutableParams map[string]string `json:"mutableParams,omitempty"`
 	// SourceSnapshotID or SourceVolumeID is set when the volume was
 	// created from a snapshot or cloned from another volume.
 	SourceSnapshotID string    `json:"sourceSnapshotID,omitempty"`
@@ -78,6 +84,8 @@ type Device struct {
 	// Backend names the backend that made it.
 	Backend string
 	Tuning  Tuning
+	// Limits are the rate limits in force on the device.
+	Limits qos.Limits
 	// SizeBytes is the size the kernel reports for the device.
 	SizeBytes int64
 }
@@ -90,6 +98,11 @@ type AttachRequest struct {
 	SizeBytes int64
 	ReadOnly  bool
 	Tuning    Tuning
+	// Limits pace the device's reads and writes (zero: unlimited). A
+	// backend that cannot enforce them refuses the attach with
+	// ErrNotSupported; one that can applies them to a device that is
+	// already attached.
+	Limits qos.Limits
 }
 
 // Backend turns volume files into block devices.
@@ -146,6 +159,17 @@ type IOStats struct {
 	LatencyCounts []uint64
 	LatencySum    float64
 	LatencyCount  uint64
+	// Limits are the rate limits in force; Throttled counts requests
+	// the limits held back, and ThrottledSeconds the time they waited.
+	Limits           qos.Limits
+	Throttled        uint64
+	ThrottledSeconds float64
+}
+
+// LimitSetter is implemented by backends that can change the rate limits of
+// an attached device in place. An unattached volume gives ErrNotFound.
+type LimitSetter interface {
+	SetLimits(ctx context.Context, volumeID string, lim qos.Limits) error
 }
 
 // IOStatser is implemented by backends that measure their devices' I/O

@@ -72,6 +72,10 @@ func (b *loopBackend) Attach(ctx context.Context, req AttachRequest) (Device, er
 	if !isVolumeID(req.VolumeID) {
 		return Device{}, fmt.Errorf("attach %q: not a volume ID: %w", req.VolumeID, ErrInvalid)
 	}
+	if !req.Limits.IsZero() {
+		return Device{}, fmt.Errorf("attach %s: rate limits (%v): the loop backend cannot enforce them, ublk can: %w",
+			req.VolumeID, req.Limits, ErrNotSupported)
+	}
 	file := b.file(req.VolumeID)
 	if err := b.checkFile(req.File, file); err != nil {
 		return Device{}, err

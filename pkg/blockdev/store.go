@@ -25,6 +25,9 @@ type VolumeSpec struct {
 	Name      string
 	SizeBytes int64
 	Params    map[string]string
+	// MutableParams start Volume.MutableParams; they are not part of the
+	// volume's identity (ModifyVolume changes them).
+	MutableParams map[string]string
 	// At most one of these is set.
 	SourceSnapshotID string
 	SourceVolumeID   string
@@ -179,6 +182,7 @@ func (s *Store) Snapshots() []Snapshot {
 
 func copyVolume(v Volume) Volume {
 	v.Params = maps.Clone(v.Params)
+	v.MutableParams = maps.Clone(v.MutableParams)
 	v.Node.Targets = maps.Clone(v.Node.Targets)
 	return v
 }

@@ -3,6 +3,7 @@ package blockdev
 import (
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
@@ -177,6 +178,34 @@ func TestExpandVolume(t *testing.T) {
 			t.Fatalf("ExpandVolume(MaxSize) = %v, want ErrNoSpace", err)
 		}
 	})
+}
+
+func TestModifyVolumeKeepsIdentityAndPersists(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	spec := VolumeSpec{Name: "a", SizeBytes: 1 << 20, Params: map[string]string{"k": "v"},
+		MutableParams: map[string]string{"maxIOPS": "100"}}
+	v := mustCreate(t, s, spec)
+	got, err := s.ModifyVolume(ctx, v.ID, map[string]string{"maxIOPS": "", "maxBandwidth": "10Mi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[string]string{"maxBandwidth": "10Mi"}; !maps.Equal(got.MutableParams, want) {
+		t.Fatalf("mutable params after modify = %v, want %v (empty value removes)", got.MutableParams, want)
+	}
+	// The create that made it is still the same volume: mutable
+	// parameters are not part of its identity.
+	if _, err := s.CreateVolume(ctx, spec); err != nil {
+		t.Fatalf("CreateVolume with the original spec after a modify: %v", err)
+	}
+	again, err := openStore(t, dir).Volume(v.ID)
+	if err != nil || !maps.Equal(again.MutableParams, got.MutableParams) {
+		t.Fatalf("after reopen: %v, %v; want %v", again.MutableParams, err, got.MutableParams)
+	}
+	if _, err := s.ModifyVolume(ctx, "vol-missing", nil); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("ModifyVolume of an unknown volume = %v, want ErrNotFound", err)
+	}
 }
 
 func TestConcurrentCreate(t *testing.T) {

@@ -51,7 +51,7 @@ func (s *Store) CreateVolume(ctx context.Context, spec VolumeSpec) (Volume, erro
 	}
 	defer s.unreserve(id)
 	v := Volume{
-		ID: id, Name: spec.Name, SizeBytes: size, Params: maps.Clone(spec.Params),
+		ID: id, Name: spec.Name, SizeBytes: size, Params: maps.Clone(spec.Params), MutableParams: maps.Clone(spec.MutableParams),
 		SourceSnapshotID: spec.SourceSnapshotID, SourceVolumeID: spec.SourceVolumeID,
 		CreatedAt: time.Now().UTC(),
 	}
@@ -191,6 +191,29 @@ func (s *Store) UpdateNode(ctx context.Context, id string, ns NodeState) (Volume
 	return s.update(ctx, id, func(v *Volume) error {
 		ns.Targets = maps.Clone(ns.Targets)
 		v.Node = ns
+		return nil
+	})
+}
+
+// ModifyVolume sets the volume's mutable parameters durably: each of params
+// replaces the one of the same name, an empty value removes it.
+func (s *Store) ModifyVolume(ctx context.Context, id string, params map[string]string) (Volume, error) {
+	return s.update(ctx, id, func(v *Volume) error {
+		m := maps.Clone(v.MutableParams)
+		if m == nil {
+			m = map[string]string{}
+		}
+		for k, val := range params {
+			if val == "" {
+				delete(m, k)
+			} else {
+				m[k] = val
+			}
+		}
+		if len(m) == 0 {
+			m = nil
+		}
+		v.MutableParams = m
 		return nil
 	})
 }

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 	"k8s.io/klog/v2"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
 
@@ -93,7 +94,7 @@ func (b *ublkBackend) Attach(ctx context.Context, req AttachRequest) (Device, er
 			req.VolumeID, t.MaxIOBytes, MaxIOBytesLimit, ErrInvalid)
 	}
 	s, err := b.srv.Attach(ctx, ublk.AttachSpec{VolumeID: req.VolumeID, File: req.File, SizeBytes: req.SizeBytes,
-		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes)})
+		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes), Limits: req.Limits})
 	if err != nil {
 		return Device{}, ublkErr("attach "+req.VolumeID, err)
 	}
@@ -110,8 +111,8 @@ func (b *ublkBackend) device(s ublk.Served, link string) Device {
 		size = s.SizeBytes
 	}
 	return Device{VolumeID: s.VolumeID, Path: s.Path, Link: link, Backend: b.Name(),
-		Tuning:    Tuning{Queues: s.Tuning.Queues, QueueDepth: s.Tuning.Depth, MaxIOBytes: int(s.Tuning.MaxIOBytes)},
-		SizeBytes: size}
+		Tuning: Tuning{Queues: s.Tuning.Queues, QueueDepth: s.Tuning.Depth, MaxIOBytes: int(s.Tuning.MaxIOBytes)},
+		Limits: s.Limits, SizeBytes: size}
 }
 
 // Detach removes the volume's device and link. Unknown volumes return
@@ -183,7 +184,15 @@ func ublkErr(op string, err error) error {
 	return fmt.Errorf("%s: %w: %w", op, class, err)
 }
 
-var _ IOStatser = (*ublkBackend)(nil)
+var (
+	_ IOStatser   = (*ublkBackend)(nil)
+	_ LimitSetter = (*ublkBackend)(nil)
+)
+
+// SetLimits changes the rate limits of the volume's live device at once.
+func (b *ublkBackend) SetLimits(ctx context.Context, volumeID string, lim qos.Limits) error {
+	return ublkErr("set limits of "+volumeID, b.srv.SetLimits(volumeID, lim))
+}
 
 // IOStats sums the counters the device's queue threads keep: errors,
 // requests in flight and the latency histogram (arrival to commit).
@@ -199,10 +208,15 @@ func (b *ublkBackend) IOStats(volumeID string) (IOStats, bool) {
 		total = total.Add(q)
 	}
 	st := IOStats{
-		State:      "live",
-		Errors:     total.Errors,
-		InFlight:   total.InFlight,
-		LatencySum: float64(total.LatencyNs) / 1e9,
+		State:            "live",
+		Errors:           total.Errors,
+		InFlight:         total.InFlight,
+		LatencySum:       float64(total.LatencyNs) / 1e9,
+		Throttled:        total.Throttled,
+		ThrottledSeconds: float64(total.ThrottledNs) / 1e9,
+	}
+	if s, ok := b.srv.Served(volumeID); ok {
+		st.Limits = s.Limits
 	}
 	if recovered {
 		st.Recoveries = 1

@@ -2,12 +2,14 @@ package driver
 
 import (
 	"fmt"
+	"maps"
 	"strconv"
 	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
 // StorageClass parameters the driver understands.
@@ -16,6 +18,11 @@ const (
 	ParamQueues     = "queues"
 	ParamQueueDepth = "queueDepth"
 	ParamMaxIOSize  = "maxIOSize"
+	// Rate limits: requests and bytes per second (reads plus writes).
+	// They may also come as mutable parameters (a VolumeAttributesClass)
+	// and change while the volume is in use.
+	ParamMaxIOPS      = "maxIOPS"
+	ParamMaxBandwidth = "maxBandwidth"
 	// Keys under this prefix are added by the external-provisioner
 	// (--extra-create-metadata) and are accepted and ignored.
 	paramCSIPrefix = "csi.storage.k8s.io/"
@@ -76,16 +83,93 @@ func checkParams(p map[string]string) error {
 			if !supportedFsTypes[v] {
 				return fmt.Errorf("parameter %s=%q: want ext4 or xfs", k, v)
 			}
-		case ParamQueues, ParamQueueDepth, ParamMaxIOSize:
+		case ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth:
 		default:
 			if !strings.HasPrefix(k, paramCSIPrefix) {
-				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s)",
-					k, ParamFsType, ParamQueues, ParamQueueDepth, ParamMaxIOSize)
+				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s, %s, %s)", k, ParamFsType,
+					ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth)
 			}
 		}
 	}
-	_, err := tuningFromParams(p)
+	if _, err := tuningFromParams(p); err != nil {
+		return err
+	}
+	_, err := limitsFromParams(p)
 	return err
+}
+
+// checkMutableParams validates mutable parameters: only the rate limits
+// may change over a volume's life.
+func checkMutableParams(p map[string]string) error {
+	for k := range p {
+		if k != ParamMaxIOPS && k != ParamMaxBandwidth {
+			return fmt.Errorf("parameter %q cannot be changed (mutable: %s, %s)", k, ParamMaxIOPS, ParamMaxBandwidth)
+		}
+	}
+	_, err := limitsFromParams(p)
+	return err
+}
+
+// limitsOf returns the rate limits of a volume: its parameters, with the
+// mutable ones on top.
+func limitsOf(v blockdev.Volume) (qos.Limits, error) {
+	p := maps.Clone(v.Params)
+	if p == nil {
+		p = map[string]string{}
+	}
+	maps.Copy(p, v.MutableParams)
+	return limitsFromParams(p)
+}
+
+// limitsFromParams reads maxIOPS and maxBandwidth ("0" or absent: none).
+func limitsFromParams(p map[string]string) (qos.Limits, error) {
+	var l qos.Limits
+	if s, ok := p[ParamMaxIOPS]; ok {
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil || n < 0 || n > maxIOPSLimit {
+			return l, fmt.Errorf("parameter %s=%q: want requests per second, an integer from 0 (no limit) to %d", ParamMaxIOPS, s, maxIOPSLimit)
+		}
+		l.IOPS = n
+	}
+	if s, ok := p[ParamMaxBandwidth]; ok {
+		n, err := ParseBandwidth(s)
+		if err != nil {
+			return l, fmt.Errorf("parameter %s=%q: %w", ParamMaxBandwidth, s, err)
+		}
+		l.BytesPerSecond = n
+	}
+	if err := l.Validate(); err != nil {
+		return l, fmt.Errorf("parameters %s/%s: %w", ParamMaxIOPS, ParamMaxBandwidth, err)
+	}
+	return l, nil
+}
+
+// maxIOPSLimit bounds maxIOPS far above any device (and so that a
+// request's cost in nanoseconds never rounds to 0).
+const maxIOPSLimit = 100_000_000
+
+// bandwidthUnits are the suffixes ParseBandwidth takes, as in Kubernetes
+// quantities: binary Ki, Mi, Gi and decimal k, M, G.
+var bandwidthUnits = []struct {
+	suffix string
+	mult   int64
+}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}}
+
+// ParseBandwidth reads a bandwidth in bytes per second: an integer with an
+// optional Ki, Mi, Gi, k, M or G suffix; 0 means no limit.
+func ParseBandwidth(s string) (int64, error) {
+	num, mult := s, int64(1)
+	for _, u := range bandwidthUnits {
+		if strings.HasSuffix(s, u.suffix) {
+			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > (1<<50)/mult {
+		return 0, fmt.Errorf("want bytes per second: an integer with an optional Ki, Mi, Gi, k, M or G suffix (e.g. 200Mi), 0 for no limit")
+	}
+	return n * mult, nil
 }
 
 // tuningFromParams reads the per-volume queue overrides; the backend

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -44,6 +45,9 @@ func (s *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	}
 	if s.d.cfg.ControllerExpansion {
 		rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
+	}
+	if s.d.limitSetter() != nil {
+		rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
 	}
 	var caps []*csi.ControllerServiceCapability
 	for _, t := range rpcs {
@@ -106,11 +110,18 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSp
 	if err := checkParams(req.GetParameters()); err != nil {
 		return spec, invalid("%v", err)
 	}
+	if err := checkMutableParams(req.GetMutableParameters()); err != nil {
+		return spec, invalid("%v", err)
+	}
 	size, err := sizeFor(req.GetCapacityRange())
 	if err != nil {
 		return spec, err
 	}
-	spec = blockdev.VolumeSpec{Name: req.GetName(), SizeBytes: size, Params: req.GetParameters()}
+	spec = blockdev.VolumeSpec{Name: req.GetName(), SizeBytes: size, Params: req.GetParameters(),
+		MutableParams: req.GetMutableParameters()}
+	if err := s.d.checkLimits(blockdev.Volume{Params: spec.Params, MutableParams: spec.MutableParams}); err != nil {
+		return spec, invalid("%v", err)
+	}
 	if src := req.GetVolumeContentSource(); src != nil {
 		switch {
 		case src.GetSnapshot() != nil:
@@ -313,6 +324,52 @@ func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 		MaximumVolumeSize: wrapInt64(avail),
 		MinimumVolumeSize: wrapInt64(sizeAlign),
 	}, nil
+}
+
+// ControllerModifyVolume changes a volume's mutable parameters, the rate
+// limits. The record changes first; a volume staged here then gets them
+// on its live device at once, and one staged later from the record.
+func (s *Controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	id := req.GetVolumeId()
+	if id == "" {
+		return nil, invalid("volume ID is missing")
+	}
+	if err := checkMutableParams(req.GetMutableParameters()); err != nil {
+		return nil, invalid("%v", err)
+	}
+	v, unlock, err := s.d.lockedVolume(ctx, id)
+	if status.Code(err) == codes.NotFound {
+		// The external-resizer is one elected instance for the cluster,
+		// so it may ask the plugin of another node.
+		return nil, status.Errorf(codes.NotFound, "volume %s is not on node %s (a node-local volume is modified by the plugin on its own node)",
+			id, s.d.cfg.NodeID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	next := v
+	next.MutableParams = maps.Clone(v.MutableParams)
+	if next.MutableParams == nil {
+		next.MutableParams = map[string]string{}
+	}
+	maps.Copy(next.MutableParams, req.GetMutableParameters())
+	if err := s.d.checkLimits(next); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "modify volume %s: %v", id, err)
+	}
+	if v, err = s.d.store.ModifyVolume(ctx, id, req.GetMutableParameters()); err != nil {
+		return nil, toStatus(fmt.Errorf("modify volume %s: %w", id, err))
+	}
+	lim, _ := limitsOf(v)
+	if ls := s.d.limitSetter(); ls != nil && v.Node.StagingPath != "" {
+		// Not attached (held back at start): Reconcile attaches it with
+		// the recorded limits.
+		if err := ls.SetLimits(ctx, id, lim); err != nil && !errors.Is(err, blockdev.ErrNotFound) {
+			return nil, toStatus(fmt.Errorf("modify volume %s: %w", id, err))
+		}
+	}
+	klog.InfoS("volume modified", "volumeID", id, "limits", lim)
+	return &csi.ControllerModifyVolumeResponse{}, nil
 }
 
 func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {

@@ -121,12 +121,35 @@ func (d *Driver) attachRequest(v blockdev.Volume) blockdev.AttachRequest {
 			t.MaxIOBytes = p.MaxIOBytes
 		}
 	}
+	lim, _ := limitsOf(v) // checked when the volume was created or modified
 	return blockdev.AttachRequest{
 		VolumeID:  v.ID,
 		File:      d.store.VolumeFile(v.ID),
 		SizeBytes: v.SizeBytes,
 		Tuning:    t,
+		Limits:    lim,
 	}
+}
+
+// limitSetter returns the backend's live rate-limit control, nil when it
+// cannot enforce rate limits (the loop device).
+func (d *Driver) limitSetter() blockdev.LimitSetter {
+	ls, _ := d.backend.(blockdev.LimitSetter)
+	return ls
+}
+
+// checkLimits refuses rate limits on a node whose backend cannot enforce
+// them: a volume would otherwise be created and then fail to stage.
+func (d *Driver) checkLimits(v blockdev.Volume) error {
+	lim, err := limitsOf(v)
+	if err != nil {
+		return err
+	}
+	if !lim.IsZero() && d.limitSetter() == nil {
+		return fmt.Errorf("rate limits (%s, %s) need the ublk backend; this node serves volumes with %s",
+			ParamMaxIOPS, ParamMaxBandwidth, d.backend.Name())
+	}
+	return nil
 }
 
 // lockVolume serialises calls on one volume ID.

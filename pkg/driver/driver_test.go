@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
 // TestErrorCodes pins the mapping from blockdev's error classes to the gRPC
@@ -127,12 +128,52 @@ func TestCheckParams(t *testing.T) {
 		{"max i/o size", map[string]string{ParamMaxIOSize: "512Ki", ParamQueueDepth: "16"}, true},
 		{"max i/o size too large", map[string]string{ParamMaxIOSize: "2Mi"}, false},
 		{"unknown", map[string]string{"speed": "ludicrous"}, false},
+		{"rate limits", map[string]string{ParamMaxIOPS: "5000", ParamMaxBandwidth: "200Mi"}, true},
+		{"no limit", map[string]string{ParamMaxIOPS: "0", ParamMaxBandwidth: "0"}, true},
+		{"negative iops", map[string]string{ParamMaxIOPS: "-1"}, false},
+		{"fractional iops", map[string]string{ParamMaxIOPS: "1.5"}, false},
+		{"bandwidth below 1Mi", map[string]string{ParamMaxBandwidth: "512Ki"}, false},
+		{"bandwidth unit", map[string]string{ParamMaxBandwidth: "100MB"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := checkParams(tc.p); (err == nil) != tc.ok {
 				t.Errorf("checkParams(%v) = %v, want ok=%v", tc.p, err, tc.ok)
 			}
 		})
+	}
+}
+
+// TestParseBandwidth pins the maxBandwidth format: bytes per second with an
+// optional binary or decimal suffix, as in Kubernetes quantities.
+func TestParseBandwidth(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "1048576": 1 << 20, "200Mi": 200 << 20, "1Gi": 1 << 30,
+		"500M": 500e6, "2G": 2e9, "800k": 800e3, "64Ki": 64 << 10} {
+		if got, err := ParseBandwidth(in); err != nil || got != want {
+			t.Errorf("ParseBandwidth(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "-1Mi", "1.5Gi", "100MB", "1Ti", "Mi", "9223372036854775807Gi"} {
+		if got, err := ParseBandwidth(in); err == nil {
+			t.Errorf("ParseBandwidth(%q) = %d, want an error", in, got)
+		}
+	}
+}
+
+// TestMutableParams proves only the rate limits may change after creation,
+// and that mutable parameters override the StorageClass's.
+func TestMutableParams(t *testing.T) {
+	if err := checkMutableParams(map[string]string{ParamMaxIOPS: "100", ParamMaxBandwidth: "10Mi"}); err != nil {
+		t.Errorf("rate limits as mutable parameters: %v", err)
+	}
+	for _, p := range []map[string]string{{ParamQueues: "2"}, {ParamFsType: "xfs"}, {ParamMaxIOPS: "x"}} {
+		if err := checkMutableParams(p); err == nil {
+			t.Errorf("checkMutableParams(%v) = nil, want an error", p)
+		}
+	}
+	v := blockdev.Volume{Params: map[string]string{ParamMaxIOPS: "100", ParamMaxBandwidth: "10Mi"},
+		MutableParams: map[string]string{ParamMaxIOPS: "2000"}}
+	if got, err := limitsOf(v); err != nil || got != (qos.Limits{IOPS: 2000, BytesPerSecond: 10 << 20}) {
+		t.Errorf("limitsOf = %+v, %v; want the mutable IOPS over the class's, the class's bandwidth", got, err)
 	}
 }
 
@@ -180,5 +221,12 @@ func TestAttachRequestTuning(t *testing.T) {
 	want := blockdev.Tuning{Queues: 2, QueueDepth: 16, MaxIOBytes: 1 << 20}
 	if req.Tuning != want || req.File != store.VolumeFile(v.ID) {
 		t.Fatalf("attachRequest tuning %+v file %q, want %+v and the volume's file", req.Tuning, req.File, want)
+	}
+	if !req.Limits.IsZero() {
+		t.Fatalf("attachRequest limits %v for a volume without any", req.Limits)
+	}
+	v.MutableParams = map[string]string{ParamMaxIOPS: "300"}
+	if got := d.attachRequest(v).Limits; got != (qos.Limits{IOPS: 300}) {
+		t.Fatalf("attachRequest limits %+v, want 300 IOPS from the mutable parameters", got)
 	}
 }

@@ -297,3 +297,42 @@ func TestRestartKeepsStagedVolumes(t *testing.T) {
 		t.Fatalf("devices after unstage: %v, %v", devs, err)
 	}
 }
+
+// TestLoopNodeRefusesRateLimits proves a node whose backend cannot enforce
+// rate limits says so up front: no MODIFY_VOLUME capability, a volume
+// asking for limits is refused at creation (not at stage, after the PVC
+// bound), and a modify that sets limits fails without changing the record.
+func TestLoopNodeRefusesRateLimits(t *testing.T) {
+	requireRoot(t)
+	n := newTestNode(t, t.TempDir())
+	ctx := context.Background()
+	caps, err := n.ctrl.ControllerGetCapabilities(ctx, &csi.ControllerGetCapabilitiesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range caps.GetCapabilities() {
+		if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME {
+			t.Fatal("the loop backend advertises MODIFY_VOLUME")
+		}
+	}
+	req := &csi.CreateVolumeRequest{Name: "limited", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)},
+		Parameters:         map[string]string{ParamMaxIOPS: "100"}}
+	_, err = n.ctrl.CreateVolume(ctx, req)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "ublk") {
+		t.Fatalf("CreateVolume with maxIOPS on loop = %v, want InvalidArgument naming the ublk backend", err)
+	}
+	id := n.create("plain", 1<<20, nil)
+	_, err = n.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id,
+		MutableParameters: map[string]string{ParamMaxBandwidth: "10Mi"}})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("ControllerModifyVolume setting a limit on loop = %v, want FailedPrecondition", err)
+	}
+	if v, _ := n.d.store.Volume(id); len(v.MutableParams) != 0 {
+		t.Fatalf("a refused modify changed the record: %v", v.MutableParams)
+	}
+	if _, err := n.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id,
+		MutableParameters: map[string]string{ParamMaxIOPS: "0"}}); err != nil {
+		t.Fatalf("ControllerModifyVolume with no limit on loop: %v", err)
+	}
+}

@@ -53,7 +53,7 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 	}
 	klog.InfoS("volume attached", "volumeID", v.ID, "device", dev.Path, "link", dev.Link,
 		"backend", dev.Backend, "queues", dev.Tuning.Queues, "queueDepth", dev.Tuning.QueueDepth,
-		"maxIOBytes", dev.Tuning.MaxIOBytes)
+		"maxIOBytes", dev.Tuning.MaxIOBytes, "limits", dev.Limits)
 	if block {
 		return nil
 	}

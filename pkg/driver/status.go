@@ -6,6 +6,7 @@ import (
 	"os"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
 // NodeStatus is what the plugin reports about its node: served at /status
@@ -30,19 +31,22 @@ type NodeStatus struct {
 
 // VolumeStatus describes one volume and, when attached, its device.
 type VolumeStatus struct {
-	ID          string              `json:"id"`
-	Name        string              `json:"name"`
-	SizeBytes   int64               `json:"sizeBytes"`
-	StagingPath string              `json:"stagingPath,omitempty"`
-	Access      string              `json:"access,omitempty"`
-	FsType      string              `json:"fsType,omitempty"`
-	Targets     int                 `json:"targets"`
-	Device      string              `json:"device,omitempty"`
-	Link        string              `json:"link,omitempty"`
-	Backend     string              `json:"backend,omitempty"`
-	Tuning      blockdev.Tuning     `json:"tuning"`
-	Disk        *blockdev.DiskStats `json:"disk,omitempty"`
-	IO          *blockdev.IOStats   `json:"io,omitempty"`
+	ID          string          `json:"id"`
+	Name        string          `json:"name"`
+	SizeBytes   int64           `json:"sizeBytes"`
+	StagingPath string          `json:"stagingPath,omitempty"`
+	Access      string          `json:"access,omitempty"`
+	FsType      string          `json:"fsType,omitempty"`
+	Targets     int             `json:"targets"`
+	Device      string          `json:"device,omitempty"`
+	Link        string          `json:"link,omitempty"`
+	Backend     string          `json:"backend,omitempty"`
+	Tuning      blockdev.Tuning `json:"tuning"`
+	// Limits are the volume's rate limits: those in force on its device
+	// when attached, else those recorded.
+	Limits qos.Limits          `json:"limits,omitzero"`
+	Disk   *blockdev.DiskStats `json:"disk,omitempty"`
+	IO     *blockdev.IOStats   `json:"io,omitempty"`
 }
 
 // Status gathers the node's status: volumes from the store, devices from the
@@ -76,11 +80,12 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	for _, v := range d.store.Volumes() {
 		vs := VolumeStatus{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, StagingPath: v.Node.StagingPath,
 			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning}
+		vs.Limits, _ = limitsOf(v)
 		if v.Node.StagingPath != "" {
 			vs.Access = accessName(v.Node.Block)
 		}
 		if dev, ok := byVolume[v.ID]; ok {
-			vs.Device, vs.Link, vs.Backend, vs.Tuning = dev.Path, dev.Link, dev.Backend, dev.Tuning
+			vs.Device, vs.Link, vs.Backend, vs.Tuning, vs.Limits = dev.Path, dev.Link, dev.Backend, dev.Tuning, dev.Limits
 			if ds, err := blockdev.ReadDiskStats(dev.Path); err == nil {
 				vs.Disk = &ds
 			}

@@ -37,6 +37,10 @@ var (
 	descErrors    = prometheus.NewDesc(ns+"_volume_errors_total", "I/Os the server completed with an error.", volLabels, nil)
 	descRecovered = prometheus.NewDesc(ns+"_volume_recoveries_total", "Times the device was re-adopted after a plugin restart.", volLabels, nil)
 	descLatency   = prometheus.NewDesc(ns+"_volume_io_latency_seconds", "Latency of I/Os served by the plugin's ublk server.", volLabels, nil)
+	descLimIOPS   = prometheus.NewDesc(ns+"_volume_limit_iops", "The volume's rate limit in reads plus writes per second (absent without one).", volLabels, nil)
+	descLimBytes  = prometheus.NewDesc(ns+"_volume_limit_bytes_per_second", "The volume's rate limit in bytes read plus written per second (absent without one).", volLabels, nil)
+	descThrottled = prometheus.NewDesc(ns+"_volume_throttled_ios_total", "I/Os the volume's rate limits held back.", volLabels, nil)
+	descThrotTime = prometheus.NewDesc(ns+"_volume_throttled_seconds_total", "Time I/Os waited for the volume's rate limits.", volLabels, nil)
 )
 
 // Collector is a prometheus.Collector over a StatusFunc.
@@ -49,7 +53,8 @@ func NewCollector(status StatusFunc) *Collector { return &Collector{status: stat
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descCapAvail, descCapTotal, descVolumes, descSnapshots, descPids, descSize,
-		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency} {
+		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency,
+		descLimIOPS, descLimBytes, descThrottled, descThrotTime} {
 		ch <- d
 	}
 }
@@ -78,6 +83,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	for _, v := range st.Volumes {
 		l := []string{v.ID, v.Name}
 		gauge(descSize, float64(v.SizeBytes), l...)
+		if v.Limits.IOPS > 0 {
+			gauge(descLimIOPS, float64(v.Limits.IOPS), l...)
+		}
+		if v.Limits.BytesPerSecond > 0 {
+			gauge(descLimBytes, float64(v.Limits.BytesPerSecond), l...)
+		}
 		if v.Device == "" {
 			continue
 		}
@@ -93,6 +104,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if io := v.IO; io != nil {
 			counter(descErrors, float64(io.Errors), l...)
 			counter(descRecovered, float64(io.Recoveries), l...)
+			counter(descThrottled, float64(io.Throttled), l...)
+			counter(descThrotTime, io.ThrottledSeconds, l...)
 			if len(io.LatencyBounds) > 0 && len(io.LatencyBounds) == len(io.LatencyCounts) {
 				buckets := make(map[float64]uint64, len(io.LatencyBounds))
 				for i, b := range io.LatencyBounds {

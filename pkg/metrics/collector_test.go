@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 )
 
@@ -26,9 +27,10 @@ var attached = driver.NodeStatus{
 		{ID: "v1", Name: "pvc-1", SizeBytes: 1 << 30, Device: "/dev/ublkb0", Backend: "ublk",
 			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 128, MaxIOBytes: 512 << 10},
 			Disk:   &blockdev.DiskStats{ReadIOs: 10, ReadSectors: 80, WriteIOs: 5, WriteSectors: 40, InFlight: 3},
+			Limits: qos.Limits{IOPS: 5000},
 			IO: &blockdev.IOStats{State: "live", Recoveries: 1, Errors: 2, LatencyBounds: []float64{0.001, 0.01},
-				LatencyCounts: []uint64{4, 15}, LatencySum: 0.05, LatencyCount: 15}},
-		{ID: "v2", Name: "pvc-2", SizeBytes: 1 << 20},
+				LatencyCounts: []uint64{4, 15}, LatencySum: 0.05, LatencyCount: 15, Throttled: 7, ThrottledSeconds: 0.25}},
+		{ID: "v2", Name: "pvc-2", SizeBytes: 1 << 20, Limits: qos.Limits{BytesPerSecond: 100 << 20}},
 	},
 }
 
@@ -54,6 +56,10 @@ func TestCollectorReportsVolumes(t *testing.T) {
 		{"fastblk_volume_size_bytes", `fastblk_volume_size_bytes{name="pvc-2",volume_id="v2"} 1.048576e+06`},
 		{"fastblk_node_capacity_available_bytes", `fastblk_node_capacity_available_bytes 100`},
 		{"fastblk_node_pids_headroom", `fastblk_node_pids_headroom 180`},
+		{"fastblk_volume_limit_iops", `fastblk_volume_limit_iops{name="pvc-1",volume_id="v1"} 5000`},
+		{"fastblk_volume_limit_bytes_per_second", `fastblk_volume_limit_bytes_per_second{name="pvc-2",volume_id="v2"} 1.048576e+08`},
+		{"fastblk_volume_throttled_ios_total", `fastblk_volume_throttled_ios_total{name="pvc-1",volume_id="v1"} 7`},
+		{"fastblk_volume_throttled_seconds_total", `fastblk_volume_throttled_seconds_total{name="pvc-1",volume_id="v1"} 0.25`},
 	} {
 		t.Run(tc.metric, func(t *testing.T) {
 			out, err := testutil.CollectAndFormat(c, expfmt.TypeTextPlain, tc.metric)
@@ -64,6 +70,9 @@ func TestCollectorReportsVolumes(t *testing.T) {
 				t.Errorf("missing %s in:\n%s", tc.want, out)
 			}
 		})
+	}
+	if n := testutil.CollectAndCount(c, "fastblk_volume_limit_iops"); n != 1 {
+		t.Errorf("iops limit gauges = %d, want 1 (only volumes with the limit)", n)
 	}
 	if n := testutil.CollectAndCount(c, "fastblk_volume_queues"); n != 1 {
 		t.Errorf("queue gauges = %d, want 1 (detached volumes have no device)", n)

@@ -63,6 +63,8 @@ func TestStorageClass(t *testing.T) {
 		{"tuned xfs default class", []string{"storageClass.fsType=xfs", "storageClass.queues=2",
 			"storageClass.queueDepth=128", "storageClass.maxIOSize=512Ki", "storageClass.isDefault=true"},
 			map[string]string{"csi.storage.k8s.io/fstype": "xfs", "queues": "2", "queueDepth": "128", "maxIOSize": "512Ki"}, true},
+		{"rate limited", []string{"storageClass.maxIOPS=5000", "storageClass.maxBandwidth=1G"},
+			map[string]string{"csi.storage.k8s.io/fstype": "ext4", "maxIOPS": "5000", "maxBandwidth": "1G"}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -201,4 +203,38 @@ func hasFieldEnv(c container, name string) bool {
 		}
 	}
 	return false
+}
+
+// TestVolumeAttributesClasses checks each listed tier becomes a
+// VolumeAttributesClass for the driver with exactly the limits given, a
+// "0" kept (it lifts a limit), and none by default.
+func TestVolumeAttributesClasses(t *testing.T) {
+	type vac struct {
+		Metadata   struct{ Name string }
+		DriverName string            `yaml:"driverName"`
+		Parameters map[string]string `yaml:"parameters"`
+	}
+	if objs := find(render(t), "VolumeAttributesClass"); len(objs) != 0 {
+		t.Fatalf("%d VolumeAttributesClasses by default, want none", len(objs))
+	}
+	objs := find(render(t, "volumeAttributesClasses[0].name=gold", "volumeAttributesClasses[0].maxIOPS=20000",
+		"volumeAttributesClasses[0].maxBandwidth=1Gi", "volumeAttributesClasses[1].name=unpaced-iops",
+		"volumeAttributesClasses[1].maxIOPS=0"), "VolumeAttributesClass")
+	want := map[string]map[string]string{
+		"gold":         {"maxIOPS": "20000", "maxBandwidth": "1Gi"},
+		"unpaced-iops": {"maxIOPS": "0"},
+	}
+	if len(objs) != len(want) {
+		t.Fatalf("%d VolumeAttributesClasses, want %d", len(objs), len(want))
+	}
+	for _, o := range objs {
+		var c vac
+		if err := o.decode(&c); err != nil {
+			t.Fatal(err)
+		}
+		if c.DriverName != "fastblk.csi.io" || !reflect.DeepEqual(c.Parameters, want[c.Metadata.Name]) {
+			t.Errorf("class %s: driver %q parameters %v, want fastblk.csi.io and %v",
+				c.Metadata.Name, c.DriverName, c.Parameters, want[c.Metadata.Name])
+		}
+	}
 }

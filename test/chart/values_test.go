@@ -32,6 +32,9 @@ func TestBadValuesFail(t *testing.T) {
 		{"bad driver name", "driverName=Fast_Blk", []string{"/driverName", "does not match pattern"}},
 		{"port clash", "metrics.port=9808", []string{"metrics.port 9808 is already used by healthPort"}},
 		{"data dir under kubelet", "dataDir=/var/lib/kubelet/fastblk", []string{"must not be inside kubeletDir"}},
+		{"class bandwidth in MB/s", "storageClass.maxBandwidth=100MB", []string{"/storageClass/maxBandwidth", "does not match pattern"}},
+		{"negative class iops", "storageClass.maxIOPS=-5", []string{"/storageClass/maxIOPS", "minimum"}},
+		{"attributes class without a limit", "volumeAttributesClasses[0].name=empty", []string{"/volumeAttributesClasses/0"}},
 		{"capacity alert ratio above one", "metrics.prometheusRule.capacityAvailableMinRatio=2", []string{"/metrics/prometheusRule/capacityAvailableMinRatio", "maximum"}},
 	}
 	for _, tc := range cases {
@@ -78,6 +81,9 @@ var valueSets = map[string][]string{
 		"overProvisionRatio=1.5", "maxVolumesPerNode=0"},
 	"no snapshots": {"snapshotter.enabled=false", "storageClass.create=false"},
 	"alerts":       {"metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom"},
+	"rate limits": {"storageClass.maxIOPS=5000", "storageClass.maxBandwidth=200Mi",
+		"volumeAttributesClasses[0].name=gold", "volumeAttributesClasses[0].maxIOPS=20000",
+		"volumeAttributesClasses[1].name=capped", "volumeAttributesClasses[1].maxBandwidth=100Mi"},
 }
 
 // TestRenders checks every value set renders objects with the API versions a
@@ -91,6 +97,7 @@ func TestRenders(t *testing.T) {
 		"RoleBinding":              "rbac.authorization.k8s.io/v1",
 		"CustomResourceDefinition": "apiextensions.k8s.io/v1",
 		"PrometheusRule":           "monitoring.coreos.com/v1",
+		"VolumeAttributesClass":    "storage.k8s.io/v1",
 	}
 	for name, set := range valueSets {
 		t.Run(name, func(t *testing.T) {

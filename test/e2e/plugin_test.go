@@ -179,9 +179,16 @@ type volume struct {
 // registered with t.Cleanup and checked.
 func (p *plugin) provision(name string, size int64, c *csi.VolumeCapability, params map[string]string) *volume {
 	p.t.Helper()
-	ctx := context.Background()
-	cr, err := p.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, Parameters: params,
+	return p.provisionReq(&csi.CreateVolumeRequest{Name: name, Parameters: params,
 		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{c}})
+}
+
+// provisionReq is provision with the whole CreateVolume request.
+func (p *plugin) provisionReq(req *csi.CreateVolumeRequest) *volume {
+	p.t.Helper()
+	ctx := context.Background()
+	name, c := req.GetName(), req.GetVolumeCapabilities()[0]
+	cr, err := p.ctrl.CreateVolume(ctx, req)
 	if err != nil {
 		p.t.Fatalf("CreateVolume %s: %v", name, err)
 	}

@@ -84,6 +84,9 @@ func (p *plugin) config(access string) *sanity.TestConfig {
 	cfg.TestVolumeAccessType = access
 	cfg.IdempotentCount = 3
 	cfg.TestNodeVolumeAttachLimit = true
+	// Used by the ModifyVolume specs, which run where the backend can
+	// enforce rate limits (ublk: MODIFY_VOLUME is advertised).
+	cfg.TestVolumeMutableParameters = map[string]string{"maxIOPS": "5000", "maxBandwidth": "200Mi"}
 	// A leftover directory would cascade into every later spec; remove
 	// whatever is left, as csi-driver-host-path's harness does.
 	cfg.RemoveTargetPath = os.RemoveAll

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
 // Device node paths.
@@ -33,6 +35,9 @@ type DeviceConfig struct {
 	Owner uint64
 	// Queue is every queue's submission and wait policy.
 	Queue QueueOptions
+	// Limiter paces the device's reads and writes, shared by its queues;
+	// nil means unlimited.
+	Limiter *qos.Limiter
 	// Persist is called after ADD_DEV, before START_DEV makes the device
 	// visible, with the negotiated info; an error aborts the creation.
 	Persist func(DevInfo) error
@@ -100,7 +105,7 @@ func (d *Device) bringUp(ctx context.Context, cfg DeviceConfig) error {
 	if err := d.ctl.setParams(d.ID(), deviceParams(cfg, d.info)); err != nil {
 		return err
 	}
-	if err := d.startQueues(cfg.Target, cfg.Queue); err != nil {
+	if err := d.startQueues(cfg); err != nil {
 		return err
 	}
 	if err := d.ctl.StartDev(d.ID(), os.Getpid()); err != nil {
@@ -159,7 +164,7 @@ func (d *Device) openChar(ctx context.Context) error {
 
 // startQueues starts one queue per hardware queue, each pinned to the
 // first CPU of its affinity set not yet taken by another queue.
-func (d *Device) startQueues(t Target, opts QueueOptions) error {
+func (d *Device) startQueues(cfg DeviceConfig) error {
 	used := map[int]bool{}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
 		cpus, err := d.ctl.QueueAffinity(d.ID(), q)
@@ -169,7 +174,7 @@ func (d *Device) startQueues(t Target, opts QueueOptions) error {
 		cpu := pickCPU(cpus, used)
 		queue, err := StartQueue(QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
-			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, CPU: cpu, Target: t, Options: opts,
+			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, CPU: cpu, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
 		})
 		if err != nil {
 			return err

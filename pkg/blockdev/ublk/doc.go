@@ -19,7 +19,8 @@
 //     Recover: START_USER_RECOVERY (retried while the old fd is released)
 //     → reopen → queues → END_USER_RECOVERY.
 //   - Queue (queue_*.go): the data plane, one locked thread and ring per
-//     hardware queue.
+//     hardware queue; queue_qos_linux.go holds back reads and writes that
+//     the device's rate limits (pkg/blockdev/qos) do not let start yet.
 //   - ChooseTuning (tuning.go): queues and depth from CPUs and a memory
 //     budget; the one place the policy is stated.
 //   - Server (server_linux.go, state.go): the devices of one plugin

@@ -58,6 +58,9 @@ func (l *loop) onCmd(tag uint16, res int32) error {
 	case actComplete:
 		return l.commit(tag, fullResult(t.req))
 	}
+	if l.throttle(tag, t.start) {
+		return nil
+	}
 	return l.issue(tag)
 }
 

@@ -44,6 +44,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
 
@@ -80,6 +81,9 @@ type QueueConfig struct {
 	Target Target
 	// Options are the queue thread's submission and wait policy.
 	Options QueueOptions
+	// Limiter paces reads and writes (queue_qos_linux.go); it is shared
+	// by the device's queues. nil means unlimited.
+	Limiter *qos.Limiter
 }
 
 // QueueOptions are a queue thread's buffer, submission and wait policy;

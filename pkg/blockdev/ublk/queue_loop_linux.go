@@ -33,6 +33,7 @@ type tagState struct {
 	plan    plan
 	done    uint32 // bytes of req served so far (short reads/writes)
 	start   int64  // monoNow at arrival, for the latency histogram
+	due     int64  // monoNow at which a rate-limited request may start
 	retries uint8  // -EAGAIN retries of the current backing op
 	aborted bool   // the kernel said -ENODEV: never re-fetch
 }
@@ -63,6 +64,12 @@ type loop struct {
 	tailsUsed bool
 	tailsAt   int64
 	cmdErr    error
+	// held are the tags whose requests wait for their booked start, a
+	// ring of heldLen from heldHead in booking order; limGen is the
+	// limits' generation they were booked under (queue_qos_linux.go).
+	held              []uint16
+	heldHead, heldLen int
+	limGen            uint64
 }
 
 // ringFlags are the queue ring's setup flags; the engine drops the ones an
@@ -85,6 +92,10 @@ func (q *Queue) setup() (*loop, error) {
 	}
 	l := &loop{q: q, cfg: cfg, ring: ring, zc: cfg.Flags&FlagAutoBufReg != 0,
 		tags: make([]tagState, cfg.Depth), cqes: make([]uring.CQE, 2*d+2)}
+	if cfg.Limiter != nil {
+		l.held = make([]uint16, cfg.Depth)
+		l.limGen = cfg.Limiter.Gen()
+	}
 	if !cfg.PinCPU {
 		l.home = home
 	}
@@ -223,6 +234,11 @@ func (l *loop) serve() error {
 		if l.aborted == len(l.tags) && l.backing == 0 {
 			return l.cmdErr
 		}
+		if l.heldLen > 0 {
+			if err := l.release(monoNow()); err != nil {
+				return err
+			}
+		}
 		var err error
 		if n, err = l.next(n > 0); err != nil {
 			return err
@@ -309,10 +325,15 @@ const offerInterval = 9 * time.Millisecond
 func offerDue(now, offered int64) bool { return now-offered >= int64(offerInterval) }
 
 // wait submits the round's SQEs and sleeps in the same io_uring_enter until
-// waitFor(backing) completions are ready, or until idle buffer tails fall
-// due for reclaim, then reaps them.
+// waitFor(backing) completions are ready, until the first held request
+// falls due, or until idle buffer tails fall due for reclaim, then reaps
+// them. (Held requests are in flight, so the last two never coincide.)
 func (l *loop) wait(now int64) (int, error) {
-	_, err := l.ring.SubmitAndWait(waitFor(l.backing), l.reclaimWait(now))
+	bound := l.heldWait(now)
+	if bound == 0 {
+		bound = l.reclaimWait(now)
+	}
+	_, err := l.ring.SubmitAndWait(waitFor(l.backing), bound)
 	l.q.stats.enters.Add(1)
 	if err != nil && !errors.Is(err, unix.ETIME) {
 		return 0, fmt.Errorf("submit and wait: %w", err)

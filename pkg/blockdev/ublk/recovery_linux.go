@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
 // recoveryWait bounds how long START_USER_RECOVERY is retried while the
@@ -68,7 +70,7 @@ func (d *Device) resume(ctx context.Context, cfg DeviceConfig) error {
 	if err := d.openChar(ctx); err != nil {
 		return err
 	}
-	if err := d.startQueues(cfg.Target, cfg.Queue); err != nil {
+	if err := d.startQueues(cfg); err != nil {
 		return err
 	}
 	return d.ctl.EndUserRecovery(d.ID(), os.Getpid())
@@ -172,8 +174,9 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	if err != nil {
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
+	lim := qos.New(st.Limits)
 	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: FileTarget(int(file.Fd())), DMAAlign: dio, Owner: s.owner,
-		Queue: s.cfg.Queue})
+		Queue: s.cfg.Queue, Limiter: lim})
 	if err != nil {
 		file.Close()
 		if errors.Is(err, unix.ENODEV) || errors.Is(err, ErrNotOwned) {
@@ -181,6 +184,6 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		}
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
-	s.put(st.VolumeID, &served{st: st, dev: dev, file: file, recovered: true})
+	s.put(st.VolumeID, &served{st: st, dev: dev, lim: lim, file: file, recovered: true})
 	return nil
 }

@@ -12,6 +12,8 @@ import (
 	"sync"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
 // ServerConfig configures a Server.
@@ -43,6 +45,8 @@ type AttachSpec struct {
 	Queues, Depth int
 	// MaxIOBytes overrides the copy-mode request size limit (0 = default).
 	MaxIOBytes uint32
+	// Limits pace the device's reads and writes (zero: unlimited).
+	Limits qos.Limits
 	// Null serves a null target instead of File (benchmarks only).
 	Null bool
 }
@@ -70,7 +74,8 @@ type Server struct {
 type served struct {
 	st   State
 	dev  *Device
-	file *os.File // nil for the null target
+	lim  *qos.Limiter // shared by the device's queues
+	file *os.File     // nil for the null target
 	// recovered is true when this process re-adopted the device from an
 	// earlier one (user recovery) rather than creating it.
 	recovered bool
@@ -130,11 +135,17 @@ func (s *Server) Attach(ctx context.Context, spec AttachSpec) (Served, error) {
 	if err := validName(spec.VolumeID); err != nil {
 		return Served{}, err
 	}
+	if err := spec.Limits.Validate(); err != nil {
+		return Served{}, fmt.Errorf("attach %s: %w: %w", spec.VolumeID, err, errInvalid)
+	}
 	if sv := s.get(spec.VolumeID); sv != nil {
 		if sv.st.File != spec.File {
 			return Served{}, fmt.Errorf("attach %s: served from %s: %w", spec.VolumeID, sv.st.File, os.ErrExist)
 		}
-		return sv.info(), nil
+		if err := s.SetLimits(spec.VolumeID, spec.Limits); err != nil {
+			return Served{}, err
+		}
+		return s.get(spec.VolumeID).info(), nil
 	}
 	if sv, ok, err := s.adoptRecorded(ctx, spec); ok || err != nil {
 		return sv, err
@@ -173,7 +184,10 @@ func (s *Server) adoptRecorded(ctx context.Context, spec AttachSpec) (Served, bo
 			return Served{}, false, err
 		}
 		if sv := s.get(spec.VolumeID); sv != nil {
-			return sv.info(), true, nil
+			if err := s.SetLimits(spec.VolumeID, spec.Limits); err != nil {
+				return Served{}, false, err
+			}
+			return s.get(spec.VolumeID).info(), true, nil
 		}
 	}
 	return Served{}, false, nil
@@ -192,13 +206,15 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 	if err := checkThreads(s.cfg.ThreadRoom, tun.Queues); err != nil {
 		return nil, err
 	}
-	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun, Owner: s.owner}
+	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun,
+		Limits: spec.Limits, Owner: s.owner}
+	lim := qos.New(spec.Limits)
 	target := NullTarget()
 	if file != nil {
 		target = FileTarget(int(file.Fd()))
 	}
 	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
-		DMAAlign: dio, Owner: s.owner, Queue: s.cfg.Queue, Persist: func(info DevInfo) error {
+		DMAAlign: dio, Owner: s.owner, Queue: s.cfg.Queue, Limiter: lim, Persist: func(info DevInfo) error {
 			st.DevID, st.Flags = info.DevID, info.Flags
 			if spec.Null {
 				return nil // benchmark devices are never re-adopted
@@ -212,7 +228,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		}
 		return nil, err
 	}
-	return &served{st: st, dev: dev, file: file}, nil
+	return &served{st: st, dev: dev, lim: lim, file: file}, nil
 }
 
 func (sv *served) info() Served { return Served{State: sv.st, Path: blockPath(sv.st.DevID)} }
@@ -313,6 +329,42 @@ func (s *Server) Resize(ctx context.Context, id string, sizeBytes int64) error {
 	sv.st = st
 	s.mu.Unlock()
 	return nil
+}
+
+// SetLimits puts new rate limits in force on the volume's live device at
+// once (requests already held are booked again under them) and records
+// them for re-adoption. An unknown volume gives os.ErrNotExist.
+func (s *Server) SetLimits(id string, lim qos.Limits) error {
+	if err := lim.Validate(); err != nil {
+		return fmt.Errorf("set limits of %s: %w: %w", id, err, errInvalid)
+	}
+	sv := s.get(id)
+	if sv == nil {
+		return fmt.Errorf("set limits of %s: %w", id, os.ErrNotExist)
+	}
+	if sv.st.Limits == lim {
+		return nil
+	}
+	st := sv.st
+	st.Limits = lim
+	if err := saveState(s.cfg.StateDir, st); err != nil {
+		return err
+	}
+	sv.lim.Set(lim)
+	s.mu.Lock()
+	sv.st = st
+	s.mu.Unlock()
+	return nil
+}
+
+// Served returns the volume's device, if this process serves it.
+func (s *Server) Served(id string) (Served, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if sv := s.devs[id]; sv != nil {
+		return sv.info(), true
+	}
+	return Served{}, false
 }
 
 // List returns every served device, sorted by volume ID.

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
 // State is what a later process needs to re-adopt a device: it is written
@@ -22,6 +23,8 @@ type State struct {
 	SizeBytes int64  `json:"sizeBytes"`
 	ReadOnly  bool   `json:"readOnly,omitempty"`
 	Tuning    Tuning `json:"tuning"`
+	// Limits are the device's rate limits.
+	Limits qos.Limits `json:"limits,omitzero"`
 	// Flags are the negotiated UBLK_F_* flags.
 	Flags uint64 `json:"flags"`
 	// Owner is the token stored in the device's ublksrv_flags.

@@ -47,6 +47,9 @@ type QueueStats struct {
 	Enters uint64
 	// Reclaims counts idle reclaims of the copy-mode buffer tails.
 	Reclaims uint64
+	// Throttled counts requests held back by the rate limits, and
+	// ThrottledNs the time they were held, in nanoseconds.
+	Throttled, ThrottledNs uint64
 }
 
 // queueStats is the live, atomically updated form of QueueStats. The queue
@@ -60,6 +63,7 @@ type queueStats struct {
 	latencyNs                                atomic.Uint64
 	enters                                   atomic.Uint64
 	reclaims                                 atomic.Uint64
+	throttled, throttledNs                   atomic.Uint64
 }
 
 // latencyBucket returns the histogram bucket for a duration in nanoseconds.
@@ -109,6 +113,8 @@ func (s *queueStats) snapshot() QueueStats {
 		InFlight:     s.inFlight.Load(),
 		Enters:       s.enters.Load(),
 		Reclaims:     s.reclaims.Load(),
+		Throttled:    s.throttled.Load(),
+		ThrottledNs:  s.throttledNs.Load(),
 		LatencyNs:    s.latencyNs.Load(),
 	}
 	for i := range out.Latency {
@@ -130,6 +136,8 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.InFlight += b.InFlight
 	a.Enters += b.Enters
 	a.Reclaims += b.Reclaims
+	a.Throttled += b.Throttled
+	a.ThrottledNs += b.ThrottledNs
 	a.LatencyNs += b.LatencyNs
 	for i := range a.Latency {
 		a.Latency[i] += b.Latency[i]

@@ -1,0 +1,109 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+)
+
+// fioRate runs fio on a raw device for 4 s (rw, bs, iodepth) and returns
+// the IOPS and bytes per second it measured, reads plus writes.
+func fioRate(t *testing.T, dev, rw, bs string, depth int) (iops, bps float64) {
+	t.Helper()
+	out, err := exec.Command(fioPath(), "--name=rate", "--filename="+dev, "--rw="+rw, "--bs="+bs,
+		fmt.Sprintf("--iodepth=%d", depth), "--direct=1", "--ioengine=libaio", "--time_based", "--runtime=4",
+		"--size=64M", "--output-format=json").Output()
+	if err != nil {
+		t.Fatalf("fio %s %s: %v\n%s", rw, bs, err, out)
+	}
+	var res struct {
+		Jobs []struct {
+			Read, Write struct {
+				IOPS  float64 `json:"iops"`
+				Bytes float64 `json:"bw_bytes"`
+			}
+		}
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Jobs) != 1 {
+		t.Fatalf("fio json: %v\n%s", err, out)
+	}
+	j := res.Jobs[0]
+	return j.Read.IOPS + j.Write.IOPS, j.Read.Bytes + j.Write.Bytes
+}
+
+// within fails unless got is within [lo, hi] × want.
+func within(t *testing.T, what string, got, want, lo, hi float64) {
+	t.Helper()
+	if got < lo*want || got > hi*want {
+		t.Errorf("%s: %.0f, want %.0f (%.2f..%.2f×)", what, got, want, lo, hi)
+	} else {
+		t.Logf("%s: %.0f (limit %.0f, %.3f×)", what, got, want, got/want)
+	}
+}
+
+// TestRateLimits proves the StorageClass's maxIOPS and maxBandwidth pace
+// the device: fio far below what the device does unpaced measures the
+// limit; ControllerModifyVolume changes it on the live device; the limit
+// survives a kill -9 and re-adoption; /metrics shows limit and throttling.
+func TestRateLimits(t *testing.T) {
+	p := newPlugin(t)
+	v := p.provision("paced", 128<<20, blockCap(), map[string]string{"queues": "2", "queueDepth": "32", "maxIOPS": "400"})
+	dev := p.devLink(v)
+	labels := fmt.Sprintf(`{name="paced",volume_id="%s"}`, v.id)
+
+	iops, _ := fioRate(t, dev, "randread", "4k", 32)
+	// 4 s at the limit plus the 50 ms burst; fio's ramp may lose a little.
+	within(t, "randread qd32 at maxIOPS 400", iops, 400, 0.9, 1.05)
+	if l := p.metric("fastblk_volume_limit_iops" + labels); l != 400 {
+		t.Errorf("limit metric = %v, want 400", l)
+	}
+	if n := p.metric("fastblk_volume_throttled_ios_total" + labels); n < 1000 {
+		t.Errorf("throttled I/Os = %v after 4 s of qd32 at 400 IOPS, want most of them", n)
+	}
+
+	modify := func(params map[string]string) {
+		t.Helper()
+		if _, err := p.ctrl.ControllerModifyVolume(context.Background(), &csi.ControllerModifyVolumeRequest{
+			VolumeId: v.id, MutableParameters: params}); err != nil {
+			t.Fatalf("ControllerModifyVolume %v: %v\n%s", params, err, p.logTail())
+		}
+	}
+	modify(map[string]string{"maxIOPS": "1500"})
+	iops, _ = fioRate(t, dev, "randwrite", "4k", 32)
+	within(t, "randwrite qd32 after modify to maxIOPS 1500", iops, 1500, 0.9, 1.05)
+
+	modify(map[string]string{"maxIOPS": "0", "maxBandwidth": "8Mi"})
+	_, bps := fioRate(t, dev, "read", "1M", 4)
+	within(t, "1M read qd4 at maxBandwidth 8Mi", bps, 8<<20, 0.85, 1.1)
+
+	// The limit is the device's, and it outlives the process.
+	p.kill9()
+	p.start()
+	_, bps = fioRate(t, dev, "write", "1M", 4)
+	within(t, "1M write qd4 at maxBandwidth 8Mi after kill -9", bps, 8<<20, 0.85, 1.1)
+	if l := p.metric("fastblk_volume_limit_bytes_per_second" + labels); l != 8<<20 {
+		t.Errorf("bandwidth limit metric after restart = %v, want %d", l, 8<<20)
+	}
+
+	// Lifted: the device runs unpaced again.
+	modify(map[string]string{"maxBandwidth": "0"})
+	iops, _ = fioRate(t, dev, "randread", "4k", 32)
+	if iops < 3000 {
+		t.Errorf("randread qd32 with the limits lifted: %.0f IOPS, want well above the old limits", iops)
+	}
+	t.Logf("unpaced randread qd32: %.0f IOPS", iops)
+}
+
+// TestRateLimitsOnCreate proves limits given as mutable parameters at
+// creation (a VolumeAttributesClass) apply from the first stage.
+func TestRateLimitsOnCreate(t *testing.T) {
+	p := newPlugin(t)
+	v := p.provisionReq(&csi.CreateVolumeRequest{Name: "vac", MutableParameters: map[string]string{"maxIOPS": "300"},
+		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}, VolumeCapabilities: []*csi.VolumeCapability{blockCap()}})
+	iops, _ := fioRate(t, p.devLink(v), "randread", "4k", 16)
+	within(t, "randread qd16 at maxIOPS 300 from the mutable parameters", iops, 300, 0.9, 1.05)
+}
