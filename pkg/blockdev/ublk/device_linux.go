@@ -71,6 +71,15 @@ func (d *Device) Stats() []QueueStats {
 	return s
 }
 
+// Nudge wakes every queue thread once. After the rate limits changed, a
+// thread sleeping until its first held request's old start books its held
+// requests again at once.
+func (d *Device) Nudge() {
+	for _, q := range d.queues {
+		q.waker.Wake()
+	}
+}
+
 // CreateDevice adds, configures and starts a device: ADD_DEV, Persist,
 // open /dev/ublkcN, SET_PARAMS, one queue per hardware queue pinned to a
 // CPU of its affinity, START_DEV, then waits for /dev/ublkbN. On failure

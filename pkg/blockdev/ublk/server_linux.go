@@ -351,6 +351,7 @@ func (s *Server) SetLimits(id string, lim qos.Limits) error {
 		return err
 	}
 	sv.lim.Set(lim)
+	sv.dev.Nudge()
 	s.mu.Lock()
 	sv.st = st
 	s.mu.Unlock()
