@@ -2,6 +2,7 @@ package blockdev
 
 import (
 	"context"
+	"maps"
 	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
@@ -27,6 +28,39 @@ type Volume struct {
 	// Node-side state, persisted so that a restarted plugin knows what
 	// it staged and published.
 	Node NodeState `json:"node,omitempty"`
+}
+
+// WithMutableParams returns v with its mutable parameters updated by params:
+// each replaces the one of the same name, an empty value removes it. The
+// copy has its own MutableParams and shares v's other maps.
+func (v Volume) WithMutableParams(params map[string]string) Volume {
+	m := maps.Clone(v.MutableParams)
+	if m == nil {
+		m = map[string]string{}
+	}
+	for k, val := range params {
+		if val == "" {
+			delete(m, k)
+		} else {
+			m[k] = val
+		}
+	}
+	if len(m) == 0 {
+		m = nil
+	}
+	v.MutableParams = m
+	return v
+}
+
+// EffectiveParams returns the volume's parameters with the mutable ones on
+// top, in a new map.
+func (v Volume) EffectiveParams() map[string]string {
+	p := maps.Clone(v.Params)
+	if p == nil {
+		p = map[string]string{}
+	}
+	maps.Copy(p, v.MutableParams)
+	return p
 }
 
 // NodeState records what the node service did with a volume.
@@ -159,9 +193,8 @@ type IOStats struct {
 	LatencyCounts []uint64
 	LatencySum    float64
 	LatencyCount  uint64
-	// Limits are the rate limits in force; Throttled counts requests
-	// the limits held back, and ThrottledSeconds the time they waited.
-	Limits           qos.Limits
+	// Throttled counts requests the rate limits held back, and
+	// ThrottledSeconds the time they waited.
 	Throttled        uint64
 	ThrottledSeconds float64
 }

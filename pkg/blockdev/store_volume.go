@@ -199,21 +199,7 @@ func (s *Store) UpdateNode(ctx context.Context, id string, ns NodeState) (Volume
 // replaces the one of the same name, an empty value removes it.
 func (s *Store) ModifyVolume(ctx context.Context, id string, params map[string]string) (Volume, error) {
 	return s.update(ctx, id, func(v *Volume) error {
-		m := maps.Clone(v.MutableParams)
-		if m == nil {
-			m = map[string]string{}
-		}
-		for k, val := range params {
-			if val == "" {
-				delete(m, k)
-			} else {
-				m[k] = val
-			}
-		}
-		if len(m) == 0 {
-			m = nil
-		}
-		v.MutableParams = m
+		*v = v.WithMutableParams(params)
 		return nil
 	})
 }

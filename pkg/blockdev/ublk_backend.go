@@ -215,9 +215,6 @@ func (b *ublkBackend) IOStats(volumeID string) (IOStats, bool) {
 		Throttled:        total.Throttled,
 		ThrottledSeconds: float64(total.ThrottledNs) / 1e9,
 	}
-	if s, ok := b.srv.Served(volumeID); ok {
-		st.Limits = s.Limits
-	}
 	if recovered {
 		st.Recoveries = 1
 	}

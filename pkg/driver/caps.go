@@ -2,7 +2,6 @@ package driver
 
 import (
 	"fmt"
-	"maps"
 	"strconv"
 	"strings"
 
@@ -113,12 +112,7 @@ func checkMutableParams(p map[string]string) error {
 // limitsOf returns the rate limits of a volume: its parameters, with the
 // mutable ones on top.
 func limitsOf(v blockdev.Volume) (qos.Limits, error) {
-	p := maps.Clone(v.Params)
-	if p == nil {
-		p = map[string]string{}
-	}
-	maps.Copy(p, v.MutableParams)
-	return limitsFromParams(p)
+	return limitsFromParams(v.EffectiveParams())
 }
 
 // limitsFromParams reads maxIOPS and maxBandwidth ("0" or absent: none).
@@ -148,23 +142,28 @@ func limitsFromParams(p map[string]string) (qos.Limits, error) {
 // request's cost in nanoseconds never rounds to 0).
 const maxIOPSLimit = 100_000_000
 
-// bandwidthUnits are the suffixes ParseBandwidth takes, as in Kubernetes
+// quantityUnits are the suffixes of sizes in parameters, as in Kubernetes
 // quantities: binary Ki, Mi, Gi and decimal k, M, G.
-var bandwidthUnits = []struct {
+var quantityUnits = []struct {
 	suffix string
 	mult   int64
 }{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"k", 1e3}, {"M", 1e6}, {"G", 1e9}}
 
+// splitQuantity splits a size into its number and the multiplier of its
+// suffix (1 without one).
+func splitQuantity(s string) (string, int64) {
+	for _, u := range quantityUnits {
+		if num, ok := strings.CutSuffix(s, u.suffix); ok {
+			return num, u.mult
+		}
+	}
+	return s, 1
+}
+
 // ParseBandwidth reads a bandwidth in bytes per second: an integer with an
 // optional Ki, Mi, Gi, k, M or G suffix; 0 means no limit.
 func ParseBandwidth(s string) (int64, error) {
-	num, mult := s, int64(1)
-	for _, u := range bandwidthUnits {
-		if strings.HasSuffix(s, u.suffix) {
-			num, mult = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
+	num, mult := splitQuantity(s)
 	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || n < 0 || n > (1<<50)/mult {
 		return 0, fmt.Errorf("want bytes per second: an integer with an optional Ki, Mi, Gi, k, M or G suffix (e.g. 200Mi), 0 for no limit")
@@ -204,15 +203,12 @@ func tuningFromParams(p map[string]string) (blockdev.Tuning, error) {
 // --max-io-size flag) in bytes, with an optional Ki or Mi suffix as in
 // Kubernetes quantities: a multiple of 4Ki up to 1Mi.
 func ParseMaxIOSize(s string) (int, error) {
-	num, unit := s, 1
-	switch {
-	case strings.HasSuffix(s, "Ki"):
-		num, unit = strings.TrimSuffix(s, "Ki"), 1<<10
-	case strings.HasSuffix(s, "Mi"):
-		num, unit = strings.TrimSuffix(s, "Mi"), 1<<20
-	}
+	num, mult := splitQuantity(s)
+	unit := int(mult)
 	n, err := strconv.Atoi(num)
-	if err != nil || n < 1 || n > blockdev.MaxIOBytesLimit/unit || n*unit%4096 != 0 {
+	// Binary suffixes only: "512k" would be 512,000 bytes, surely not
+	// what was meant (and Gi never fits).
+	if err != nil || (unit != 1 && unit%1024 != 0) || n < 1 || n > blockdev.MaxIOBytesLimit/unit || n*unit%4096 != 0 {
 		return 0, fmt.Errorf("want a multiple of 4Ki from 4Ki to 1Mi, in bytes or with a Ki or Mi suffix (e.g. 512Ki)")
 	}
 	return n * unit, nil

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -348,13 +347,7 @@ func (s *Controller) ControllerModifyVolume(ctx context.Context, req *csi.Contro
 		return nil, err
 	}
 	defer unlock()
-	next := v
-	next.MutableParams = maps.Clone(v.MutableParams)
-	if next.MutableParams == nil {
-		next.MutableParams = map[string]string{}
-	}
-	maps.Copy(next.MutableParams, req.GetMutableParameters())
-	if err := s.d.checkLimits(next); err != nil {
+	if err := s.d.checkLimits(v.WithMutableParams(req.GetMutableParameters())); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "modify volume %s: %v", id, err)
 	}
 	if v, err = s.d.store.ModifyVolume(ctx, id, req.GetMutableParameters()); err != nil {

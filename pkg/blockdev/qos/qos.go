@@ -101,9 +101,6 @@ func (l *Limiter) Book(now int64, n uint32) int64 {
 	return max(l.ops.book(now, 1), l.bytes.book(now, int64(n)))
 }
 
-// Limited reports whether any limit is set.
-func (l *Limiter) Limited() bool { return l.ops.rate.Load() > 0 || l.bytes.rate.Load() > 0 }
-
 // Limits returns the limits in force.
 func (l *Limiter) Limits() Limits {
 	return Limits{IOPS: l.ops.rate.Load(), BytesPerSecond: l.bytes.rate.Load()}

@@ -16,7 +16,7 @@ func TestUnlimitedStartsAtOnce(t *testing.T) {
 			t.Fatalf("booking %d at %d starts at %d: an unlimited device must never wait", i, now, got)
 		}
 	}
-	if l.Limited() {
+	if !l.Limits().IsZero() {
 		t.Fatal("zero Limiter reports a limit")
 	}
 }
@@ -169,7 +169,7 @@ func TestSetAppliesAtOnce(t *testing.T) {
 		t.Errorf("Limits() = %v", got)
 	}
 	l.Set(Limits{})
-	if l.Limited() {
+	if !l.Limits().IsZero() {
 		t.Error("Set(Limits{}) left a limit")
 	}
 }

@@ -19,6 +19,12 @@ func (l *loop) throttle(tag uint16, now int64) bool {
 	if l.cfg.Limiter == nil || (t.plan.act != actRead && t.plan.act != actWrite) {
 		return false
 	}
+	if l.heldLen == 0 {
+		// Whatever is held from here on is booked under the limits in
+		// force now; read before booking, so a change in between only
+		// makes release book once more, never skips a rebooking.
+		l.limGen = l.cfg.Limiter.Gen()
+	}
 	t.due = l.cfg.Limiter.Book(now, t.req.len)
 	if t.due <= now && l.heldLen == 0 {
 		return false

@@ -98,3 +98,22 @@ func TestLoopDispatchAllocsWithLimiter(t *testing.T) {
 		t.Fatalf("%v allocations per paced request", n)
 	}
 }
+
+// TestLoopBooksOnceAfterAChange proves that requests held after a change of
+// limits (made while nothing was held) are booked once: release must not
+// book them again, which would push them and everything after them back.
+func TestLoopBooksOnceAfterAChange(t *testing.T) {
+	l := limitedLoop(t, qos.Limits{IOPS: 100})
+	l.cfg.Limiter.Set(qos.Limits{IOPS: 100}) // a new generation, nothing held
+	arrive(t, l, 0, 8)
+	if l.heldLen != 2 {
+		t.Fatalf("%d held, want 2", l.heldLen)
+	}
+	due := []int64{l.tags[6].due, l.tags[7].due}
+	if err := l.release(monoNow()); err != nil {
+		t.Fatal(err)
+	}
+	if got := []int64{l.tags[6].due, l.tags[7].due}; got[0] != due[0] || got[1] != due[1] {
+		t.Fatalf("held requests booked again without a change since: starts %v → %v", due, got)
+	}
+}

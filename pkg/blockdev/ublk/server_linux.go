@@ -358,16 +358,6 @@ func (s *Server) SetLimits(id string, lim qos.Limits) error {
 	return nil
 }
 
-// Served returns the volume's device, if this process serves it.
-func (s *Server) Served(id string) (Served, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if sv := s.devs[id]; sv != nil {
-		return sv.info(), true
-	}
-	return Served{}, false
-}
-
 // List returns every served device, sorted by volume ID.
 func (s *Server) List() []Served {
 	s.mu.Lock()
