@@ -56,7 +56,7 @@ type loop struct {
 	// round, for the next completion; it sizes the poll (see next).
 	gapNs int64
 	// offeredAt is when (monoNow) the thread last offered itself to the
-	// Go scheduler (see next and offerDue).
+	// Go scheduler (see next and uring.OfferInterval).
 	offeredAt int64
 	// tailsUsed says that some request reached past the registered head
 	// of its buffer since the last reclaim; tailsAt is when (monoNow) the
@@ -288,7 +288,7 @@ func (l *loop) next(busy bool) (int, error) {
 			yield()
 		}
 	}
-	if offerDue(start, l.offeredAt) {
+	if uring.OfferDue(time.Duration(start - l.offeredAt)) {
 		// The round's I/O goes to the kernel first: the offer hands the
 		// P to another thread and back, which must not delay it.
 		if _, err := l.ring.Submit(); err != nil {
@@ -308,21 +308,6 @@ func (l *loop) next(busy bool) (int, error) {
 	}
 	return n, err
 }
-
-// offerInterval is how often a queue thread about to sleep offers itself
-// to the Go scheduler: just under the runtime's 10 ms limit on one
-// goroutine's time slice. A locked goroutine that never reschedules
-// outlives every slice, so the runtime's monitor thread (sysmon) takes its
-// P away in the middle of each sleeping wait, and after every such take it
-// checks again every 20 µs for a millisecond. Measured in the 6.12 VM with
-// 4k I/O at queue depth 32: the monitor used 12% of a vCPU without the
-// offer and 4-6% with it, and the server's CPU per I/O fell by about 10%.
-const offerInterval = 9 * time.Millisecond
-
-// offerDue reports whether a thread that last offered itself to the
-// scheduler at offered (monoNow time) should do so again at now. The offer is
-// runtime.Gosched: the thread's P goes to another thread and comes back.
-func offerDue(now, offered int64) bool { return now-offered >= int64(offerInterval) }
 
 // wait submits the round's SQEs and sleeps in the same io_uring_enter until
 // waitFor(backing) completions are ready, until the first held request

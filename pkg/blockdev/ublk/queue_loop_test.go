@@ -355,20 +355,6 @@ func TestWaitFor(t *testing.T) {
 	}
 }
 
-// TestOfferDue pins the pacing of the queue thread's offers to the Go
-// scheduler: none within offerInterval of the last one, one from then on.
-func TestOfferDue(t *testing.T) {
-	now, iv := monoNow(), int64(offerInterval)
-	for _, c := range []struct {
-		offered int64
-		want    bool
-	}{{now, false}, {now - iv/2, false}, {now - iv + 1, false}, {now - iv, true}, {now - 10*iv, true}} {
-		if got := offerDue(now, c.offered); got != c.want {
-			t.Errorf("offerDue %v after the last offer = %v, want %v", time.Duration(now-c.offered), got, c.want)
-		}
-	}
-}
-
 // TestLoopOffersBeforeSleeping proves a round with an offer due still
 // submits its backing I/O and gets the completion, and records the offer;
 // a round right after an offer does not offer again.
@@ -379,7 +365,7 @@ func TestLoopOffersBeforeSleeping(t *testing.T) {
 		if err := l.onCmd(0, ioResOK); err != nil {
 			t.Fatal(err)
 		}
-		l.offeredAt = monoNow() - int64(offerInterval) // due
+		l.offeredAt = monoNow() - int64(uring.OfferInterval) // due
 		if round == 1 {
 			l.offeredAt = monoNow() // just offered: not due again
 		}

@@ -84,9 +84,13 @@
 //  2. Per iteration: prepare every ready SQE, call SubmitAndWait once
 //     (minComplete > 1 when enough is in flight), then Reap into a reused
 //     []CQE and handle each CQE. No allocation happens on this path.
-//  3. To stop from another goroutine, Wake a Waker whose poll is armed in
+//  3. Before a wait that may sleep, submit, and when [OfferDue] says so
+//     call runtime.Gosched: a locked thread that never reschedules has its
+//     P taken by the runtime's monitor in the middle of its waits, which
+//     then polls every 20 µs for a while (see [OfferInterval]).
+//  4. To stop from another goroutine, Wake a Waker whose poll is armed in
 //     the ring; the owner then returns from its wait and calls Close.
-//  4. Buffers handed to PrepRead/PrepWrite must stay valid until their CQE:
+//  5. Buffers handed to PrepRead/PrepWrite must stay valid until their CQE:
 //     use [Buffers] (outside the GC heap) or pin Go memory (runtime.Pinner).
 //
 // # Concurrency and ownership

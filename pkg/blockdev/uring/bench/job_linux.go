@@ -31,6 +31,7 @@ type job struct {
 	prepped     int // prepared since the last submission
 	ios, enters uint64
 	lat         hist
+	offered     time.Time // last offer of the thread to the Go scheduler
 }
 
 func (j *job) run() (err error) {
@@ -165,7 +166,9 @@ func (j *job) poll(cqes []uring.CQE) int {
 
 // loop keeps iodepth I/Os in flight until stopped, then drains. Each
 // wait is for a batch of completions (WaitMin); each freed slot is refilled
-// and, with SubmitBatch 1, handed to the kernel at once.
+// and, with SubmitBatch 1, handed to the kernel at once. Before a sleeping
+// wait the thread offers itself to the Go scheduler every
+// uring.OfferInterval, as the ublk queue threads do.
 func (j *job) loop() error {
 	cqes := make([]uring.CQE, 2*j.cfg.IODepth)
 	now := time.Now()
@@ -179,6 +182,14 @@ func (j *job) loop() error {
 			break
 		}
 		n := j.poll(cqes)
+		if n == 0 && uring.OfferDue(time.Since(j.offered)) {
+			// As a ublk queue thread does before it sleeps.
+			if _, err := j.ring.Submit(); err != nil {
+				return err
+			}
+			runtime.Gosched()
+			j.offered = time.Now()
+		}
 		if n == 0 {
 			if _, err := j.ring.SubmitAndWait(wait, 0); err != nil {
 				return err
