@@ -32,6 +32,7 @@ type job struct {
 	ios, enters uint64
 	lat         hist
 	offered     time.Time // last offer of the thread to the Go scheduler
+	offers      uint64
 }
 
 func (j *job) run() (err error) {
@@ -189,6 +190,7 @@ func (j *job) loop() error {
 			}
 			runtime.Gosched()
 			j.offered = time.Now()
+			j.offers++
 		}
 		if n == 0 {
 			if _, err := j.ring.SubmitAndWait(wait, 0); err != nil {
