@@ -5,7 +5,8 @@
 # from initramfs.sh), runs a command in the guest, streams the serial
 # console to stdout and a log file, and exits with the command's exit status.
 # It exits non-zero on timeout (124), kernel panic, oops or a missing end marker,
-# showing the last lines of the log.
+# showing the last lines of the log. An oops panics the guest (oops=panic), so
+# the VM stops at once rather than leaving the command hung until the timeout.
 #
 # Usage: hack/vm/run.sh --kernel 6.12|7.3 [options] -- <guest command...>
 #   The guest command is one shell command line ('a && b') or a command and
@@ -65,7 +66,7 @@ main() {
 	trap 'rm -f "$disk"' EXIT
 	truncate -s "$DISK_SIZE" "$disk"
 	nonce=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
-	cmdline="console=ttyS0 loglevel=5 panic=1 fastblk.nonce=$nonce fastblk.fs=$FS"
+	cmdline="console=ttyS0 loglevel=5 panic=1 oops=panic fastblk.nonce=$nonce fastblk.fs=$FS"
 	cmdline+=" fastblk.cmd=$(printf '%s' "$GUEST_CMD" | base64 -w0)"
 	((${#cmdline} < 2000)) || die "guest command too long for the kernel command line"
 	log "booting $(cat "$kdir/release") ($KERNEL), disk $DISK_SIZE $FS, timeout ${TIMEOUT}s, log $LOG"
