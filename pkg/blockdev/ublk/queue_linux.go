@@ -221,6 +221,10 @@ func (q *Queue) run(ready chan<- error) {
 		q.err = err
 		return
 	}
+	// Deferred after the cleanup above, so it runs first: once done is
+	// closed, the thread no longer counts.
+	procs.add(1)
+	defer procs.add(-1)
 	if err := l.fetchAll(); err != nil {
 		q.err = err
 		return
