@@ -18,7 +18,11 @@ import (
 // procs therefore raises GOMAXPROCS by one per running queue thread, up to
 // twice the process's own value (beyond that the spare Ps would mostly
 // multiply the garbage collector's workers and threads), and lowers it as
-// queue threads end. An operator who sets GOMAXPROCS keeps it.
+// queue threads end. An operator who sets GOMAXPROCS keeps it. The base is
+// read once, at the first queue thread; from then on the runtime no longer
+// follows changes of the container's CPU limit by itself (Go 1.25+ stops
+// doing so once runtime.GOMAXPROCS is called), which a DaemonSet's fixed
+// limit does not need.
 var procs = procBudget{fixed: os.Getenv("GOMAXPROCS") != ""}
 
 // procBudget sets GOMAXPROCS from the number of running queue threads.
