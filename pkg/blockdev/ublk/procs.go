@@ -13,7 +13,9 @@ import (
 // second under load (in the VM, 2,000/s costing 15% of a vCPU with one
 // volume's two queue threads on two CPUs), and a queue thread whose wait
 // ends may find no P and park until one is free. A spare P stops both:
-// while one is idle, the monitor leaves a short wait its P.
+// while one is idle, the monitor leaves a short wait its P. (The other
+// cause of such takes, a goroutine that outlives its time slice, is what
+// the queue's offers handle: see uring.OfferInterval.)
 //
 // procs therefore raises GOMAXPROCS by one per running queue thread, up to
 // twice the process's own value (beyond that the spare Ps would mostly
