@@ -115,6 +115,9 @@ func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 		sqe.PrepRW(uring.IORING_OP_READ, fileBacking, l.bufs.addr(tag, t.done), n, off)
 	}
 	sqe.OpFlags = t.plan.rwFlags
+	if write && t.retries < nowaitTries {
+		sqe.OpFlags |= unix.RWF_NOWAIT
+	}
 }
 
 // onBacking handles a backing-file completion: continue a short transfer,
@@ -127,6 +130,11 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 	t := &l.tags[tag]
 	switch {
 	case res == -int32(unix.EAGAIN) && t.retries < maxEAGAIN:
+		if t.plan.act == actWrite && t.retries == 0 && !l.touchBacking() {
+			// The mtime is current, so something else (a hole
+			// to allocate) refused the write: block at once.
+			t.retries = nowaitTries - 1
+		}
 		t.retries++
 		return l.issue(tag)
 	case res < 0:
@@ -144,6 +152,43 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 		}
 	}
 	return l.commit(tag, fullResult(t.req))
+}
+
+// nowaitTries is how many times a write is first tried with RWF_NOWAIT.
+//
+// A direct write that must also update the backing file's mtime (the first
+// write in each clock tick) cannot go without blocking on newer kernels
+// (ext4 in 7.3 refuses it; 6.12's updated the time inline), and io_uring
+// would hand it, and every other write submitted before the update is
+// done, to its io-wq worker threads: measured under emulation on 7.3, one
+// write in seven, each a hand-off to another thread and back. With
+// RWF_NOWAIT the kernel returns -EAGAIN instead; the queue thread then
+// updates the mtime itself, once per clock tick (touchBacking), and tries
+// the writes again without blocking. Only a write refused twice, or
+// refused with the mtime current, is left to io-wq.
+const nowaitTries = 2
+
+// touchBacking sets the backing file's mtime (and so its ctime) to now, as
+// a write refused with -EAGAIN would have done, and reports whether trying
+// that write again without blocking can succeed. One update serves every
+// write the same clock tick refused: a round that already updated says yes
+// (its refusals came before the update); an update earlier in the same tick
+// of the coarse clock, which file timestamps use, says no, as the refusal
+// then had another cause. On an error the write goes to io-wq, as it would
+// without RWF_NOWAIT: nothing is lost.
+func (l *loop) touchBacking() bool {
+	if l.touched {
+		return true
+	}
+	var now unix.Timespec
+	if unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &now) != nil || now == l.touchedAt {
+		return false
+	}
+	if touchMtime(l.cfg.Target.FD) != nil {
+		return false
+	}
+	l.touched, l.touchedAt = true, now
+	return true
 }
 
 // commit queues COMMIT_AND_FETCH for tag with result (bytes or -errno),

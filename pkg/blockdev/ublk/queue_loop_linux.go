@@ -52,6 +52,11 @@ type loop struct {
 	home    *unix.CPUSet // CPU mask to restore once set up (nil: stay)
 	aborted int          // tags that got -ENODEV
 	backing int          // backing operations in flight
+	// touched says that this round updated the backing file's mtime,
+	// touchedAt is the coarse clock's time of the last update
+	// (touchBacking).
+	touched   bool
+	touchedAt unix.Timespec
 	// gapNs is a moving average of how long the thread waits, after a
 	// round, for the next completion; it sizes the poll (see next).
 	gapNs int64
@@ -243,6 +248,7 @@ func (l *loop) serve() error {
 		if n, err = l.next(n > 0); err != nil {
 			return err
 		}
+		l.touched = false
 		for i := range n {
 			if err := l.handle(&l.cqes[i]); err != nil {
 				return err
