@@ -9,6 +9,7 @@
 #
 # Usage: hack/vm/bench.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                         [--size SIZE] [--only 'WORKLOAD...'] [--ublk-args 'ARGS']
+#                         [--compare 'ARGS']
 #   --runtime S     seconds per fio run (default 10, plus 2 s ramp)
 #   --reps N        repetitions, alternating ublk/loop order (default 3)
 #   --size SIZE     backing file size (default 2G)
@@ -16,13 +17,15 @@
 #                   randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m
 #                   write-1m randread-qd1-lat)
 #   --ublk-args     extra flags for csi-fastblk ublk serve (e.g. '--zero-copy off')
+#   --compare ARGS  also measure a second ublk device ("ublk2") served with
+#                   ARGS on top, in the same rotation: an A/B of server options
 # Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
 #   (default bin/vm).
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args=""
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args="" compare=""
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -31,6 +34,7 @@ while (($#)); do
 	--size) size=${2:?}; shift 2 ;;
 	--only) only=${2:?}; shift 2 ;;
 	--ublk-args) ublk_args=${2:?}; shift 2 ;;
+	--compare) compare=${2:?}; shift 2 ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
@@ -45,14 +49,18 @@ fi
 
 nwl=$(wc -w <<<"${only:-a b c d e f g}")
 # Each fio run takes runtime + 2 s ramp + a few seconds of start-up under TCG.
-timeout=$((nwl * 2 * reps * (runtime + 8) + 600))
+ndev=2
+[[ -z $compare ]] || ndev=3
+timeout=$((nwl * ndev * reps * (runtime + 8) + 600))
 guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SIZE=$size"
 [[ -z $only ]] || guest+=" BENCH_ONLY='$only'"
 [[ -z $ublk_args ]] || guest+=" BENCH_UBLK_ARGS='$ublk_args'"
+[[ -z $compare ]] || guest+=" BENCH_UBLK2_ARGS='$compare'"
 guest+=" /opt/fastblk/vm/bench.sh"
 
-# table LOG prints the medians, their ratio and the median pair ratio of the
-# BENCH lines in LOG.
+# table LOG prints, per workload and per device other than loop (ublk, and
+# ublk2 with --compare), the medians, their ratio to loop's and the median
+# of the per-repetition ratios to loop ("pairs") of the BENCH lines in LOG.
 table() {
 	awk '
 	function median(list,   n, v, i, j, t) {
@@ -64,20 +72,28 @@ table() {
 	/^BENCH / {
 		wl = $2; dev = $3
 		if (!(wl in seen)) { seen[wl] = 1; order[++nw] = wl }
+		if (dev != "loop" && !(dev in isdev)) { isdev[dev] = 1; devs[++nd] = dev }
 		if ($5 == "-") { fails[wl, dev]++; next }
 		vals[wl, dev] = vals[wl, dev] " " $5; unit[wl] = $6; runs[wl, dev]++
 		rep[wl, $4, dev] = $5
-		if (dev == "loop" && (wl, $4, "ublk") in rep && $5 > 0) pairs[wl] = pairs[wl] " " rep[wl, $4, "ublk"] / $5
-		if (dev == "ublk" && (wl, $4, "loop") in rep && rep[wl, $4, "loop"] > 0) pairs[wl] = pairs[wl] " " $5 / rep[wl, $4, "loop"]
 	}
 	END {
-		printf "  %-18s %-6s %10s %10s %10s %6s  %s\n", "workload", "unit", "ublk", "loop", "ublk/loop", "pairs", "runs (ublk/loop)"
+		printf "  %-18s %-6s %-6s %10s %10s %10s %6s  %s\n", "workload", "unit", "device", "value", "loop", "dev/loop", "pairs", "runs (dev/loop)"
 		for (i = 1; i <= nw; i++) {
-			wl = order[i]; u = median(vals[wl, "ublk"]); l = median(vals[wl, "loop"]); p = median(pairs[wl])
-			r = (u != "" && l > 0) ? sprintf("%.2f", u / l) : "-"
-			printf "  %-18s %-6s %10s %10s %10s %6s  %d/%d%s\n", wl, unit[wl], u == "" ? "-" : u, l == "" ? "-" : l, r,
-				p == "" ? "-" : sprintf("%.2f", p),
-				runs[wl, "ublk"], runs[wl, "loop"], (fails[wl, "ublk"] + fails[wl, "loop"]) ? "  (failed runs!)" : ""
+			wl = order[i]; l = median(vals[wl, "loop"])
+			for (k = 1; k <= nd; k++) {
+				d = devs[k]; u = median(vals[wl, d]); pairs = ""
+				for (key in rep) {
+					split(key, f, SUBSEP)
+					if (f[1] == wl && f[3] == d && (wl, f[2], "loop") in rep && rep[wl, f[2], "loop"] > 0)
+						pairs = pairs " " rep[key] / rep[wl, f[2], "loop"]
+				}
+				p = median(pairs)
+				r = (u != "" && l > 0) ? sprintf("%.2f", u / l) : "-"
+				printf "  %-18s %-6s %-6s %10s %10s %10s %6s  %d/%d%s\n", wl, unit[wl], d, u == "" ? "-" : u, l == "" ? "-" : l, r,
+					p == "" ? "-" : sprintf("%.2f", p),
+					runs[wl, d], runs[wl, "loop"], (fails[wl, d] + fails[wl, "loop"]) ? "  (failed runs!)" : ""
+			}
 		}
 	}' "$1"
 }
@@ -98,7 +114,7 @@ for k in "${kernels[@]}"; do
 	log="$logdir/bench-$k.log"
 	((status[$k] == 0)) || failed=1
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
-	grep -a -E '^bench: (ublk device|loop device|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
+	grep -a -E '^bench: (ublk2? device|loop device|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
 	table "$log"
 done
 exit "$failed"

@@ -3,13 +3,15 @@
 # device and through the kernel loop device with direct I/O, both on the same
 # fully written backing file on /data, repetitions alternating the two. Prints
 # one line per run for the host to tabulate:
-#   BENCH <workload> <ublk|loop> <rep> <value> <unit>
+#   BENCH <workload> <ublk|ublk2|loop> <rep> <value> <unit>
 # Workloads: randread/randwrite 4k at iodepth 32 with 1 and 2 jobs (IOPS),
 # 1M sequential read/write (MiB/s), 4k randread at iodepth 1 (mean latency, us).
 #
 # Environment: BENCH_SIZE (backing file, default 2G), BENCH_RUNTIME (seconds per
 # run, default 10), BENCH_REPS (default 3), BENCH_SEQ_DEPTH (default 16),
 # BENCH_UBLK_ARGS (extra args for csi-fastblk ublk serve, e.g. "--zero-copy off"),
+# BENCH_UBLK2_ARGS (a second ublk device, "ublk2", served with these args on
+# top, measured in the same rotation: an A/B comparison of server options),
 # BENCH_ONLY (space-separated workload names to run).
 . /opt/fastblk/vm/lib.sh
 SIZE=${BENCH_SIZE:-2G}
@@ -19,10 +21,11 @@ SEQ_DEPTH=${BENCH_SEQ_DEPTH:-16}
 FILE=$FASTBLK_DATA/bench.img
 FIO=/usr/bin/fio
 WORKLOADS=${BENCH_ONLY:-"randread-qd32-j1 randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m write-1m randread-qd1-lat"}
-UBLK_DEV="" UBLK_PID="" LOOP_DEV=""
+UBLK_DEV="" UBLK_PID="" UBLK2_DEV="" UBLK2_PID="" LOOP_DEV=""
 
 cleanup() {
 	[ -z "$UBLK_PID" ] || { kill -TERM "$UBLK_PID" 2>/dev/null; wait "$UBLK_PID"; }
+	[ -z "$UBLK2_PID" ] || { kill -TERM "$UBLK2_PID" 2>/dev/null; wait "$UBLK2_PID"; }
 	[ -z "$LOOP_DEV" ] || /usr/sbin/losetup -d "$LOOP_DEV"
 }
 trap cleanup EXIT
@@ -42,30 +45,35 @@ start_loop() {
 	[ "$dio" = 1 ] || { echo "bench: loop device without direct I/O"; return 1; }
 }
 
-# start_ublk runs csi-fastblk ublk serve and waits for its device line.
+# start_ublk NAME ARGS runs csi-fastblk ublk serve with ARGS (on top of
+# BENCH_UBLK_ARGS) and waits for its device line; it sets <NAME>_DEV and
+# <NAME>_PID.
 start_ublk() {
 	if ! /usr/bin/csi-fastblk ublk serve --help 2>&1 | grep -q -- -file; then
 		echo "bench: csi-fastblk ublk serve not available; loop device only"
 		return 1
 	fi
+	_log=/tmp/$1-serve.log
 	# shellcheck disable=SC2086
-	/usr/bin/csi-fastblk ublk serve --file "$FILE" $BENCH_UBLK_ARGS >/tmp/ublk-serve.log 2>&1 &
-	UBLK_PID=$!
-	i=0
+	/usr/bin/csi-fastblk ublk serve --file "$FILE" $BENCH_UBLK_ARGS $2 >"$_log" 2>&1 &
+	_pid=$!
+	eval "$1_PID=$_pid"
+	_dev="" i=0
 	while [ $i -lt 300 ]; do
-		UBLK_DEV=$(sed -n 's/^device \(\/dev\/ublkb[0-9]*\).*/\1/p' /tmp/ublk-serve.log)
-		[ -n "$UBLK_DEV" ] && break
-		kill -0 "$UBLK_PID" 2>/dev/null || break
+		_dev=$(sed -n 's/^device \(\/dev\/ublkb[0-9]*\).*/\1/p' "$_log")
+		[ -n "$_dev" ] && break
+		kill -0 "$_pid" 2>/dev/null || break
 		sleep 0.1
 		i=$((i + 1))
 	done
-	if [ -z "$UBLK_DEV" ]; then
-		echo "bench: ublk serve gave no device:"
-		cat /tmp/ublk-serve.log
-		UBLK_PID=""
+	if [ -z "$_dev" ]; then
+		echo "bench: ublk serve $2 gave no device:"
+		cat "$_log"
+		eval "$1_PID="
 		return 1
 	fi
-	echo "bench: ublk device $UBLK_DEV: $(grep '^tuning' /tmp/ublk-serve.log)"
+	eval "$1_DEV=$_dev"
+	echo "bench: $(echo "$1" | tr 'A-Z' 'a-z') device $_dev${2:+ ($2)}: $(grep '^tuning' "$_log")"
 }
 
 # live DEV checks that DEV is a block device that answers a direct read, and,
@@ -74,6 +82,10 @@ live() {
 	require_block "$1" || return 1
 	if [ "$1" = "$UBLK_DEV" ] && ! kill -0 "$UBLK_PID" 2>/dev/null; then
 		echo "bench: ublk server exited"
+		return 1
+	fi
+	if [ "$1" = "$UBLK2_DEV" ] && ! kill -0 "$UBLK2_PID" 2>/dev/null; then
+		echo "bench: second ublk server exited"
 		return 1
 	fi
 }
@@ -110,15 +122,24 @@ main() {
 	fill || { echo "bench: fill failed"; exit 1; }
 	start_loop || exit 1
 	devs="loop"
-	start_ublk && devs="ublk loop"
+	start_ublk UBLK "" && devs="ublk loop"
+	if [ -n "$BENCH_UBLK2_ARGS" ] && [ -n "$UBLK_DEV" ]; then
+		start_ublk UBLK2 "$BENCH_UBLK2_ARGS" || exit 1
+		devs="ublk ublk2 loop"
+	fi
 	rep=1
 	while [ $rep -le "$REPS" ]; do
-		# Alternate which device goes first, so drift hits both alike.
+		# Alternate the order (reversed on even repetitions), so drift
+		# hits every device alike.
 		order=$devs
-		[ $((rep % 2)) -eq 0 ] && [ "$devs" = "ublk loop" ] && order="loop ublk"
+		[ $((rep % 2)) -eq 0 ] && order=$(echo "$devs" | awk '{for (i = NF; i > 0; i--) printf "%s%s", $i, (i > 1 ? " " : "")}')
 		for wl in $WORKLOADS; do
 			for d in $order; do
-				if [ "$d" = ublk ]; then dev=$UBLK_DEV; else dev=$LOOP_DEV; fi
+				case $d in
+				ublk) dev=$UBLK_DEV ;;
+				ublk2) dev=$UBLK2_DEV ;;
+				*) dev=$LOOP_DEV ;;
+				esac
 				live "$dev" || { echo "BENCH $wl $d $rep FAIL -"; continue; }
 				v=$(run_fio "$wl" "$dev") || v="FAIL -"
 				echo "BENCH $wl $d $rep $v"

@@ -115,7 +115,7 @@ func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 		sqe.PrepRW(uring.IORING_OP_READ, fileBacking, l.bufs.addr(tag, t.done), n, off)
 	}
 	sqe.OpFlags = t.plan.rwFlags
-	if write && t.retries < nowaitTries {
+	if write && t.retries < nowaitTries && !l.cfg.Options.PuntWrites {
 		sqe.OpFlags |= unix.RWF_NOWAIT
 	}
 }

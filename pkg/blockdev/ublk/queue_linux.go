@@ -110,6 +110,11 @@ type QueueOptions struct {
 	// gives the pages of those buffer tails back (queue_reclaim_linux.go).
 	// 0 never reclaims.
 	IdleReclaim time.Duration
+	// PuntWrites leaves a backing write that cannot go without blocking
+	// to io_uring, which hands it to an io-wq worker, instead of trying
+	// it with RWF_NOWAIT and updating the mtime on the queue thread (see
+	// nowaitTries). For benchmark comparisons only.
+	PuntWrites bool
 }
 
 // ErrQueueStopped is what Wait returns when Stop ended the queue.
