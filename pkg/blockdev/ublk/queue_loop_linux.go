@@ -57,6 +57,9 @@ type loop struct {
 	// (touchBacking).
 	touched   bool
 	touchedAt unix.Timespec
+	// roundAt is when (monoNow) this round began; until nowaitOffUntil,
+	// writes skip RWF_NOWAIT (nowaitPause).
+	roundAt, nowaitOffUntil int64
 	// gapNs is a moving average of how long the thread waits, after a
 	// round, for the next completion; it sizes the poll (see next).
 	gapNs int64
@@ -248,7 +251,7 @@ func (l *loop) serve() error {
 		if n, err = l.next(n > 0); err != nil {
 			return err
 		}
-		l.touched = false
+		l.touched, l.roundAt = false, monoNow()
 		for i := range n {
 			if err := l.handle(&l.cqes[i]); err != nil {
 				return err
