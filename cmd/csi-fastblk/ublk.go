@@ -48,7 +48,7 @@ func ublkServe(ctx context.Context, args []string) error {
 	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
 	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a queue thread polls for completions after a busy round before sleeping (0: never)")
-	fs.BoolVar(&qo.PuntWrites, "punt-writes", false, "leave writes that would block to io_uring's io-wq workers, instead of RWF_NOWAIT and an mtime update on the queue thread (for comparisons)")
+	fs.BoolVar(&qo.NowaitWrites, "nowait-writes", false, "try writes with RWF_NOWAIT and update the backing file's mtime on the queue thread when that refuses them, instead of io_uring's hand-off to io-wq (experimental)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

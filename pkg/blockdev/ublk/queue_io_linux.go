@@ -158,7 +158,8 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 	return l.commit(tag, fullResult(t.req))
 }
 
-// nowaitTries is how many times a write is first tried with RWF_NOWAIT.
+// nowaitTries is how many times a write is first tried with RWF_NOWAIT,
+// when QueueOptions.NowaitWrites asks for it.
 //
 // A direct write that must also update the backing file's mtime (the first
 // write in each clock tick) cannot go without blocking on newer kernels
@@ -184,7 +185,7 @@ const nowaitPause = 100 * time.Millisecond
 
 // nowaitOK says whether this round's writes try RWF_NOWAIT first.
 func (l *loop) nowaitOK() bool {
-	return !l.cfg.Options.PuntWrites && l.roundAt >= l.nowaitOffUntil
+	return l.cfg.Options.NowaitWrites && l.roundAt >= l.nowaitOffUntil
 }
 
 // touchBacking sets the backing file's mtime (and so its ctime) to now, as
