@@ -54,12 +54,15 @@ type queueCase struct {
 	flags  uint64
 	queues uint16
 	fixed  bool
+	nowait bool // QueueOptions.NowaitWrites
 }
 
 func queueCases(t *testing.T, c *Control) []queueCase {
-	cases := []queueCase{{"copy/1q", 0, 1, false}, {"copy/2q", 0, 2, false}, {"copy-fixed/2q", 0, 2, true}}
+	cases := []queueCase{{"copy/1q", 0, 1, false, false}, {"copy/2q", 0, 2, false, false},
+		{"copy-fixed/2q", 0, 2, true, false}, {"copy-nowait/2q", 0, 2, true, true}}
 	if features(t, c)&FlagAutoBufReg != 0 {
-		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1, false}, queueCase{"autobuf/2q", FlagAutoBufReg, 2, false})
+		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1, false, false},
+			queueCase{"autobuf/2q", FlagAutoBufReg, 2, false, false}, queueCase{"autobuf-nowait/2q", FlagAutoBufReg, 2, false, true})
 	} else {
 		t.Logf("kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", features(t, c))
 	}
@@ -105,7 +108,7 @@ func TestQueueDataPath(t *testing.T) {
 			const size = 64 << 20
 			f, path := backingFile(t, size)
 			d := addTestDev(t, c, qc.queues, 64, 512<<10, qc.flags, size)
-			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: qc.fixed})
+			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: qc.fixed, NowaitWrites: qc.nowait})
 			checkReadWrite(t, dev, f)
 			checkParallel(t, dev)
 			checkDiscard(t, dev, path)

@@ -8,8 +8,9 @@
 gotest pkg/blockdev/ublk -test.run '^(TestQueue|TestLoop|TestDecodeDesc|TestPlanFor|TestFullResult|TestUserData|TestLatencyBucket|TestStatsObserve|TestDescLayout)' || exit 1
 # On the data disk's filesystem: a NOWAIT write over a stale mtime goes
 # through once touchMtime has set the mtime (the premise of the queue's
-# write path, nowaitTries).
-TMPDIR=$FASTBLK_DATA gotest pkg/blockdev/ublk -test.run '^(TestTouchMtime|TestNowaitWriteAfterTouchMtime)' || exit 1
+# NowaitWrites path), and the queue's data path with NowaitWrites.
+TMPDIR=$FASTBLK_DATA gotest pkg/blockdev/ublk \
+	-test.run '^(TestTouchMtimeSetsMtimeAndLeavesAtime|TestNowaitWriteAfterTouchMtime|TestQueueDataPath)$/nowait' || exit 1
 # The tests must leave no ublk device behind.
 left=$(ublk_devices)
 [ -z "$left" ] || { echo "ublk devices left behind: $left"; exit 1; }
