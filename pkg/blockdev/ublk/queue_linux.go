@@ -114,8 +114,9 @@ type QueueOptions struct {
 	// kernel refuses one because the mtime must change, updates the mtime
 	// on the queue thread instead of letting io_uring hand the write to an
 	// io-wq worker (see nowaitTries). Off by default: it gains on 7.3
-	// (random writes ×1.07–1.32 in the VM) but its fallback for writes into
-	// the holes of a sparse volume still costs 6.12 up to 15% of their rate.
+	// (random writes ×1.07–1.32 in the VM), but writes into the holes of a
+	// sparse volume, which it tries and is refused every time, are not yet
+	// measured with it.
 	NowaitWrites bool
 }
 
