@@ -131,13 +131,8 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 	t := &l.tags[tag]
 	switch {
 	case res == -int32(unix.EAGAIN) && t.retries < maxEAGAIN:
-		if t.plan.act == actWrite && t.retries < nowaitTries && (t.retries > 0 || !l.touchBacking()) {
-			// Refused with the mtime current: something else (a
-			// hole to allocate) blocks the write. Leave it, and
-			// for nowaitPause every write, to the kernel's own
-			// hand-off, which costs no round trip through here.
-			l.nowaitOffUntil = monoNow() + int64(nowaitPause)
-			t.retries = nowaitTries - 1
+		if t.plan.act == actWrite && l.cfg.Options.NowaitWrites && t.retries < nowaitTries {
+			l.nowaitRefused(t)
 		}
 		t.retries++
 		return l.issue(tag)
@@ -179,9 +174,22 @@ const nowaitTries = 2
 // sparse volume are refused every time (allocating blocks may block); for
 // them each RWF_NOWAIT try only adds a round trip through the queue thread
 // before the same hand-off, and the mtime updates contend with the
-// allocations for the inode lock (measured on 6.12: a 1500 IOPS random
-// write limit on a fresh volume reached only 1234).
+// allocations for the inode lock.
 const nowaitPause = 100 * time.Millisecond
+
+// nowaitRefused handles a write that RWF_NOWAIT refused (t.retries tries
+// so far): the first refusal updates the mtime and tries again without
+// blocking; a refusal with the mtime current means something else (a hole
+// to allocate) blocks the write, so it goes, and for nowaitPause every
+// write goes, to the kernel's own hand-off, which costs no round trip
+// through here.
+func (l *loop) nowaitRefused(t *tagState) {
+	if t.retries == 0 && l.touchBacking() {
+		return
+	}
+	l.nowaitOffUntil = monoNow() + int64(nowaitPause)
+	t.retries = nowaitTries - 1
+}
 
 // nowaitOK says whether this round's writes try RWF_NOWAIT first.
 func (l *loop) nowaitOK() bool {

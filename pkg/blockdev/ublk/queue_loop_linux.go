@@ -251,7 +251,9 @@ func (l *loop) serve() error {
 		if n, err = l.next(n > 0); err != nil {
 			return err
 		}
-		l.touched, l.roundAt = false, monoNow()
+		if l.cfg.Options.NowaitWrites {
+			l.touched, l.roundAt = false, monoNow()
+		}
 		for i := range n {
 			if err := l.handle(&l.cqes[i]); err != nil {
 				return err
