@@ -9,7 +9,7 @@
 #
 # Usage: hack/vm/bench.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                         [--size SIZE] [--only 'WORKLOAD...'] [--ublk-args 'ARGS']
-#                         [--compare 'ARGS']
+#                         [--compare 'ARGS'] [--sparse]
 #   --runtime S     seconds per fio run (default 10, plus 2 s ramp)
 #   --reps N        repetitions, alternating ublk/loop order (default 3)
 #   --size SIZE     backing file size (default 2G)
@@ -19,13 +19,16 @@
 #   --ublk-args     extra flags for csi-fastblk ublk serve (e.g. '--zero-copy off')
 #   --compare ARGS  also measure a second ublk device ("ublk2") served with
 #                   ARGS on top, in the same rotation: an A/B of server options
+#   --sparse        leave the backing file all holes and punch it again before
+#                   each write run, so every run's writes allocate blocks (the
+#                   worst case of a fresh volume; meant with --only write loads)
 # Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
 #   (default bin/vm).
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args="" compare=""
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args="" compare="" sparse=0
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -35,6 +38,7 @@ while (($#)); do
 	--only) only=${2:?}; shift 2 ;;
 	--ublk-args) ublk_args=${2:?}; shift 2 ;;
 	--compare) compare=${2:?}; shift 2 ;;
+	--sparse) sparse=1; shift ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
@@ -56,6 +60,7 @@ guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SIZE=$size"
 [[ -z $only ]] || guest+=" BENCH_ONLY='$only'"
 [[ -z $ublk_args ]] || guest+=" BENCH_UBLK_ARGS='$ublk_args'"
 [[ -z $compare ]] || guest+=" BENCH_UBLK2_ARGS='$compare'"
+((sparse == 0)) || guest+=" BENCH_SPARSE=1"
 guest+=" /opt/fastblk/vm/bench.sh"
 
 # table LOG prints, per workload and per device other than loop (ublk, and
@@ -114,7 +119,7 @@ for k in "${kernels[@]}"; do
 	log="$logdir/bench-$k.log"
 	((status[$k] == 0)) || failed=1
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
-	grep -a -E '^bench: (ublk2? device|loop device|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
+	grep -a -E '^bench: (ublk2? device|loop device|sparse|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
 	table "$log"
 done
 exit "$failed"

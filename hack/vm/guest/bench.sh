@@ -12,7 +12,9 @@
 # BENCH_UBLK_ARGS (extra args for csi-fastblk ublk serve, e.g. "--zero-copy off"),
 # BENCH_UBLK2_ARGS (a second ublk device, "ublk2", served with these args on
 # top, measured in the same rotation: an A/B comparison of server options),
-# BENCH_ONLY (space-separated workload names to run).
+# BENCH_ONLY (space-separated workload names to run), BENCH_SPARSE=1 (the
+# backing file is not written first, and every hole is punched again before
+# each write run, so the writes allocate: the worst case of a fresh volume).
 . /opt/fastblk/vm/lib.sh
 SIZE=${BENCH_SIZE:-2G}
 RUNTIME=${BENCH_RUNTIME:-10}
@@ -118,8 +120,20 @@ run_fio() {
 		}'
 }
 
+# sparse leaves the backing file all holes, for BENCH_SPARSE=1.
+sparse() {
+	[ -e "$FILE" ] || : >"$FILE" || return 1
+	truncate -s "$SIZE" "$FILE" || return 1
+	/usr/bin/fallocate --punch-hole --offset 0 --length "$(stat -c %s "$FILE")" "$FILE" || return 1
+	echo "bench: sparse backing file $FILE: $(du -k "$FILE" | cut -f1) KiB allocated of $SIZE"
+}
+
 main() {
-	fill || { echo "bench: fill failed"; exit 1; }
+	if [ "${BENCH_SPARSE:-0}" = 1 ]; then
+		sparse || { echo "bench: sparse file failed"; exit 1; }
+	else
+		fill || { echo "bench: fill failed"; exit 1; }
+	fi
 	start_loop || exit 1
 	devs="loop"
 	start_ublk UBLK "" && devs="ublk loop"
@@ -141,6 +155,9 @@ main() {
 				*) dev=$LOOP_DEV ;;
 				esac
 				live "$dev" || { echo "BENCH $wl $d $rep FAIL -"; continue; }
+				case "${BENCH_SPARSE:-0}:$wl" in
+				1:*write*) sparse >/dev/null || { echo "BENCH $wl $d $rep FAIL -"; continue; } ;;
+				esac
 				v=$(run_fio "$wl" "$dev") || v="FAIL -"
 				echo "BENCH $wl $d $rep $v"
 			done
