@@ -48,11 +48,20 @@ func ublkServe(ctx context.Context, args []string) error {
 	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
 	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a queue thread polls for completions after a busy round before sleeping (0: never)")
-	fs.BoolVar(&qo.NowaitWrites, "nowait-writes", false, "try writes with RWF_NOWAIT and update the backing file's mtime on the queue thread when that refuses them, instead of io_uring's hand-off to io-wq (experimental)")
+	nowait := fs.String("nowait-writes", "auto", "try writes with RWF_NOWAIT and update the backing file's mtime on the queue thread when that refuses them, instead of io_uring's hand-off to io-wq: auto (where the filesystem refuses them over a stale mtime), on or off")
+	fs.Func("iowq-workers", "cap on each queue thread's io-wq workers (0: the kernel's default)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		qo.IOWQWorkers = uint32(n)
+		return err
+	})
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	mode, err := ublk.ParseZeroCopyMode(*zc)
+	mode, err := ublk.ParseMode("--zero-copy", *zc)
+	if err != nil {
+		return err
+	}
+	nowaitMode, err := ublk.ParseMode("--nowait-writes", *nowait)
 	if err != nil {
 		return err
 	}
@@ -82,7 +91,7 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(stateDir)
-	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, Queue: qo})
+	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, NowaitWrites: nowaitMode, Queue: qo})
 	if err != nil {
 		return err
 	}
@@ -93,8 +102,8 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Printf("device %s\n", s.Path)
-	fmt.Printf("tuning queues=%d depth=%d max_io=%d zero_copy=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
-		s.Tuning.MaxIOBytes, s.Tuning.ZeroCopy, ublk.FormatFlags(s.Flags))
+	fmt.Printf("tuning queues=%d depth=%d max_io=%d zero_copy=%v nowait_writes=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
+		s.Tuning.MaxIOBytes, s.Tuning.ZeroCopy, s.NowaitWrites, ublk.FormatFlags(s.Flags))
 	<-ctx.Done()
 	stats, _ := srv.Stats(id)
 	for i, q := range stats {

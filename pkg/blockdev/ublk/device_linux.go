@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -51,6 +52,8 @@ type Device struct {
 	info   DevInfo
 	char   int // /dev/ublkcN, -1 once released
 	queues []*Queue
+	// mtimeTick is the queues' shared QueueConfig.MtimeTick.
+	mtimeTick atomic.Int64
 }
 
 // Info returns the device's negotiated info.
@@ -184,6 +187,7 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 		queue, err := StartQueue(QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, CPU: cpu, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
+			MtimeTick: &d.mtimeTick,
 		})
 		if err != nil {
 			return err

@@ -98,32 +98,33 @@ func HaveUblk() (uint64, error) {
 	return probe.f, err
 }
 
-// ZeroCopyMode says whether a device may use zero copy.
-type ZeroCopyMode string
+// Mode switches an optional mechanism: ServerConfig.ZeroCopy and
+// ServerConfig.NowaitWrites.
+type Mode string
 
-// Zero-copy modes.
+// Modes.
 const (
-	ZeroCopyAuto ZeroCopyMode = "auto" // where the driver offers AUTO_BUF_REG
-	ZeroCopyOn   ZeroCopyMode = "on"   // required; fail without it
-	ZeroCopyOff  ZeroCopyMode = "off"  // always copy
+	ModeAuto Mode = "auto" // where the kernel offers it (or, for NOWAIT writes, needs it)
+	ModeOn   Mode = "on"   // always (zero copy: required; fail without it)
+	ModeOff  Mode = "off"  // never
 )
 
-// ParseZeroCopyMode parses "auto", "on" or "off" ("" = auto).
-func ParseZeroCopyMode(s string) (ZeroCopyMode, error) {
-	switch ZeroCopyMode(s) {
-	case "", ZeroCopyAuto:
-		return ZeroCopyAuto, nil
-	case ZeroCopyOn, ZeroCopyOff:
-		return ZeroCopyMode(s), nil
+// ParseMode parses "auto", "on" or "off" ("" = auto) for the setting named.
+func ParseMode(name, s string) (Mode, error) {
+	switch Mode(s) {
+	case "", ModeAuto:
+		return ModeAuto, nil
+	case ModeOn, ModeOff:
+		return Mode(s), nil
 	}
-	return "", fmt.Errorf("zero copy mode %q: want auto, on or off: %w", s, errInvalid)
+	return "", fmt.Errorf("%s %q: want auto, on or off: %w", name, s, errInvalid)
 }
 
 // addFlags chooses the ADD_DEV flags from the driver's features: user
 // recovery with reissue (a file backend tolerates the same write twice),
 // QUIESCE and UPDATE_SIZE where offered, no partition scan where the driver
 // lets us say so, and AUTO_BUF_REG zero copy per mode. Pure function.
-func addFlags(features uint64, zc ZeroCopyMode) (uint64, error) {
+func addFlags(features uint64, zc Mode) (uint64, error) {
 	want := FlagCmdIoctlEncode | FlagUserRecovery | FlagUserRecoveryReissue
 	if features&FlagUserRecovery == 0 {
 		return 0, fmt.Errorf("ublk: driver lacks USER_RECOVERY: %w", errors.ErrUnsupported)
@@ -132,12 +133,12 @@ func addFlags(features uint64, zc ZeroCopyMode) (uint64, error) {
 		want |= features & opt
 	}
 	switch zc {
-	case ZeroCopyOn:
+	case ModeOn:
 		if features&FlagAutoBufReg == 0 {
 			return 0, fmt.Errorf("ublk: zero copy needs AUTO_BUF_REG (Linux 6.16+): %w", errors.ErrUnsupported)
 		}
 		want |= FlagAutoBufReg
-	case ZeroCopyAuto:
+	case ModeAuto:
 		want |= features & FlagAutoBufReg
 	}
 	return want, nil

@@ -16,15 +16,15 @@ func TestAddFlags(t *testing.T) {
 	cases := []struct {
 		name     string
 		features uint64
-		mode     ZeroCopyMode
+		mode     Mode
 		want     uint64
 		wantErr  bool
 	}{
-		{"6.12 auto copies", k612, ZeroCopyAuto, base, false},
-		{"6.12 zero copy on refused", k612, ZeroCopyOn, 0, true},
-		{"7.3 auto zero copy", k73, ZeroCopyAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagAutoBufReg, false},
-		{"7.3 off copies", k73, ZeroCopyOff, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan, false},
-		{"no recovery refused", FlagCmdIoctlEncode, ZeroCopyAuto, 0, true},
+		{"6.12 auto copies", k612, ModeAuto, base, false},
+		{"6.12 zero copy on refused", k612, ModeOn, 0, true},
+		{"7.3 auto zero copy", k73, ModeAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagAutoBufReg, false},
+		{"7.3 off copies", k73, ModeOff, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan, false},
+		{"no recovery refused", FlagCmdIoctlEncode, ModeAuto, 0, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -49,14 +49,14 @@ func TestFlagNames(t *testing.T) {
 	}
 }
 
-func TestParseZeroCopyMode(t *testing.T) {
-	for in, want := range map[string]ZeroCopyMode{"": ZeroCopyAuto, "auto": ZeroCopyAuto, "on": ZeroCopyOn, "off": ZeroCopyOff} {
-		if got, err := ParseZeroCopyMode(in); err != nil || got != want {
-			t.Errorf("ParseZeroCopyMode(%q) = %q, %v", in, got, err)
+func TestParseMode(t *testing.T) {
+	for in, want := range map[string]Mode{"": ModeAuto, "auto": ModeAuto, "on": ModeOn, "off": ModeOff} {
+		if got, err := ParseMode("zero copy", in); err != nil || got != want {
+			t.Errorf("ParseMode(%q) = %q, %v", in, got, err)
 		}
 	}
-	if _, err := ParseZeroCopyMode("yes"); !errors.Is(err, os.ErrInvalid) {
-		t.Errorf("ParseZeroCopyMode(yes) = %v, want os.ErrInvalid", err)
+	if _, err := ParseMode("zero copy", "yes"); !errors.Is(err, os.ErrInvalid) {
+		t.Errorf("ParseMode(yes) = %v, want os.ErrInvalid", err)
 	}
 }
 

@@ -1,6 +1,8 @@
 package ublk
 
 import (
+	"errors"
+	"fmt"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -8,14 +10,81 @@ import (
 
 // touchMtime sets the mtime of the open file fd to the current time,
 // leaving its atime alone; the kernel sets the ctime with it. It is
-// futimens(fd, {UTIME_OMIT, UTIME_NOW}): utimensat with a NULL path acts on
-// fd itself, which unix.UtimesNanoAt cannot express, and this form
-// allocates nothing.
+// futimens(fd, {UTIME_OMIT, UTIME_NOW}).
 func touchMtime(fd int) error {
-	ts := [2]unix.Timespec{{Nsec: unix.UTIME_OMIT}, {Nsec: unix.UTIME_NOW}}
+	return setMtime(fd, unix.Timespec{Nsec: unix.UTIME_NOW})
+}
+
+// setMtime is futimens(fd, {UTIME_OMIT, mtime}): utimensat with a NULL path
+// acts on fd itself, which unix.UtimesNanoAt cannot express, and this form
+// allocates nothing.
+func setMtime(fd int, mtime unix.Timespec) error {
+	ts := [2]unix.Timespec{{Nsec: unix.UTIME_OMIT}, mtime}
 	_, _, errno := unix.Syscall6(unix.SYS_UTIMENSAT, uintptr(fd), 0, uintptr(unsafe.Pointer(&ts)), 0, 0, 0)
 	if errno != 0 {
 		return errno
 	}
 	return nil
+}
+
+// StaleMtimeRefusesNowait reports whether the filesystem holding dir
+// refuses a direct write with RWF_NOWAIT when the write must also update
+// the file's mtime: ext4 in Linux 7.x does (6.12's updates it inline). There
+// QueueOptions.NowaitWrites keeps those writes on the queue thread; where
+// the kernel takes them, the option only adds a try to writes it refuses
+// for other reasons (holes to allocate).
+//
+// It writes one block of an unnamed temporary file (O_TMPFILE), so it
+// leaves nothing behind, even if the process dies. A filesystem that
+// refuses the NOWAIT write even with a fresh mtime reports false: the
+// refusal is not about the mtime, and touching it would not help.
+func StaleMtimeRefusesNowait(dir string) (bool, error) {
+	fd, err := unix.Open(dir, unix.O_TMPFILE|unix.O_RDWR|unix.O_DIRECT|unix.O_CLOEXEC, 0o600)
+	if err != nil {
+		return false, fmt.Errorf("nowait probe in %s: temporary file: %w", dir, err)
+	}
+	defer unix.Close(fd)
+	buf, err := unix.Mmap(-1, 0, 4096, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		return false, fmt.Errorf("nowait probe: buffer: %w", err)
+	}
+	defer unix.Munmap(buf)
+	// A block written once: a write into a hole needs an allocation,
+	// which NOWAIT refuses whatever the mtime.
+	if _, err := unix.Pwrite(fd, buf, 0); err != nil {
+		return false, fmt.Errorf("nowait probe in %s: write: %w", dir, err)
+	}
+	nowaitWrite := func() (bool, error) {
+		_, err := unix.Pwritev2(fd, [][]byte{buf}, 0, unix.RWF_NOWAIT)
+		if errors.Is(err, unix.EAGAIN) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("nowait probe in %s: RWF_NOWAIT write: %w", dir, err)
+		}
+		return true, nil
+	}
+	// With the mtime current the write must go through. A clock tick
+	// between the touch and the write makes it stale again, so a few
+	// tries see one without.
+	for try := 1; ; try++ {
+		if err := touchMtime(fd); err != nil {
+			return false, fmt.Errorf("nowait probe in %s: set mtime: %w", dir, err)
+		}
+		ok, err := nowaitWrite()
+		if err != nil {
+			return false, err
+		}
+		if ok {
+			break
+		}
+		if try == 10 {
+			return false, nil
+		}
+	}
+	if err := setMtime(fd, unix.Timespec{Sec: 1}); err != nil {
+		return false, fmt.Errorf("nowait probe in %s: set mtime: %w", dir, err)
+	}
+	ok, err := nowaitWrite()
+	return !ok && err == nil, err
 }

@@ -45,8 +45,9 @@ func TestTouchMtimeSetsMtimeAndLeavesAtime(t *testing.T) {
 // the queue's write path (nowaitTries): once touchMtime has brought a stale
 // mtime to now, a direct write with RWF_NOWAIT goes through without
 // blocking. Whether the kernel refused the write over the stale mtime
-// first is logged: ext4 in 7.x does (-EAGAIN), 6.12's updated the time
-// inline.
+// first (ext4 in 7.x does, -EAGAIN; 6.12's updates the time inline) is
+// logged, and StaleMtimeRefusesNowait, which the Server uses to turn
+// NowaitWrites on, must give the same answer.
 func TestNowaitWriteAfterTouchMtime(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "backing")
@@ -91,13 +92,21 @@ func TestNowaitWriteAfterTouchMtime(t *testing.T) {
 		return cqes[0].Res
 	}
 
-	switch res := write(); res {
+	res := write()
+	switch res {
 	case -int32(unix.EAGAIN):
 		t.Log("the kernel refused the write over a stale mtime: -EAGAIN")
 	case 4096:
 		t.Log("the kernel took the write over a stale mtime")
 	default:
 		t.Fatalf("write over a stale mtime with RWF_NOWAIT = %d, want 4096 or -EAGAIN", res)
+	}
+	probed, err := StaleMtimeRefusesNowait(dir)
+	if err != nil {
+		t.Fatalf("StaleMtimeRefusesNowait: %v", err)
+	}
+	if refused := res < 0; probed != refused {
+		t.Errorf("StaleMtimeRefusesNowait(%s) = %v, but the io_uring write was refused: %v", dir, probed, refused)
 	}
 	// A clock tick between the touch and the write makes the mtime stale
 	// again; a few tries see one without.
@@ -110,5 +119,15 @@ func TestNowaitWriteAfterTouchMtime(t *testing.T) {
 		} else if res != -int32(unix.EAGAIN) || try == 10 {
 			t.Fatalf("write %d after touchMtime = %d, want 4096", try, res)
 		}
+	}
+}
+
+func TestStaleMtimeRefusesNowaitReportsAMissingDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "missing")
+	if refuses, err := StaleMtimeRefusesNowait(dir); err == nil || refuses {
+		t.Fatalf("StaleMtimeRefusesNowait(%s) = %v, %v; want an error", dir, refuses, err)
+	}
+	if entries, _ := os.ReadDir(filepath.Dir(dir)); len(entries) != 0 {
+		t.Fatalf("the probe left %d entries behind", len(entries))
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -73,10 +74,11 @@ func queueCases(t *testing.T, c *Control) []queueCase {
 func startQueues(t *testing.T, d *testDev, tgt Target, opts QueueOptions) ([]*Queue, string) {
 	t.Helper()
 	var qs []*Queue
+	var mtimeTick atomic.Int64 // shared, as Device shares it
 	for qid := range d.info.NrHWQueues {
 		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
 			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes,
-			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: opts})
+			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: opts, MtimeTick: &mtimeTick})
 		if err != nil {
 			t.Fatalf("start queue %d: %v", qid, err)
 		}

@@ -196,27 +196,35 @@ func (l *loop) nowaitOK() bool {
 	return l.cfg.Options.NowaitWrites && l.roundAt >= l.nowaitOffUntil
 }
 
-// touchBacking sets the backing file's mtime (and so its ctime) to now, as
-// a write refused with -EAGAIN would have done, and reports whether trying
-// that write again without blocking can succeed. One update serves every
-// write the same clock tick refused: a round that already updated says yes
-// (its refusals came before the update); an update earlier in the same tick
-// of the coarse clock, which file timestamps use, says no, as the refusal
-// then had another cause. On an error the write goes to io-wq, as it would
-// without RWF_NOWAIT: nothing is lost.
+// touchBacking makes sure the backing file's mtime (and so its ctime) is
+// now, as a write refused with -EAGAIN would have done, and reports whether
+// trying that write again without blocking can succeed. One update per tick
+// of the coarse clock, which file timestamps use, serves every queue of the
+// device: the first queue to claim the tick updates, the others only retry
+// (their refusals came before, or during, that update, which holds the
+// inode lock). Each queue gets one such pass per tick: every refusal of the
+// round that took it is retried; a refusal in a later round of the same
+// tick says no, as it then had another cause. On an error the write goes to
+// io-wq, as it would without RWF_NOWAIT: nothing is lost.
 func (l *loop) touchBacking() bool {
 	if l.touched {
 		return true
 	}
 	var now unix.Timespec
-	if unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &now) != nil || now == l.touchedAt {
+	if unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &now) != nil {
 		return false
 	}
-	if touchMtime(l.cfg.Target.FD) != nil {
+	tick := now.Nano()
+	if tick == l.touchedAt {
 		return false
 	}
-	l.touched, l.touchedAt = true, now
-	return true
+	l.touchedAt = tick
+	if last := l.mtimeTick.Load(); last == tick || !l.mtimeTick.CompareAndSwap(last, tick) {
+		l.touched = true // another queue updated it in this tick
+		return true
+	}
+	l.touched = touchMtime(l.cfg.Target.FD) == nil
+	return l.touched
 }
 
 // commit queues COMMIT_AND_FETCH for tag with result (bytes or -errno),

@@ -84,6 +84,10 @@ type QueueConfig struct {
 	// Limiter paces reads and writes (queue_qos_linux.go); it is shared
 	// by the device's queues. nil means unlimited.
 	Limiter *qos.Limiter
+	// MtimeTick is shared by the device's queues, so that one mtime
+	// update per clock tick serves them all (touchBacking). nil: the
+	// queue keeps its own.
+	MtimeTick *atomic.Int64
 }
 
 // QueueOptions are a queue thread's buffer, submission and wait policy;
@@ -93,8 +97,8 @@ type QueueOptions struct {
 	// buffer with the ring and uses READ_FIXED/WRITE_FIXED for backing I/O
 	// that fits there: small requests skip pinning their pages every time
 	// (6.12 VM, 4k at queue depth 32: 7-15% less server CPU per I/O).
-	// Registering pins, so those heads are resident from the start (1 MiB
-	// for 2 queues × 32 tags); larger requests pin per request, a small
+	// Registering pins, so those heads are resident from the start (2 MiB
+	// for 2 queues × 64 tags); larger requests pin per request, a small
 	// cost next to their copy, and fault in the rest of a buffer on first
 	// use. Ignored with zero copy.
 	FixedBuffers bool
@@ -113,11 +117,17 @@ type QueueOptions struct {
 	// NowaitWrites tries backing writes with RWF_NOWAIT and, when the
 	// kernel refuses one because the mtime must change, updates the mtime
 	// on the queue thread instead of letting io_uring hand the write to an
-	// io-wq worker (see nowaitTries). Off by default: it gains on 7.3
-	// (random writes ×1.07–1.32 in the VM), but writes into the holes of a
-	// sparse volume, which it tries and is refused every time, are not yet
-	// measured with it.
+	// io-wq worker (see nowaitTries). It pays where the filesystem refuses
+	// such writes (ext4 in 7.3: random writes ×1.07–1.32 in the VM) and
+	// costs a little where it does not (writes into a sparse volume's
+	// holes, refused whatever the mtime: ×0.97 in 6.12 and 7.3), so the
+	// Server turns it on where a probe finds the refusal
+	// (ServerConfig.NowaitWrites).
 	NowaitWrites bool
+	// IOWQWorkers caps the io-wq workers of the queue thread (bounded
+	// work: writes io_uring could not issue without blocking, fsync,
+	// fallocate). 0 keeps the kernel's default (4 × CPUs).
+	IOWQWorkers uint32
 }
 
 // ErrQueueStopped is what Wait returns when Stop ended the queue.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -52,11 +53,13 @@ type loop struct {
 	home    *unix.CPUSet // CPU mask to restore once set up (nil: stay)
 	aborted int          // tags that got -ENODEV
 	backing int          // backing operations in flight
-	// touched says that this round updated the backing file's mtime,
-	// touchedAt is the coarse clock's time of the last update
+	// touched says that this round may retry writes RWF_NOWAIT refused,
+	// touchedAt is the coarse clock's tick (ns) of this queue's last
+	// retry pass, and mtimeTick the tick of the device's last mtime update
 	// (touchBacking).
 	touched   bool
-	touchedAt unix.Timespec
+	touchedAt int64
+	mtimeTick *atomic.Int64
 	// roundAt is when (monoNow) this round began; until nowaitOffUntil,
 	// writes skip RWF_NOWAIT (nowaitPause).
 	roundAt, nowaitOffUntil int64
@@ -99,7 +102,10 @@ func (q *Queue) setup() (*loop, error) {
 		return nil, fmt.Errorf("create ring: %w", err)
 	}
 	l := &loop{q: q, cfg: cfg, ring: ring, zc: cfg.Flags&FlagAutoBufReg != 0,
-		tags: make([]tagState, cfg.Depth), cqes: make([]uring.CQE, 2*d+2)}
+		tags: make([]tagState, cfg.Depth), cqes: make([]uring.CQE, 2*d+2), mtimeTick: cfg.MtimeTick}
+	if l.mtimeTick == nil {
+		l.mtimeTick = new(atomic.Int64)
+	}
 	if cfg.Limiter != nil {
 		l.held = make([]uint16, cfg.Depth)
 		l.limGen = cfg.Limiter.Gen()
@@ -139,6 +145,12 @@ func (l *loop) register() error {
 	// Entering through a registered ring fd saves an fd lookup per
 	// io_uring_enter; kernels without it (< 5.18) just do the lookup.
 	_ = l.ring.RegisterRingFD()
+	if n := l.cfg.Options.IOWQWorkers; n > 0 {
+		// io-wq belongs to the thread, so this runs on the queue thread.
+		if _, err := l.ring.SetMaxWorkers(n, 0); err != nil {
+			return err
+		}
+	}
 	if l.zc {
 		if err := l.ring.RegisterBuffersSparse(uint32(l.cfg.Depth)); err != nil {
 			return fmt.Errorf("register sparse buffer table: %w", err)
@@ -150,7 +162,7 @@ func (l *loop) register() error {
 // FixedHeadBytes is how much of each copy-mode tag buffer is registered as
 // a fixed buffer: enough for the 4-16 KiB requests of random I/O and
 // database pages, while the pinned memory stays 1/8 of the default 128 KiB
-// buffers (64 idle volumes pin 64 MiB, not 512 MiB).
+// buffers (64 idle volumes of 2 queues × 64 tags pin 128 MiB, not 1 GiB).
 const FixedHeadBytes = 16 << 10
 
 // registerBuffers registers the head of each copy-mode buffer as a fixed

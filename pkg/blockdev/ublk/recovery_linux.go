@@ -176,7 +176,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	}
 	lim := qos.New(st.Limits)
 	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: FileTarget(int(file.Fd())), DMAAlign: dio, Owner: s.owner,
-		Queue: s.cfg.Queue, Limiter: lim})
+		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim})
 	if err != nil {
 		file.Close()
 		if errors.Is(err, unix.ENODEV) || errors.Is(err, ErrNotOwned) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"sort"
 	"strconv"
@@ -20,8 +21,15 @@ import (
 type ServerConfig struct {
 	// StateDir holds one State file per device (created if missing).
 	StateDir string
-	// ZeroCopy chooses between zero copy and copy mode.
-	ZeroCopy ZeroCopyMode
+	// ZeroCopy chooses between zero copy and copy mode ("" = auto).
+	ZeroCopy Mode
+	// NowaitWrites decides QueueOptions.NowaitWrites (Queue's own value is
+	// not used) ("" = auto): auto turns it on for a new device where the
+	// backing file's filesystem refuses NOWAIT writes over a stale mtime
+	// (StaleMtimeRefusesNowait, probed once per filesystem) and records
+	// the choice in the device's State; on and off apply to every device,
+	// re-adopted ones included.
+	NowaitWrites Mode
 	// CPUs is the CPU count the tuning policy uses (0 = runtime.NumCPU).
 	CPUs int
 	// MemoryBudget is the copy-mode buffer budget per device (0 = default).
@@ -69,6 +77,9 @@ type Server struct {
 
 	mu   sync.Mutex // guards devs only; never held across a control command
 	devs map[string]*served
+
+	probeMu sync.Mutex
+	nowait  map[uint64]bool // StaleMtimeRefusesNowait by filesystem (st_dev)
 }
 
 type served struct {
@@ -87,8 +98,10 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if cfg.CPUs <= 0 {
 		cfg.CPUs = runtime.NumCPU()
 	}
-	if cfg.ZeroCopy == "" {
-		cfg.ZeroCopy = ZeroCopyAuto
+	for _, m := range []*Mode{&cfg.ZeroCopy, &cfg.NowaitWrites} {
+		if *m == "" {
+			*m = ModeAuto
+		}
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("create ublk state dir: %w", err)
@@ -207,14 +220,14 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		return nil, err
 	}
 	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun,
-		Limits: spec.Limits, Owner: s.owner}
+		NowaitWrites: s.nowaitWrites(file), Limits: spec.Limits, Owner: s.owner}
 	lim := qos.New(spec.Limits)
 	target := NullTarget()
 	if file != nil {
 		target = FileTarget(int(file.Fd()))
 	}
 	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
-		DMAAlign: dio, Owner: s.owner, Queue: s.cfg.Queue, Limiter: lim, Persist: func(info DevInfo) error {
+		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Persist: func(info DevInfo) error {
 			st.DevID, st.Flags = info.DevID, info.Flags
 			if spec.Null {
 				return nil // benchmark devices are never re-adopted
@@ -229,6 +242,43 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		return nil, err
 	}
 	return &served{st: st, dev: dev, lim: lim, file: file}, nil
+}
+
+// queueOptions returns ServerConfig.Queue with NowaitWrites set: nowait,
+// the device's choice, unless ServerConfig.NowaitWrites is on or off.
+func (s *Server) queueOptions(nowait bool) QueueOptions {
+	o := s.cfg.Queue
+	o.NowaitWrites = nowait
+	if s.cfg.NowaitWrites != ModeAuto {
+		o.NowaitWrites = s.cfg.NowaitWrites == ModeOn
+	}
+	return o
+}
+
+// nowaitWrites chooses QueueOptions.NowaitWrites for a new device backed
+// by file (nil for the null target). In auto mode it probes the file's
+// filesystem once (StaleMtimeRefusesNowait) and remembers the answer; a
+// probe that fails (no O_TMPFILE or O_DIRECT there) answers false, so the
+// writes take io_uring's usual path.
+func (s *Server) nowaitWrites(file *os.File) bool {
+	if s.cfg.NowaitWrites != ModeAuto || file == nil {
+		return s.cfg.NowaitWrites == ModeOn
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(file.Fd()), &st); err != nil {
+		return false
+	}
+	s.probeMu.Lock()
+	defer s.probeMu.Unlock()
+	refuses, ok := s.nowait[st.Dev]
+	if !ok {
+		refuses, _ = StaleMtimeRefusesNowait(filepath.Dir(file.Name()))
+		if s.nowait == nil {
+			s.nowait = make(map[uint64]bool)
+		}
+		s.nowait[st.Dev] = refuses
+	}
+	return refuses
 }
 
 func (sv *served) info() Served { return Served{State: sv.st, Path: blockPath(sv.st.DevID)} }

@@ -122,7 +122,7 @@ func TestServerLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("attached %s: %+v", d.Path, d.Tuning)
+	t.Logf("attached %s: %+v, NOWAIT writes %v", d.Path, d.Tuning, d.NowaitWrites)
 	t.Run("idempotent", func(t *testing.T) {
 		again, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
 		if err != nil || again.Path != d.Path {
@@ -142,6 +142,15 @@ func TestServerLifecycle(t *testing.T) {
 		sts, err := States(filepath.Join(dir, "state"))
 		if err != nil || len(sts) != 1 || sts[0].DevID != d.DevID {
 			t.Fatalf("states %+v, %v", sts, err)
+		}
+	})
+	t.Run("nowait writes where the filesystem needs them", func(t *testing.T) {
+		refuses, err := StaleMtimeRefusesNowait(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.NowaitWrites != refuses {
+			t.Fatalf("NowaitWrites %v, but the filesystem of %s refuses NOWAIT writes over a stale mtime: %v", d.NowaitWrites, dir, refuses)
 		}
 	})
 	t.Run("resize", func(t *testing.T) { checkResize(t, s, d, file) })

@@ -23,6 +23,9 @@ type State struct {
 	SizeBytes int64  `json:"sizeBytes"`
 	ReadOnly  bool   `json:"readOnly,omitempty"`
 	Tuning    Tuning `json:"tuning"`
+	// NowaitWrites is the QueueOptions.NowaitWrites chosen at creation,
+	// kept when the device is re-adopted.
+	NowaitWrites bool `json:"nowaitWrites,omitempty"`
 	// Limits are the device's rate limits.
 	Limits qos.Limits `json:"limits,omitzero"`
 	// Flags are the negotiated UBLK_F_* flags.

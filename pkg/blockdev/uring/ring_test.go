@@ -168,3 +168,25 @@ func TestUnsubmitted(t *testing.T) {
 		t.Fatalf("Unsubmitted = %d after all completed, want 0", n)
 	}
 }
+
+// TestSetMaxWorkers checks that the cap reaches the kernel: the next call,
+// with zeros (leave unchanged), reads the bounded cap back, and the
+// unbounded one stays as it was.
+func TestSetMaxWorkers(t *testing.T) {
+	lockThread(t)
+	r := newRing(t, Config{Entries: 4, Flags: QueueFlags})
+	before, err := r.SetMaxWorkers(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.SetMaxWorkers(3, 0); err != nil {
+		t.Fatal(err)
+	}
+	after, err := r.SetMaxWorkers(0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after[0] != 3 || after[1] != before[1] {
+		t.Fatalf("io-wq caps after SetMaxWorkers(3, 0) = %v, want [3 %d] (before: %v)", after, before[1], before)
+	}
+}

@@ -10,7 +10,7 @@ gotest pkg/blockdev/ublk -test.run '^(TestQueue|TestLoop|TestDecodeDesc|TestPlan
 # through once touchMtime has set the mtime (the premise of the queue's
 # NowaitWrites path), and the queue's data path with NowaitWrites.
 TMPDIR=$FASTBLK_DATA gotest pkg/blockdev/ublk \
-	-test.run '^(TestTouchMtimeSetsMtimeAndLeavesAtime|TestNowaitWriteAfterTouchMtime|TestQueueDataPath)$/nowait' || exit 1
+	-test.run '^(TestTouchMtimeSetsMtimeAndLeavesAtime|TestNowaitWriteAfterTouchMtime|TestStaleMtimeRefusesNowaitReportsAMissingDir|TestQueueDataPath)$/nowait' || exit 1
 # The tests must leave no ublk device behind.
 left=$(ublk_devices)
 [ -z "$left" ] || { echo "ublk devices left behind: $left"; exit 1; }
