@@ -26,8 +26,9 @@ WORKLOADS=${BENCH_ONLY:-"randread-qd32-j1 randread-qd32-j2 randwrite-qd32-j1 ran
 UBLK_DEV="" UBLK_PID="" UBLK2_DEV="" UBLK2_PID="" LOOP_DEV=""
 
 cleanup() {
-	[ -z "$UBLK_PID" ] || { kill -TERM "$UBLK_PID" 2>/dev/null; wait "$UBLK_PID"; }
-	[ -z "$UBLK2_PID" ] || { kill -TERM "$UBLK2_PID" 2>/dev/null; wait "$UBLK2_PID"; }
+	# The servers print their queues' counters when they stop.
+	[ -z "$UBLK_PID" ] || { kill -TERM "$UBLK_PID" 2>/dev/null; wait "$UBLK_PID"; sed -n 's/^queue/bench: ublk queue/p' /tmp/UBLK-serve.log; }
+	[ -z "$UBLK2_PID" ] || { kill -TERM "$UBLK2_PID" 2>/dev/null; wait "$UBLK2_PID"; sed -n 's/^queue/bench: ublk2 queue/p' /tmp/UBLK2-serve.log; }
 	[ -z "$LOOP_DEV" ] || /usr/sbin/losetup -d "$LOOP_DEV"
 }
 trap cleanup EXIT

@@ -127,8 +127,12 @@ func TestQueueDataPath(t *testing.T) {
 			if total.Reads == 0 || total.Writes == 0 || total.Flushes == 0 || total.Discards == 0 || total.InFlight != 0 {
 				t.Fatalf("stats = %+v", total)
 			}
-			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d enters %d",
-				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Enters)
+			if !qc.nowait && total.NowaitRefused+total.NowaitPauses != 0 {
+				t.Fatalf("NOWAIT refusals counted with NowaitWrites off: %+v", total)
+			}
+			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d enters %d nowait refused %d pauses %d",
+				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Enters,
+				total.NowaitRefused, total.NowaitPauses)
 		})
 	}
 }

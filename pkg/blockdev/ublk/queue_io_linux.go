@@ -184,9 +184,11 @@ const nowaitPause = 100 * time.Millisecond
 // write goes, to the kernel's own hand-off, which costs no round trip
 // through here.
 func (l *loop) nowaitRefused(t *tagState) {
+	l.q.stats.nowaitRefused.Add(1)
 	if t.retries == 0 && l.touchBacking() {
 		return
 	}
+	l.q.stats.nowaitPauses.Add(1)
 	l.nowaitOffUntil = monoNow() + int64(nowaitPause)
 	t.retries = nowaitTries - 1
 }

@@ -50,6 +50,10 @@ type QueueStats struct {
 	// Throttled counts requests held back by the rate limits, and
 	// ThrottledNs the time they were held, in nanoseconds.
 	Throttled, ThrottledNs uint64
+	// NowaitRefused counts backing writes RWF_NOWAIT refused
+	// (QueueOptions.NowaitWrites), and NowaitPauses the refusals that
+	// turned it off for nowaitPause.
+	NowaitRefused, NowaitPauses uint64
 }
 
 // queueStats is the live, atomically updated form of QueueStats. The queue
@@ -64,6 +68,7 @@ type queueStats struct {
 	enters                                   atomic.Uint64
 	reclaims                                 atomic.Uint64
 	throttled, throttledNs                   atomic.Uint64
+	nowaitRefused, nowaitPauses              atomic.Uint64
 }
 
 // latencyBucket returns the histogram bucket for a duration in nanoseconds.
@@ -102,20 +107,22 @@ func (s *queueStats) observe(op uint8, bytes uint32, failed bool, ns int64) {
 
 func (s *queueStats) snapshot() QueueStats {
 	out := QueueStats{
-		Reads:        s.reads.Load(),
-		Writes:       s.writes.Load(),
-		Flushes:      s.flushes.Load(),
-		Discards:     s.discards.Load(),
-		WriteZeroes:  s.zeroes.Load(),
-		BytesRead:    s.bytesRead.Load(),
-		BytesWritten: s.bytesWritten.Load(),
-		Errors:       s.errors.Load(),
-		InFlight:     s.inFlight.Load(),
-		Enters:       s.enters.Load(),
-		Reclaims:     s.reclaims.Load(),
-		Throttled:    s.throttled.Load(),
-		ThrottledNs:  s.throttledNs.Load(),
-		LatencyNs:    s.latencyNs.Load(),
+		Reads:         s.reads.Load(),
+		Writes:        s.writes.Load(),
+		Flushes:       s.flushes.Load(),
+		Discards:      s.discards.Load(),
+		WriteZeroes:   s.zeroes.Load(),
+		BytesRead:     s.bytesRead.Load(),
+		BytesWritten:  s.bytesWritten.Load(),
+		Errors:        s.errors.Load(),
+		InFlight:      s.inFlight.Load(),
+		Enters:        s.enters.Load(),
+		Reclaims:      s.reclaims.Load(),
+		Throttled:     s.throttled.Load(),
+		ThrottledNs:   s.throttledNs.Load(),
+		NowaitRefused: s.nowaitRefused.Load(),
+		NowaitPauses:  s.nowaitPauses.Load(),
+		LatencyNs:     s.latencyNs.Load(),
 	}
 	for i := range out.Latency {
 		out.Latency[i] = s.latency[i].Load()
@@ -138,6 +145,8 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.Reclaims += b.Reclaims
 	a.Throttled += b.Throttled
 	a.ThrottledNs += b.ThrottledNs
+	a.NowaitRefused += b.NowaitRefused
+	a.NowaitPauses += b.NowaitPauses
 	a.LatencyNs += b.LatencyNs
 	for i := range a.Latency {
 		a.Latency[i] += b.Latency[i]
