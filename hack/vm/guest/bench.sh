@@ -123,7 +123,6 @@ run_fio() {
 
 # sparse leaves the backing file all holes, for BENCH_SPARSE=1.
 sparse() {
-	[ -e "$FILE" ] || : >"$FILE" || return 1
 	truncate -s "$SIZE" "$FILE" || return 1
 	/usr/bin/fallocate --punch-hole --offset 0 --length "$(stat -c %s "$FILE")" "$FILE" || return 1
 	echo "bench: sparse backing file $FILE: $(du -k "$FILE" | cut -f1) KiB allocated of $SIZE"

@@ -126,7 +126,8 @@ type QueueOptions struct {
 	NowaitWrites bool
 	// IOWQWorkers caps the io-wq workers of the queue thread (bounded
 	// work: writes io_uring could not issue without blocking, fsync,
-	// fallocate). 0 keeps the kernel's default (4 × CPUs).
+	// fallocate). 0 keeps the kernel's default (up to 4 per CPU). A
+	// benchmark knob (ublk serve --iowq-workers), not set by the plugin.
 	IOWQWorkers uint32
 }
 

@@ -175,6 +175,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
 	lim := qos.New(st.Limits)
+	st.NowaitWrites = s.nowaitWrites(file, &st)
 	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: FileTarget(int(file.Fd())), DMAAlign: dio, Owner: s.owner,
 		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim})
 	if err != nil {

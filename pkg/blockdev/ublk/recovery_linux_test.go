@@ -35,7 +35,16 @@ func TestServerReadopt(t *testing.T) {
 	defer ctl.Close()
 	waitState(t, ctl, d.DevID, StateQuiesced)
 
-	s2 := newTestServer(t, state)
+	// The restarted plugin is told the opposite of the recorded NOWAIT
+	// choice: an explicit on or off applies to re-adopted devices too.
+	flip := ModeOn
+	if d.NowaitWrites {
+		flip = ModeOff
+	}
+	s2, errs, err := NewServer(ctx, ServerConfig{StateDir: state, NowaitWrites: flip})
+	if err != nil || len(errs) != 0 {
+		t.Fatalf("restart: %v, %v", err, errs)
+	}
 	defer func() {
 		if err := s2.Detach(ctx, "vol"); err != nil {
 			t.Errorf("detach: %v", err)
@@ -45,6 +54,9 @@ func TestServerReadopt(t *testing.T) {
 	list := s2.List()
 	if len(list) != 1 || list[0].Path != d.Path {
 		t.Fatalf("re-adopted %+v, want %s", list, d.Path)
+	}
+	if list[0].NowaitWrites == d.NowaitWrites {
+		t.Errorf("re-adopted with --nowait-writes %s: NowaitWrites %v, want %v", flip, list[0].NowaitWrites, !d.NowaitWrites)
 	}
 	if info, err := ctl.GetDevInfo(d.DevID); err != nil || info.State != StateLive || int(info.UblksrvPID) != os.Getpid() {
 		t.Fatalf("after recovery: %+v, %v", info, err)

@@ -220,7 +220,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		return nil, err
 	}
 	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun,
-		NowaitWrites: s.nowaitWrites(file), Limits: spec.Limits, Owner: s.owner}
+		NowaitWrites: s.nowaitWrites(file, nil), Limits: spec.Limits, Owner: s.owner}
 	lim := qos.New(spec.Limits)
 	target := NullTarget()
 	if file != nil {
@@ -244,25 +244,29 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 	return &served{st: st, dev: dev, lim: lim, file: file}, nil
 }
 
-// queueOptions returns ServerConfig.Queue with NowaitWrites set: nowait,
-// the device's choice, unless ServerConfig.NowaitWrites is on or off.
+// queueOptions returns ServerConfig.Queue with NowaitWrites set to the
+// device's choice (State.NowaitWrites, from nowaitWrites).
 func (s *Server) queueOptions(nowait bool) QueueOptions {
 	o := s.cfg.Queue
 	o.NowaitWrites = nowait
-	if s.cfg.NowaitWrites != ModeAuto {
-		o.NowaitWrites = s.cfg.NowaitWrites == ModeOn
-	}
 	return o
 }
 
-// nowaitWrites chooses QueueOptions.NowaitWrites for a new device backed
-// by file (nil for the null target). In auto mode it probes the file's
-// filesystem once (StaleMtimeRefusesNowait) and remembers the answer; a
-// probe that fails (no O_TMPFILE or O_DIRECT there) answers false, so the
-// writes take io_uring's usual path.
-func (s *Server) nowaitWrites(file *os.File) bool {
-	if s.cfg.NowaitWrites != ModeAuto || file == nil {
+// nowaitWrites chooses QueueOptions.NowaitWrites for a device backed by
+// file (nil for the null target). On and off apply to every device. In
+// auto mode a re-adopted device keeps the choice recorded in its State
+// (adopted), and for a new one the file's filesystem is probed once
+// (StaleMtimeRefusesNowait) and the answer remembered; a probe that fails
+// (no O_TMPFILE or O_DIRECT there) answers false, so the writes take
+// io_uring's usual path.
+func (s *Server) nowaitWrites(file *os.File, adopted *State) bool {
+	switch {
+	case s.cfg.NowaitWrites != ModeAuto:
 		return s.cfg.NowaitWrites == ModeOn
+	case adopted != nil:
+		return adopted.NowaitWrites
+	case file == nil:
+		return false
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(file.Fd()), &st); err != nil {
