@@ -134,12 +134,15 @@ func TestQueueDataPath(t *testing.T) {
 			if total.Reads == 0 || total.Writes == 0 || total.Flushes == 0 || total.Discards == 0 || total.InFlight != 0 {
 				t.Fatalf("stats = %+v", total)
 			}
-			if !qc.nowait && total.NowaitRefused+total.NowaitPauses != 0 {
-				t.Fatalf("NOWAIT refusals counted with NowaitWrites off: %+v", total)
+			if !qc.nowait && total.NowaitRefused+total.NowaitPauses+total.MtimeUpdates != 0 {
+				t.Fatalf("NOWAIT refusals or mtime updates counted with NowaitWrites off: %+v", total)
 			}
-			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d enters %d nowait refused %d pauses %d",
+			if qc.nowait && total.MtimeUpdates == 0 {
+				t.Fatalf("NowaitWrites on, but no queue updated the backing file's mtime before its writes: %+v", total)
+			}
+			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d enters %d nowait refused %d pauses %d mtime updates %d",
 				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Enters,
-				total.NowaitRefused, total.NowaitPauses)
+				total.NowaitRefused, total.NowaitPauses, total.MtimeUpdates)
 		})
 	}
 }

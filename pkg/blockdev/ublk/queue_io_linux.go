@@ -118,6 +118,7 @@ func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	sqe.OpFlags = t.plan.rwFlags
 	if write && t.retries < nowaitTries && l.nowaitOK() {
 		sqe.OpFlags |= unix.RWF_NOWAIT
+		l.freshenMtime()
 	}
 }
 
@@ -157,35 +158,38 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 // when QueueOptions.NowaitWrites asks for it.
 //
 // A direct write that must also update the backing file's mtime (the first
-// write in each clock tick) cannot go without blocking on newer kernels
-// (ext4 in 7.3 refuses it; 6.12's updated the time inline), and io_uring
-// would hand it, and every other write submitted before the update is
-// done, to its io-wq worker threads: measured under emulation on 7.3, one
-// write in seven, each a hand-off to another thread and back. With
-// RWF_NOWAIT the kernel returns -EAGAIN instead; the queue thread then
-// updates the mtime itself, once per clock tick (touchBacking), and tries
-// the writes again without blocking. A write refused twice, or refused
-// with the mtime current, is left to io-wq, and so is every write for the
-// nowaitPause that follows.
+// write in each tick of the coarse clock file timestamps use) cannot go
+// without blocking on newer kernels (ext4 in 7.3 refuses it; 6.12's updated
+// the time inline), and io_uring would hand it, and every other write
+// submitted before the update is done, to its io-wq worker threads:
+// measured under emulation on 7.3, one write in seven, each a hand-off to
+// another thread and back. So the queue thread updates the mtime itself,
+// once per tick for the whole device, before the round's first write
+// (freshenMtime), and sends its writes with RWF_NOWAIT: the kernel refuses
+// the few that still meet a stale mtime (the tick turned) or the inode
+// lock held by another queue's update with -EAGAIN instead of handing
+// them off, and they are tried once more. A write refused twice is left to
+// io-wq, and so is every write for the nowaitPause that follows.
 const nowaitTries = 2
 
 // nowaitPause is how long writes go without RWF_NOWAIT after one was
-// refused for another reason than the mtime. Writes into the holes of a
-// sparse volume are refused every time (allocating blocks may block); for
-// them each RWF_NOWAIT try only adds a round trip through the queue thread
-// before the same hand-off, and the mtime updates contend with the
-// allocations for the inode lock.
+// refused twice. Writes into the holes of a sparse volume are refused every
+// time (allocating blocks may block); for them each RWF_NOWAIT try only adds
+// a round trip through the queue thread before the same hand-off.
 const nowaitPause = 100 * time.Millisecond
 
 // nowaitRefused handles a write that RWF_NOWAIT refused (t.retries tries
-// so far): the first refusal updates the mtime and tries again without
-// blocking; a refusal with the mtime current means something else (a hole
-// to allocate) blocks the write, so it goes, and for nowaitPause every
-// write goes, to the kernel's own hand-off, which costs no round trip
-// through here.
+// so far). The first refusal is tried again after another look at the
+// clock (the tick may have turned since the round's freshenMtime); a second
+// means something else (a hole to allocate) blocks the write, so it goes,
+// and for nowaitPause every write goes, to the kernel's own hand-off, which
+// costs no round trip through here.
 func (l *loop) nowaitRefused(t *tagState) {
 	l.q.stats.nowaitRefused.Add(1)
-	if t.retries == 0 && l.touchBacking() {
+	if t.retries == 0 {
+		if !l.mtimeRecheck {
+			l.mtimeRecheck, l.mtimeChecked = true, false
+		}
 		return
 	}
 	l.q.stats.nowaitPauses.Add(1)
@@ -198,35 +202,29 @@ func (l *loop) nowaitOK() bool {
 	return l.cfg.Options.NowaitWrites && l.roundAt >= l.nowaitOffUntil
 }
 
-// touchBacking makes sure the backing file's mtime (and so its ctime) is
-// now, as a write refused with -EAGAIN would have done, and reports whether
-// trying that write again without blocking can succeed. One update per tick
-// of the coarse clock, which file timestamps use, serves every queue of the
-// device: the first queue to claim the tick updates, the others only retry
-// (their refusals came before, or during, that update, which holds the
-// inode lock). Each queue gets one such pass per tick: every refusal of the
-// round that took it is retried; a refusal in a later round of the same
-// tick says no, as it then had another cause. On an error the write goes to
-// io-wq, as it would without RWF_NOWAIT: nothing is lost.
-func (l *loop) touchBacking() bool {
-	if l.touched {
-		return true
+// freshenMtime makes sure, before a RWF_NOWAIT write is sent, that the
+// backing file's mtime (and so its ctime) is the current tick of the coarse
+// clock, as the kernel would otherwise need to make it inside the write. It
+// looks at the clock once per round (twice after a refusal), and the first
+// queue of the device to claim a tick updates the mtime for all of them. An
+// update that fails costs nothing but refusals: those writes go to io-wq,
+// as they would without RWF_NOWAIT.
+func (l *loop) freshenMtime() {
+	if l.mtimeChecked {
+		return
 	}
+	l.mtimeChecked = true
 	var now unix.Timespec
 	if unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &now) != nil {
-		return false
+		return
 	}
 	tick := now.Nano()
-	if tick == l.touchedAt {
-		return false
-	}
-	l.touchedAt = tick
 	if last := l.mtimeTick.Load(); last == tick || !l.mtimeTick.CompareAndSwap(last, tick) {
-		l.touched = true // another queue updated it in this tick
-		return true
+		return
 	}
-	l.touched = touchMtime(l.cfg.Target.FD) == nil
-	return l.touched
+	if touchMtime(l.cfg.Target.FD) == nil {
+		l.q.stats.mtimeUpdates.Add(1)
+	}
 }
 
 // commit queues COMMIT_AND_FETCH for tag with result (bytes or -errno),

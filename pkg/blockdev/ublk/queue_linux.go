@@ -85,7 +85,7 @@ type QueueConfig struct {
 	// by the device's queues. nil means unlimited.
 	Limiter *qos.Limiter
 	// MtimeTick is shared by the device's queues, so that one mtime
-	// update per clock tick serves them all (touchBacking). nil: the
+	// update per clock tick serves them all (freshenMtime). nil: the
 	// queue keeps its own.
 	MtimeTick *atomic.Int64
 }
@@ -114,14 +114,14 @@ type QueueOptions struct {
 	// gives the pages of those buffer tails back (queue_reclaim_linux.go).
 	// 0 never reclaims.
 	IdleReclaim time.Duration
-	// NowaitWrites tries backing writes with RWF_NOWAIT and, when the
-	// kernel refuses one because the mtime must change, updates the mtime
-	// on the queue thread instead of letting io_uring hand the write to an
-	// io-wq worker (see nowaitTries). It pays where the filesystem refuses
-	// such writes (ext4 in 7.3: random writes ×1.07–1.32 in the VM) and
-	// costs a little where it does not (writes into a sparse volume's
-	// holes, refused whatever the mtime: ×0.97 in 6.12 and 7.3), so the
-	// Server turns it on where a probe finds the refusal
+	// NowaitWrites keeps the backing file's mtime current from the queue
+	// thread and sends writes with RWF_NOWAIT, so that io_uring does not
+	// hand the writes the kernel cannot issue inline over a stale mtime to
+	// an io-wq worker (see nowaitTries). It pays where the filesystem
+	// refuses such writes (ext4 in 7.3: random writes ×1.07–1.32 in the
+	// VM) and costs a little where it does not (writes into a sparse
+	// volume's holes, refused whatever the mtime: ×0.97 in 6.12 and 7.3),
+	// so the Server turns it on where a probe finds the refusal
 	// (ServerConfig.NowaitWrites).
 	NowaitWrites bool
 	// IOWQWorkers caps the io-wq workers of the queue thread (bounded

@@ -53,13 +53,12 @@ type loop struct {
 	home    *unix.CPUSet // CPU mask to restore once set up (nil: stay)
 	aborted int          // tags that got -ENODEV
 	backing int          // backing operations in flight
-	// touched says that this round may retry writes RWF_NOWAIT refused,
-	// touchedAt is the coarse clock's tick (ns) of this queue's last
-	// retry pass, and mtimeTick the tick of the device's last mtime update
-	// (touchBacking).
-	touched   bool
-	touchedAt int64
-	mtimeTick *atomic.Int64
+	// mtimeChecked says that this round has looked at the clock for the
+	// backing file's mtime, mtimeRecheck that it has been told to look
+	// again after a refusal, and mtimeTick is the coarse clock's tick (ns)
+	// of the device's last mtime update (freshenMtime).
+	mtimeChecked, mtimeRecheck bool
+	mtimeTick                  *atomic.Int64
 	// roundAt is when (monoNow) this round began; until nowaitOffUntil,
 	// writes skip RWF_NOWAIT (nowaitPause).
 	roundAt, nowaitOffUntil int64
@@ -264,7 +263,8 @@ func (l *loop) serve() error {
 			return err
 		}
 		if l.cfg.Options.NowaitWrites {
-			l.touched, l.roundAt = false, monoNow()
+			l.roundAt = monoNow()
+			l.mtimeChecked, l.mtimeRecheck = false, false
 		}
 		for i := range n {
 			if err := l.handle(&l.cqes[i]); err != nil {

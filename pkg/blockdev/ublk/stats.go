@@ -52,23 +52,24 @@ type QueueStats struct {
 	Throttled, ThrottledNs uint64
 	// NowaitRefused counts backing writes RWF_NOWAIT refused
 	// (QueueOptions.NowaitWrites), and NowaitPauses the refusals that
-	// turned it off for nowaitPause.
-	NowaitRefused, NowaitPauses uint64
+	// turned it off for nowaitPause; MtimeUpdates counts the backing
+	// file's mtime updates the queue made for them (freshenMtime).
+	NowaitRefused, NowaitPauses, MtimeUpdates uint64
 }
 
 // queueStats is the live, atomically updated form of QueueStats. The queue
 // thread writes it; Stats reads it from any goroutine.
 type queueStats struct {
-	reads, writes, flushes, discards, zeroes atomic.Uint64
-	bytesRead, bytesWritten                  atomic.Uint64
-	errors                                   atomic.Uint64
-	inFlight                                 atomic.Int64
-	latency                                  [NumLatencyBuckets]atomic.Uint64
-	latencyNs                                atomic.Uint64
-	enters                                   atomic.Uint64
-	reclaims                                 atomic.Uint64
-	throttled, throttledNs                   atomic.Uint64
-	nowaitRefused, nowaitPauses              atomic.Uint64
+	reads, writes, flushes, discards, zeroes  atomic.Uint64
+	bytesRead, bytesWritten                   atomic.Uint64
+	errors                                    atomic.Uint64
+	inFlight                                  atomic.Int64
+	latency                                   [NumLatencyBuckets]atomic.Uint64
+	latencyNs                                 atomic.Uint64
+	enters                                    atomic.Uint64
+	reclaims                                  atomic.Uint64
+	throttled, throttledNs                    atomic.Uint64
+	nowaitRefused, nowaitPauses, mtimeUpdates atomic.Uint64
 }
 
 // latencyBucket returns the histogram bucket for a duration in nanoseconds.
@@ -122,6 +123,7 @@ func (s *queueStats) snapshot() QueueStats {
 		ThrottledNs:   s.throttledNs.Load(),
 		NowaitRefused: s.nowaitRefused.Load(),
 		NowaitPauses:  s.nowaitPauses.Load(),
+		MtimeUpdates:  s.mtimeUpdates.Load(),
 		LatencyNs:     s.latencyNs.Load(),
 	}
 	for i := range out.Latency {
@@ -147,6 +149,7 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.ThrottledNs += b.ThrottledNs
 	a.NowaitRefused += b.NowaitRefused
 	a.NowaitPauses += b.NowaitPauses
+	a.MtimeUpdates += b.MtimeUpdates
 	a.LatencyNs += b.LatencyNs
 	for i := range a.Latency {
 		a.Latency[i] += b.Latency[i]
