@@ -48,7 +48,7 @@ func ublkServe(ctx context.Context, args []string) error {
 	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
 	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a queue thread polls for completions after a busy round before sleeping (0: never)")
-	nowait := fs.String("nowait-writes", "auto", "try writes with RWF_NOWAIT and update the backing file's mtime on the queue thread when that refuses them, instead of io_uring's hand-off to io-wq: auto (where the filesystem refuses them over a stale mtime), on or off")
+	nowait := fs.String("nowait-writes", "auto", "keep the backing file's mtime current from the queue thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: auto (where the filesystem refuses NOWAIT writes over a stale mtime), on or off")
 	fs.Func("iowq-workers", "cap on each queue thread's io-wq workers (0: the kernel's default)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		qo.IOWQWorkers = uint32(n)

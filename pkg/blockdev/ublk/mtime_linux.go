@@ -31,8 +31,9 @@ func setMtime(fd int, mtime unix.Timespec) error {
 // refuses a direct write with RWF_NOWAIT when the write must also update
 // the file's mtime: ext4 in Linux 7.x does (6.12's updates it inline). There
 // QueueOptions.NowaitWrites keeps those writes on the queue thread; where
-// the kernel takes them, the option only adds a try to writes it refuses
-// for other reasons (holes to allocate).
+// the kernel takes them, the option only adds an mtime update per clock
+// tick and a try to writes it refuses for other reasons (holes to
+// allocate).
 //
 // It writes one block of an unnamed temporary file (O_TMPFILE), so it
 // leaves nothing behind, even if the process dies. A filesystem that
