@@ -30,6 +30,9 @@ func TestDeployArgsParse(t *testing.T) {
 	if cfg.devices.Poll != time.Millisecond {
 		t.Errorf("--ublk-poll = %v, want the chart's default 1ms", cfg.devices.Poll)
 	}
+	if cfg.devices.BatchIO != "off" {
+		t.Errorf("--ublk-batch-io = %q, want the chart's default off", cfg.devices.BatchIO)
+	}
 	if cfg.backend != "auto" || cfg.store.Dir != "/var/lib/csi-fastblk" {
 		t.Errorf("backend %q data dir %q, want the chart defaults", cfg.backend, cfg.store.Dir)
 	}

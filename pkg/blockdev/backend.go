@@ -20,6 +20,10 @@ type BackendConfig struct {
 	// ublk.QueueOptions.Poll). It trades CPU time for latency; 0 never
 	// polls.
 	Poll time.Duration
+	// BatchIO (ublk only) is "on", "auto" (where the kernel offers it) or
+	// "off" ("" = off): new devices fetch and commit requests in batches
+	// (see ublk.ServerConfig.BatchIO).
+	BatchIO string
 }
 
 // UblkControl is the ublk control device; its presence selects ublk in "auto".

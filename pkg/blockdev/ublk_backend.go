@@ -37,8 +37,16 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 	if cfg.DevDir == "" {
 		cfg.DevDir = "/dev/fastblk"
 	}
+	batch, err := ublk.ParseMode("ublk batch i/o", cfg.BatchIO)
+	if err != nil {
+		return nil, ublkErr("ublk backend", err)
+	}
+	if cfg.BatchIO == "" {
+		batch = ublk.ModeOff
+	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
+		BatchIO:  batch,
 		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 		ThreadRoom: func() (int64, error) {
 			room, err := PidsHeadroom(os.Getpid())

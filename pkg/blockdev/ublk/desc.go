@@ -101,6 +101,8 @@ const (
 	udBacking = 2 // backing-file operation for the tag
 	udWake    = 3 // poll on the Stop eventfd (tag unused)
 	udRegBuf  = 4 // zero copy: REGISTER_IO_BUF/UNREGISTER_IO_BUF for the tag
+	udFetch   = 5 // batch mode: the multishot FETCH_IO_CMDS (tag unused)
+	udBatch   = 6 // batch mode: PREP_IO_CMDS or COMMIT_IO_CMDS (tag: element array)
 )
 
 func encodeUD(kind uint8, tag uint16) uint64 { return uint64(kind)<<16 | uint64(tag) }

@@ -10,7 +10,7 @@
 //     live in an mmap'd page, never in Go heap memory.
 //   - features_linux.go: GET_FEATURES, the kernel floor (Linux 6.5+) and the
 //     choice of ADD_DEV flags (user recovery with reissue, UPDATE_SIZE,
-//     QUIESCE, AUTO_BUF_REG zero copy where offered).
+//     QUIESCE, AUTO_BUF_REG zero copy and BATCH_IO where offered).
 //   - Device (device_linux.go, recovery_linux.go): one device's life.
 //     Create: ADD_DEV → record → open /dev/ublkcN → SET_PARAMS → one Queue
 //     per hardware queue pinned to a CPU of its affinity → START_DEV →

@@ -98,8 +98,8 @@ func HaveUblk() (uint64, error) {
 	return probe.f, err
 }
 
-// Mode switches an optional mechanism: ServerConfig.ZeroCopy and
-// ServerConfig.NowaitWrites.
+// Mode switches an optional mechanism: ServerConfig.ZeroCopy, BatchIO and
+// NowaitWrites.
 type Mode string
 
 // Modes.
@@ -123,8 +123,9 @@ func ParseMode(name, s string) (Mode, error) {
 // addFlags chooses the ADD_DEV flags from the driver's features: user
 // recovery with reissue (a file backend tolerates the same write twice),
 // QUIESCE and UPDATE_SIZE where offered, no partition scan where the driver
-// lets us say so, and AUTO_BUF_REG zero copy per mode. Pure function.
-func addFlags(features uint64, zc Mode) (uint64, error) {
+// lets us say so, AUTO_BUF_REG zero copy per zc and BATCH_IO per batch.
+// Pure function.
+func addFlags(features uint64, zc, batch Mode) (uint64, error) {
 	want := FlagCmdIoctlEncode | FlagUserRecovery | FlagUserRecoveryReissue
 	if features&FlagUserRecovery == 0 {
 		return 0, fmt.Errorf("ublk: driver lacks USER_RECOVERY: %w", errors.ErrUnsupported)
@@ -132,14 +133,23 @@ func addFlags(features uint64, zc Mode) (uint64, error) {
 	for _, opt := range []uint64{FlagUpdateSize, FlagQuiesce, FlagNoAutoPartScan} {
 		want |= features & opt
 	}
-	switch zc {
-	case ModeOn:
-		if features&FlagAutoBufReg == 0 {
-			return 0, fmt.Errorf("ublk: zero copy needs AUTO_BUF_REG (Linux 6.16+): %w", errors.ErrUnsupported)
+	for _, m := range []struct {
+		mode Mode
+		flag uint64
+		what string
+	}{
+		{zc, FlagAutoBufReg, "zero copy needs AUTO_BUF_REG (Linux 6.16+)"},
+		{batch, FlagBatchIO, "batch i/o needs BATCH_IO (Linux 7.0+)"},
+	} {
+		switch m.mode {
+		case ModeOn:
+			if features&m.flag == 0 {
+				return 0, fmt.Errorf("ublk: %s: %w", m.what, errors.ErrUnsupported)
+			}
+			want |= m.flag
+		case ModeAuto:
+			want |= features & m.flag
 		}
-		want |= FlagAutoBufReg
-	case ModeAuto:
-		want |= features & FlagAutoBufReg
 	}
 	return want, nil
 }

@@ -17,18 +17,20 @@ func TestAddFlags(t *testing.T) {
 		name     string
 		features uint64
 		mode     Mode
+		batch    Mode
 		want     uint64
 		wantErr  bool
 	}{
-		{"6.12 auto copies", k612, ModeAuto, base, false},
-		{"6.12 zero copy on refused", k612, ModeOn, 0, true},
-		{"7.3 auto zero copy", k73, ModeAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagAutoBufReg, false},
-		{"7.3 off copies", k73, ModeOff, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan, false},
-		{"no recovery refused", FlagCmdIoctlEncode, ModeAuto, 0, true},
+		{"6.12 auto copies per tag", k612, ModeAuto, ModeAuto, base, false},
+		{"6.12 zero copy on refused", k612, ModeOn, ModeAuto, 0, true},
+		{"6.12 batch on refused", k612, ModeAuto, ModeOn, 0, true},
+		{"7.3 auto zero copy in batches", k73, ModeAuto, ModeAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagAutoBufReg | FlagBatchIO, false},
+		{"7.3 off copies per tag", k73, ModeOff, ModeOff, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan, false},
+		{"no recovery refused", FlagCmdIoctlEncode, ModeAuto, ModeAuto, 0, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := addFlags(c.features, c.mode)
+			got, err := addFlags(c.features, c.mode, c.batch)
 			if c.wantErr {
 				if !errors.Is(err, errors.ErrUnsupported) {
 					t.Fatalf("err = %v, want ErrUnsupported", err)

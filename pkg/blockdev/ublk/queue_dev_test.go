@@ -67,6 +67,13 @@ func queueCases(t *testing.T, c *Control) []queueCase {
 	} else {
 		t.Logf("kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", features(t, c))
 	}
+	if features(t, c)&FlagBatchIO != 0 {
+		cases = append(cases, queueCase{"batch-copy/2q", FlagBatchIO, 2, true, false},
+			queueCase{"batch-autobuf/1q", FlagBatchIO | FlagAutoBufReg, 1, false, false},
+			queueCase{"batch-autobuf-nowait/2q", FlagBatchIO | FlagAutoBufReg, 2, false, true})
+	} else {
+		t.Logf("kernel has no BATCH_IO (features %#x): batch mode not tested", features(t, c))
+	}
 	return cases
 }
 
@@ -134,14 +141,20 @@ func TestQueueDataPath(t *testing.T) {
 			if total.Reads == 0 || total.Writes == 0 || total.Flushes == 0 || total.Discards == 0 || total.InFlight != 0 {
 				t.Fatalf("stats = %+v", total)
 			}
+			requests := total.Reads + total.Writes + total.Flushes + total.Discards + total.WriteZeroes
+			if batched := d.info.Flags&FlagBatchIO != 0; batched != (qc.flags&FlagBatchIO != 0) {
+				t.Fatalf("device flags %s: BATCH_IO %v, asked %v", FormatFlags(d.info.Flags), batched, !batched)
+			} else if batched && total.Commits >= requests || !batched && total.Commits != requests {
+				t.Fatalf("%d commits for %d requests (batch mode %v)", total.Commits, requests, batched)
+			}
 			if !qc.nowait && total.NowaitRefused+total.NowaitPauses+total.MtimeUpdates != 0 {
 				t.Fatalf("NOWAIT refusals or mtime updates counted with NowaitWrites off: %+v", total)
 			}
 			if qc.nowait && total.MtimeUpdates == 0 {
 				t.Fatalf("NowaitWrites on, but no queue updated the backing file's mtime before its writes: %+v", total)
 			}
-			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d enters %d nowait refused %d pauses %d mtime updates %d",
-				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Enters,
+			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d enters %d commits %d nowait refused %d pauses %d mtime updates %d",
+				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Enters, total.Commits,
 				total.NowaitRefused, total.NowaitPauses, total.MtimeUpdates)
 		})
 	}
@@ -288,33 +301,44 @@ func ioctlRange(f *os.File, req uint, rng *[2]uint64) error {
 	return nil
 }
 
+// TestQueueStop proves that Stop ends a queue at once with ErrQueueStopped
+// and gives back its processor, per tag and in batch mode.
 func TestQueueStop(t *testing.T) {
 	requireUblk(t)
 	c := openTestCtl(t)
-	const size = 16 << 20
-	f, _ := backingFile(t, size)
-	d := addTestDev(t, c, 1, 32, 128<<10, 0, size)
-	before := runtime.GOMAXPROCS(0)
-	qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{})
-	if got := runtime.GOMAXPROCS(0); !procs.fixed && got != before+1 {
-		t.Errorf("GOMAXPROCS %d with the queue running, want %d: one spare P per queue thread", got, before+1)
+	modes := map[string]uint64{"per-tag": 0}
+	if features(t, c)&FlagBatchIO != 0 {
+		modes["batch"] = FlagBatchIO
 	}
-	// Opening the disk waits for the partition scan (it holds the disk's
-	// open mutex), so no scan I/O is in flight when the queue leaves;
-	// such I/O would otherwise wait for the 30 s block-layer timeout.
-	bd, err := os.Open(dev)
-	if err != nil {
-		t.Fatal(err)
+	for name, flags := range modes {
+		t.Run(name, func(t *testing.T) {
+			const size = 16 << 20
+			f, _ := backingFile(t, size)
+			d := addTestDev(t, c, 1, 32, 128<<10, flags, size)
+			before := runtime.GOMAXPROCS(0)
+			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{})
+			if got := runtime.GOMAXPROCS(0); !procs.fixed && got != before+1 {
+				t.Errorf("GOMAXPROCS %d with the queue running, want %d: one spare P per queue thread", got, before+1)
+			}
+			// Opening the disk waits for the partition scan (it holds the
+			// disk's open mutex), so no scan I/O is in flight when the
+			// queue leaves; such I/O would otherwise wait for the 30 s
+			// block-layer timeout.
+			bd, err := os.Open(dev)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bd.Close()
+			qs[0].Stop()
+			if err := qs[0].Wait(); !errors.Is(err, ErrQueueStopped) {
+				t.Fatalf("Wait after Stop = %v, want ErrQueueStopped", err)
+			}
+			if got := runtime.GOMAXPROCS(0); got != before {
+				t.Errorf("GOMAXPROCS %d after the queue ended, want %d", got, before)
+			}
+			qs[0].Stop() // idempotent
+		})
 	}
-	bd.Close()
-	qs[0].Stop()
-	if err := qs[0].Wait(); !errors.Is(err, ErrQueueStopped) {
-		t.Fatalf("Wait after Stop = %v, want ErrQueueStopped", err)
-	}
-	if got := runtime.GOMAXPROCS(0); got != before {
-		t.Errorf("GOMAXPROCS %d after the queue ended, want %d", got, before)
-	}
-	qs[0].Stop() // idempotent
 }
 
 func TestQueueNullTarget(t *testing.T) {
@@ -357,8 +381,8 @@ func TestQueueIdleReclaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bd.Close()
-	// Writes of a whole buffer each, all at once, so that every tag's
-	// buffer fills: 16 × 512 KiB = 8 MiB resident.
+	// Writes of a whole buffer each, all at once, so that the tags'
+	// buffers fill: up to 16 × 512 KiB = 8 MiB resident.
 	bufs := make([][]byte, depth)
 	for i := range bufs {
 		bufs[i] = alignedBuf(t, maxIO)
@@ -391,8 +415,16 @@ func TestQueueIdleReclaim(t *testing.T) {
 	}
 	idle := rssAnon(t)
 	t.Logf("RssAnon: %d KiB before, %d KiB after 8 MiB of writes, %d KiB after the idle reclaim", before>>10, busy>>10, idle>>10)
-	if busy-idle < 4<<20 {
-		t.Fatalf("the reclaim gave back %d KiB, want at least 4 MiB of the 8 MiB of buffers", (busy-idle)>>10)
+	// How many tags the writes used depends on how many the kernel had
+	// in flight at once (under emulation sometimes only a few: +2 MiB
+	// seen on 6.12), so the reclaim must give back most of what they made
+	// resident, not a fixed share of the 8 MiB.
+	grew := busy - before
+	if grew < 1<<20 {
+		t.Fatalf("8 MiB of writes made only %d KiB resident: no tag buffer filled", grew>>10)
+	}
+	if busy-idle < grew/2 {
+		t.Fatalf("the reclaim gave back %d KiB of the %d KiB the writes made resident, want at least half", (busy-idle)>>10, grew>>10)
 	}
 	got := alignedBuf(t, maxIO)
 	for i := range bufs {

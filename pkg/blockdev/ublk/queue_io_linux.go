@@ -17,6 +17,9 @@ var (
 	errNoSQE     = errors.New("no free sqe (ring accounting broken)")
 	errBadTag    = errors.New("completion for a tag out of range")
 	errCmdFailed = errors.New("ublk i/o command failed")
+	// errBatchSlotBusy: batch mode found the next element array still
+	// waiting for its command's CQE.
+	errBatchSlotBusy = errors.New("batch element array still in flight")
 )
 
 // onCmd handles the completion of a FETCH or COMMIT_AND_FETCH: a new
@@ -43,6 +46,12 @@ func (l *loop) onCmd(tag uint16, res int32) error {
 		l.aborted++
 		return nil
 	}
+	return l.accept(tag)
+}
+
+// accept starts serving the request the kernel handed over for tag.
+func (l *loop) accept(tag uint16) error {
+	t := &l.tags[tag]
 	t.req = l.descs.request(tag)
 	t.plan = planFor(t.req, l.cfg.Target.Kind)
 	t.done, t.retries, t.start = 0, 0, monoNow()
@@ -228,8 +237,9 @@ func (l *loop) freshenMtime() {
 }
 
 // commit queues COMMIT_AND_FETCH for tag with result (bytes or -errno),
-// which completes the request and re-arms the tag in one SQE. Stats are
-// recorded here, once per request.
+// which completes the request and re-arms the tag in one SQE, or in batch
+// mode adds it to the round's COMMIT_IO_CMDS. Stats are recorded here,
+// once per request.
 func (l *loop) commit(tag uint16, result int32) error {
 	t := &l.tags[tag]
 	if result == -int32(unix.EAGAIN) {
@@ -237,5 +247,11 @@ func (l *loop) commit(tag uint16, result int32) error {
 	}
 	l.q.stats.inFlight.Add(-1)
 	l.q.stats.observe(t.req.op, t.req.len, result < 0, monoNow()-t.start)
+	if l.b != nil {
+		l.b.owned--
+		l.putElem(tag, result)
+		return nil
+	}
+	l.q.stats.commits.Add(1)
 	return l.prepCmd(ioCommitAndFetchReq, tag, result)
 }

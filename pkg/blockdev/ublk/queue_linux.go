@@ -16,7 +16,10 @@
 // (queue_io_linux.go): the tag's completion → decode the descriptor (desc.go)
 // → one backing SQE (READ/WRITE, FSYNC DATASYNC, FALLOCATE) → its completion
 // → COMMIT_AND_FETCH with the full byte count or -errno. Short transfers are
-// continued, -EAGAIN retried. Nothing on this path allocates.
+// continued, -EAGAIN retried. Nothing on this path allocates. With
+// UBLK_F_BATCH_IO (Linux 7.0+) requests come in batches through one
+// multishot FETCH and a round's results go back in one COMMIT
+// (queue_batch_linux.go).
 //
 // Buffers: with UBLK_F_AUTO_BUF_REG (Linux 6.16+) the kernel registers each
 // request's pages in the queue ring's sparse buffer table at index = tag and
@@ -160,10 +163,10 @@ func (c *QueueConfig) validate() error {
 		return fmt.Errorf("target kind %d", c.Target.Kind)
 	case c.Flags&FlagAutoBufReg == 0 && c.Flags&(FlagUserCopy|FlagSupportZeroCopy) != 0:
 		return fmt.Errorf("flags %#x: USER_COPY and manual zero copy are not supported, use AUTO_BUF_REG or copy mode", c.Flags)
-	case c.Flags&(FlagBatchIO|FlagNeedGetData) != 0:
+	case c.Flags&FlagNeedGetData != 0:
 		// PER_IO_DAEMON is fine: newer drivers always report it, and one
 		// thread serving every tag of a queue is a valid per-I/O daemon.
-		return fmt.Errorf("flags %#x: BATCH_IO and NEED_GET_DATA are not supported", c.Flags)
+		return fmt.Errorf("flags %#x: NEED_GET_DATA is not supported", c.Flags)
 	case c.Flags&FlagAutoBufReg == 0 && (c.MaxIOBytes == 0 || c.MaxIOBytes%512 != 0):
 		return fmt.Errorf("max i/o bytes %d: want a positive multiple of 512", c.MaxIOBytes)
 	}

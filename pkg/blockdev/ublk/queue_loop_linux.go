@@ -46,6 +46,7 @@ type loop struct {
 	ring    *uring.Ring
 	descs   *descArea
 	bufs    *bufArea // nil in zero-copy mode
+	b       *batch   // nil unless UBLK_F_BATCH_IO (queue_batch_linux.go)
 	zc      bool     // AUTO_BUF_REG: request pages are fixed buffer #tag
 	fixed   uint32   // copy mode: bytes at the head of each tag buffer registered as fixed
 	tags    []tagState
@@ -130,6 +131,12 @@ func (q *Queue) setup() (*loop, error) {
 			return nil, err
 		}
 	}
+	if cfg.Flags&FlagBatchIO != 0 {
+		if err := l.setupBatch(); err != nil {
+			l.close()
+			return nil, err
+		}
+	}
 	return l, nil
 }
 
@@ -191,20 +198,28 @@ func (l *loop) close() {
 	if l.ring != nil {
 		l.ring.Close()
 	}
+	l.b.close()
 	l.descs.close()
 	l.bufs.close()
 }
 
-// fetchAll arms the waker and FETCHes every tag, in one submission.
+// fetchAll arms the waker and FETCHes every tag (in batch mode: PREPs
+// every tag and arms the FETCH), in one submission.
 func (l *loop) fetchAll() error {
 	sqe := l.ring.GetSQE()
 	if sqe == nil {
 		return errors.New("no sqe for the waker")
 	}
 	l.q.waker.PrepPoll(sqe, encodeUD(udWake, 0))
-	for tag := range l.tags {
-		if err := l.prepCmd(ioFetchReq, uint16(tag), 0); err != nil {
+	if l.b != nil {
+		if err := l.prepAll(); err != nil {
 			return err
+		}
+	} else {
+		for tag := range l.tags {
+			if err := l.prepCmd(ioFetchReq, uint16(tag), 0); err != nil {
+				return err
+			}
 		}
 	}
 	if _, err := l.ring.Submit(); err != nil {
@@ -250,13 +265,16 @@ func (l *loop) serve() error {
 		if l.q.stopping.Load() {
 			return ErrQueueStopped
 		}
-		if l.aborted == len(l.tags) && l.backing == 0 {
+		if l.done() {
 			return l.cmdErr
 		}
 		if l.heldLen > 0 {
 			if err := l.release(monoNow()); err != nil {
 				return err
 			}
+		}
+		if err := l.commitBatch(); err != nil {
+			return err
 		}
 		var err error
 		if n, err = l.next(n > 0); err != nil {
@@ -272,6 +290,15 @@ func (l *loop) serve() error {
 			}
 		}
 	}
+}
+
+// done reports whether the device has ended the queue: every tag aborted
+// (in batch mode: the FETCH) and nothing left in service.
+func (l *loop) done() bool {
+	if l.b != nil {
+		return l.batchDone()
+	}
+	return l.aborted == len(l.tags) && l.backing == 0
 }
 
 // pollMaxInFlight is the most requests a queue may be serving and still
@@ -301,9 +328,10 @@ func (l *loop) next(busy bool) (int, error) {
 		// waiting as task work, so the checks cost no system calls.
 		until := start + min(poll, 2*l.gapNs)
 		for {
-			if n := l.ring.Reap(l.cqes); n > 0 {
+			n, err := l.reap()
+			if n > 0 || err != nil {
 				l.noteGap(start)
-				return n, nil
+				return n, err
 			}
 			if monoNow() > until || l.q.stopping.Load() {
 				break
@@ -341,18 +369,46 @@ func (l *loop) wait(now int64) (int, error) {
 	if bound == 0 {
 		bound = l.reclaimWait(now)
 	}
-	_, err := l.ring.SubmitAndWait(waitFor(l.backing), bound)
+	want := waitFor(l.backing)
+	if l.b != nil {
+		want = l.batchWaitFor()
+	}
+	_, err := l.ring.SubmitAndWait(want, bound)
 	l.q.stats.enters.Add(1)
 	if err != nil && !errors.Is(err, unix.ETIME) {
 		return 0, fmt.Errorf("submit and wait: %w", err)
 	}
-	return l.ring.Reap(l.cqes), nil
+	return l.reap()
+}
+
+// reap copies the ready CQEs to l.cqes and returns how many there are. In
+// batch mode it first settles the CQEs of PREP and COMMIT commands, which
+// only give back their element arrays: they are no news (no request came
+// or finished), so they neither end a poll nor make a round busy.
+func (l *loop) reap() (int, error) {
+	n := l.ring.Reap(l.cqes)
+	if l.b == nil {
+		return n, nil
+	}
+	news := 0
+	for i := range n {
+		if kind, slot := decodeUD(l.cqes[i].UserData); kind == udBatch {
+			if err := l.onBatchCmd(slot, l.cqes[i].Res); err != nil {
+				return 0, err
+			}
+			continue
+		}
+		l.cqes[news] = l.cqes[i]
+		news++
+	}
+	return news, nil
 }
 
 // waitFor is how many completions a sleeping wait asks for with backing
 // operations in flight: a quarter of them, at least one. Backing I/O is
 // sure to complete, while parked FETCHes complete only when requests
 // arrive, so the wait never hangs; a busy queue wakes once per batch.
+// (Batch mode: batchWaitFor.)
 func waitFor(backing int) uint32 { return uint32(max(1, backing/4)) }
 
 // noteGap adds the wait since start to the moving average (weight 1/8).
@@ -375,6 +431,8 @@ func (l *loop) handle(c *uring.CQE) error {
 		return l.onCmd(tag, c.Res)
 	case udBacking:
 		return l.onBacking(tag, c.Res)
+	case udFetch:
+		return l.onFetch(c)
 	case udWake:
 		l.q.waker.Drain()
 		if l.q.stopping.Load() {

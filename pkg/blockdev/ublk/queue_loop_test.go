@@ -272,7 +272,8 @@ func TestQueueConfigValidate(t *testing.T) {
 		{"no target", func(c *QueueConfig) { c.Target = Target{} }, false},
 		{"user copy", func(c *QueueConfig) { c.Flags = FlagUserCopy }, false},
 		{"manual zero copy", func(c *QueueConfig) { c.Flags = FlagSupportZeroCopy }, false},
-		{"batch io", func(c *QueueConfig) { c.Flags = FlagBatchIO | FlagAutoBufReg }, false},
+		{"batch io", func(c *QueueConfig) { c.Flags = FlagBatchIO | FlagAutoBufReg }, true},
+		{"need get data", func(c *QueueConfig) { c.Flags = FlagNeedGetData }, false},
 		{"odd buffer", func(c *QueueConfig) { c.MaxIOBytes = 1000 }, false},
 	}
 	for _, c := range cases {
@@ -352,6 +353,39 @@ func TestWaitFor(t *testing.T) {
 		if got := waitFor(c.backing); got != c.want {
 			t.Errorf("waitFor(%d) = %d, want %d", c.backing, got, c.want)
 		}
+	}
+}
+
+// TestBatchWaitFor pins batch mode's wait: one CQE of news while a FETCH
+// is armed or backing I/O is in flight, none once neither can bring any
+// (a stopping device), plus one per PREP/COMMIT that owes its CQE.
+func TestBatchWaitFor(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		fetching bool
+		backing  int
+		owed     int
+		want     uint32
+	}{
+		{"idle", true, 0, 0, 1},
+		{"busy, commit sent", true, 32, 1, 2},
+		{"fetch ended, backing in flight", false, 3, 0, 1},
+		{"fetch ended, last commit sent", false, 0, 1, 1},
+		{"fetch ended, nothing left", false, 0, 0, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := &batch{fetching: c.fetching}
+			for i := range b.want {
+				b.want[i] = -1
+				if i < c.owed {
+					b.want[i] = 8
+				}
+			}
+			l := &loop{b: b, backing: c.backing}
+			if got := l.batchWaitFor(); got != c.want {
+				t.Fatalf("batchWaitFor = %d, want %d", got, c.want)
+			}
+		})
 	}
 }
 

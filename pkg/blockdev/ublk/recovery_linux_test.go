@@ -12,17 +12,36 @@ import (
 )
 
 // TestServerReadopt closes a server (devices stay, quiesced) and checks a
-// new one re-adopts the device with its data and serves I/O again.
+// new one re-adopts the device with its data and serves I/O again, per tag
+// and, where the kernel has it, in batch mode, which the device keeps
+// although the new server would create devices without it.
 func TestServerReadopt(t *testing.T) {
 	needUblk(t)
+	modes := map[string]Mode{"per-tag": ModeOff}
+	if features(t, openTestCtl(t))&FlagBatchIO != 0 {
+		modes["batch"] = ModeOn
+	}
+	for name, batch := range modes {
+		t.Run(name, func(t *testing.T) { testReadopt(t, batch) })
+	}
+}
+
+func testReadopt(t *testing.T, batch Mode) {
 	dir := scratchDir(t)
 	state := filepath.Join(dir, "state")
 	file := sparseFile(t, dir, "vol.img", 64<<20)
 	ctx := context.Background()
-	s := newTestServer(t, state)
+	s, errs, err := NewServer(ctx, ServerConfig{StateDir: state, BatchIO: batch})
+	if err != nil || len(errs) != 0 {
+		t.Fatalf("start: %v, %v", err, errs)
+	}
 	d, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
 	if err != nil {
 		t.Fatal(err)
+	}
+	batched := d.Flags&FlagBatchIO != 0
+	if batched != (batch == ModeOn) {
+		t.Fatalf("device flags %s with batch i/o %s", FormatFlags(d.Flags), batch)
 	}
 	writeRead(t, d.Path, 0, 0x11, true)
 	if err := s.Close(); err != nil {
@@ -54,6 +73,9 @@ func TestServerReadopt(t *testing.T) {
 	list := s2.List()
 	if len(list) != 1 || list[0].Path != d.Path {
 		t.Fatalf("re-adopted %+v, want %s", list, d.Path)
+	}
+	if list[0].Flags&FlagBatchIO != 0 != batched {
+		t.Errorf("re-adopted with flags %s, created with %s", FormatFlags(list[0].Flags), FormatFlags(d.Flags))
 	}
 	if list[0].NowaitWrites == d.NowaitWrites {
 		t.Errorf("re-adopted with --nowait-writes %s: NowaitWrites %v, want %v", flip, list[0].NowaitWrites, !d.NowaitWrites)

@@ -45,6 +45,9 @@ type QueueStats struct {
 	LatencyNs uint64
 	// Enters counts io_uring_enter calls (batches) of the queue thread.
 	Enters uint64
+	// Commits counts the commands that gave results back to the kernel:
+	// one per request, or in batch mode (UBLK_F_BATCH_IO) one per round.
+	Commits uint64
 	// Reclaims counts idle reclaims of the copy-mode buffer tails.
 	Reclaims uint64
 	// Throttled counts requests held back by the rate limits, and
@@ -66,7 +69,7 @@ type queueStats struct {
 	inFlight                                  atomic.Int64
 	latency                                   [NumLatencyBuckets]atomic.Uint64
 	latencyNs                                 atomic.Uint64
-	enters                                    atomic.Uint64
+	enters, commits                           atomic.Uint64
 	reclaims                                  atomic.Uint64
 	throttled, throttledNs                    atomic.Uint64
 	nowaitRefused, nowaitPauses, mtimeUpdates atomic.Uint64
@@ -124,6 +127,7 @@ func (s *queueStats) snapshot() QueueStats {
 		NowaitRefused: s.nowaitRefused.Load(),
 		NowaitPauses:  s.nowaitPauses.Load(),
 		MtimeUpdates:  s.mtimeUpdates.Load(),
+		Commits:       s.commits.Load(),
 		LatencyNs:     s.latencyNs.Load(),
 	}
 	for i := range out.Latency {
@@ -150,6 +154,7 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.NowaitRefused += b.NowaitRefused
 	a.NowaitPauses += b.NowaitPauses
 	a.MtimeUpdates += b.MtimeUpdates
+	a.Commits += b.Commits
 	a.LatencyNs += b.LatencyNs
 	for i := range a.Latency {
 		a.Latency[i] += b.Latency[i]

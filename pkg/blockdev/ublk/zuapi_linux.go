@@ -32,6 +32,7 @@ func iowr(nr, size uintptr) uint32 { return ioc(iocRead|iocWrite, nr, size) }
 const (
 	sizeofCtrlCmd = unsafe.Sizeof(ctrlCmd{})
 	sizeofIOCmd   = unsafe.Sizeof(ioCmd{})
+	sizeofBatchIO = unsafe.Sizeof(batchIO{})
 )
 
 // Control commands (UBLK_U_CMD_*), sent on /dev/ublk-control.
@@ -61,7 +62,38 @@ var (
 	ioNeedGetData       = iowr(0x22, sizeofIOCmd)
 	ioRegisterIOBuf     = iowr(0x23, sizeofIOCmd)
 	ioUnregisterIOBuf   = iowr(0x24, sizeofIOCmd)
+	// Batch I/O (UBLK_F_BATCH_IO, 7.0): the payload is struct
+	// ublk_batch_io, which has the size of ublksrv_io_cmd.
+	ioPrepIOCmds   = iowr(0x25, sizeofBatchIO)
+	ioCommitIOCmds = iowr(0x26, sizeofBatchIO)
+	ioFetchIOCmds  = iowr(0x27, sizeofBatchIO)
 )
+
+// batchIO is struct ublk_batch_io, in the SQE's cmd area of a batch
+// command: PREP and COMMIT carry nr_elem elements of elem_bytes each at
+// sqe->addr; FETCH (multishot) has the kernel write u16 tags into the
+// provided buffer it selects.
+type batchIO struct {
+	_         structs.HostLayout
+	QID       uint16
+	Flags     uint16
+	NrElem    uint16
+	ElemBytes uint8
+	Reserved  uint8
+	Reserved2 uint64
+}
+
+// batchElem is struct ublk_elem_header, the head of each PREP/COMMIT
+// element; with batchHasBufAddr a u64 buffer address follows it.
+type batchElem struct {
+	_        structs.HostLayout
+	Tag      uint16
+	BufIndex uint16 // AUTO_BUF_REG: the fixed-buffer slot of the tag's next request
+	Result   int32
+}
+
+// ublk_batch_io.flags.
+const batchHasBufAddr = 1 << 1 // UBLK_BATCH_F_HAS_BUF_ADDR: copy mode's buffer follows each header
 
 // featuresLen is UBLK_FEATURES_LEN: GET_FEATURES wants exactly 8 bytes.
 const featuresLen = 8

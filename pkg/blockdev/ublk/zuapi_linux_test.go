@@ -18,6 +18,12 @@ func TestUAPILayout(t *testing.T) {
 		{"sizeof ublksrv_io_desc", unsafe.Sizeof(ioDesc{}), 24},
 		{"sizeof ublksrv_io_cmd", unsafe.Sizeof(ioCmd{}), 16},
 		{"sizeof ublk_params", unsafe.Sizeof(p), 152},
+		{"sizeof ublk_batch_io", unsafe.Sizeof(batchIO{}), 16},
+		{"batch_io.nr_elem", unsafe.Offsetof(batchIO{}.NrElem), 4},
+		{"batch_io.elem_bytes", unsafe.Offsetof(batchIO{}.ElemBytes), 6},
+		{"sizeof ublk_elem_header", unsafe.Sizeof(batchElem{}), 8},
+		{"elem_header.buf_index", unsafe.Offsetof(batchElem{}.BufIndex), 2},
+		{"elem_header.result", unsafe.Offsetof(batchElem{}.Result), 4},
 		{"sizeof ublk_param_basic", unsafe.Sizeof(paramBasic{}), 32},
 		{"sizeof ublk_param_discard", unsafe.Sizeof(paramDiscard{}), 20},
 		{"sizeof ublk_param_zoned", unsafe.Sizeof(paramZoned{}), 32},
@@ -80,6 +86,9 @@ func TestCommandEncoding(t *testing.T) {
 		{"IO_NEED_GET_DATA", ioNeedGetData, 0xC0107522},
 		{"IO_REGISTER_IO_BUF", ioRegisterIOBuf, 0xC0107523},
 		{"IO_UNREGISTER_IO_BUF", ioUnregisterIOBuf, 0xC0107524},
+		{"IO_PREP_IO_CMDS", ioPrepIOCmds, 0xC0107525},
+		{"IO_COMMIT_IO_CMDS", ioCommitIOCmds, 0xC0107526},
+		{"IO_FETCH_IO_CMDS", ioFetchIOCmds, 0xC0107527},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -60,9 +60,10 @@ const (
 
 // Per-opcode flags.
 const (
-	IORING_URING_CMD_FIXED = 1 << 0 // uring_cmd_flags: buf_index is valid
-	IORING_FSYNC_DATASYNC  = 1 << 0 // fsync_flags: fdatasync
-	IORING_POLL_ADD_MULTI  = 1 << 0 // len of a POLL_ADD: multishot
+	IORING_URING_CMD_FIXED     = 1 << 0 // uring_cmd_flags: buf_index is valid
+	IORING_URING_CMD_MULTISHOT = 1 << 1 // uring_cmd_flags: multishot, with IOSQE_BUFFER_SELECT
+	IORING_FSYNC_DATASYNC      = 1 << 0 // fsync_flags: fdatasync
+	IORING_POLL_ADD_MULTI      = 1 << 0 // len of a POLL_ADD: multishot
 )
 
 // CQE flags (io_uring_cqe.flags).
@@ -113,7 +114,13 @@ const (
 	IORING_REGISTER_IOWQ_MAX_WORKERS = 19
 	IORING_REGISTER_RING_FDS         = 20
 	IORING_UNREGISTER_RING_FDS       = 21
+	IORING_REGISTER_PBUF_RING        = 22
+	IORING_UNREGISTER_PBUF_RING      = 23
 )
+
+// IORING_CQE_BUFFER_SHIFT: a CQE with IORING_CQE_F_BUFFER carries the
+// selected buffer's id in flags >> 16.
+const IORING_CQE_BUFFER_SHIFT = 16
 
 // Misc.
 const (
@@ -234,6 +241,26 @@ type rsrcUpdate struct {
 	Offset uint32
 	Resv   uint32
 	Data   uint64
+}
+
+// bufReg is struct io_uring_buf_reg (IORING_REGISTER_PBUF_RING, 5.19).
+type bufReg struct {
+	_           structs.HostLayout
+	RingAddr    uint64
+	RingEntries uint32
+	Bgid        uint16
+	Flags       uint16
+	Resv        [3]uint64
+}
+
+// bufDesc is struct io_uring_buf, one entry of a provided-buffer ring. The
+// ring's tail (u16) overlays entry 0's resv, at byte 14 of the ring.
+type bufDesc struct {
+	_    structs.HostLayout
+	Addr uint64
+	Len  uint32
+	Bid  uint16
+	Resv uint16
 }
 
 type probeOp struct {

@@ -46,6 +46,11 @@ func TestUAPILayout(t *testing.T) {
 		{"sizeof io_uring_getevents_arg", unsafe.Sizeof(geteventsArg{}), 24},
 		{"sizeof io_uring_rsrc_register", unsafe.Sizeof(rsrcRegister{}), 32},
 		{"sizeof io_uring_rsrc_update", unsafe.Sizeof(rsrcUpdate{}), 16},
+		{"sizeof io_uring_buf_reg", unsafe.Sizeof(bufReg{}), 40},
+		{"buf_reg.bgid", unsafe.Offsetof(bufReg{}.Bgid), 12},
+		{"sizeof io_uring_buf", unsafe.Sizeof(bufDesc{}), 16},
+		{"buf.bid", unsafe.Offsetof(bufDesc{}.Bid), 12},
+		{"buf_ring.tail (buf[0].resv)", unsafe.Offsetof(bufDesc{}.Resv), 14},
 		{"sizeof io_uring_probe_op", unsafe.Sizeof(probeOp{}), 8},
 		{"probe.ops", unsafe.Offsetof(probe{}.Ops), 16},
 	}
