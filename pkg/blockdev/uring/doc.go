@@ -49,6 +49,11 @@
 //     anonymous mmap, outside the Go heap, fit for O_DIRECT and for
 //     registration ([Buffers.Slot](i) is the i-th slot, [Buffers.Slots]
 //     all of them for [Ring.RegisterBuffers]).
+//   - [Ring.RegisterBufRing] registers a provided-buffer ring ([BufRing],
+//     5.19+): an operation sent with IOSQE_BUFFER_SELECT and the ring's
+//     [BufRing.Group] has the kernel pick one of its buffers ([BufferID]
+//     reads it from the CQE); [BufRing.Recycle] provides it again. Ublk's
+//     multishot batch FETCH writes request tags into one.
 //   - [Ring.SetMaxWorkers] caps io-wq workers for punted buffered I/O.
 //   - Probes: [HaveSetupFlags], [HaveOp], and the named ones
 //     ([HaveSQE128], [HaveSingleIssuer], [HaveDeferTaskrun],
