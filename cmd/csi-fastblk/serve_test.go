@@ -38,6 +38,20 @@ func TestDeployArgsParse(t *testing.T) {
 	}
 }
 
+// TestServeBatchIOFlag proves --ublk-batch-io takes off, auto and on and
+// refuses anything else.
+func TestServeBatchIOFlag(t *testing.T) {
+	for _, arg := range []string{"off", "auto", "on", "yes"} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg := serveFlags(fs)
+		err := fs.Parse([]string{"--ublk-batch-io=" + arg})
+		if bad := arg == "yes"; (err != nil) != bad || !bad && cfg.devices.BatchIO != arg {
+			t.Errorf("--ublk-batch-io=%s: %q, %v", arg, cfg.devices.BatchIO, err)
+		}
+	}
+}
+
 // TestServeMaxIOSizeFlag proves --max-io-size takes the StorageClass
 // parameter's format and refuses what ublk cannot take.
 func TestServeMaxIOSizeFlag(t *testing.T) {

@@ -37,12 +37,12 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 	if cfg.DevDir == "" {
 		cfg.DevDir = "/dev/fastblk"
 	}
-	batch, err := ublk.ParseMode("ublk batch i/o", cfg.BatchIO)
-	if err != nil {
-		return nil, ublkErr("ublk backend", err)
-	}
-	if cfg.BatchIO == "" {
-		batch = ublk.ModeOff
+	var batch ublk.Mode // "": the server's default (off)
+	if cfg.BatchIO != "" {
+		var err error
+		if batch, err = ublk.ParseMode("ublk batch i/o", cfg.BatchIO); err != nil {
+			return nil, ublkErr("ublk backend", err)
+		}
 	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),

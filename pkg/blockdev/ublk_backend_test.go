@@ -9,6 +9,7 @@ import (
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backendtest"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
 
 // TestUblkBackend runs the backend conformance suite on ublk. It needs a
@@ -24,6 +25,37 @@ func TestUblkBackend(t *testing.T) {
 		}
 		return b
 	})
+}
+
+// TestUblkBackendBatchIO runs the conformance suite with batch commands
+// (BatchIO "on") where the kernel offers UBLK_F_BATCH_IO (7.0+).
+func TestUblkBackendBatchIO(t *testing.T) {
+	if _, err := os.Stat(blockdev.UblkControl); err != nil {
+		t.Skipf("no %s on this kernel: run in the VM (hack/vm/run.sh)", blockdev.UblkControl)
+	}
+	if f, err := ublk.HaveUblk(); err != nil || f&ublk.FlagBatchIO == 0 {
+		t.Skipf("ublk driver without BATCH_IO (features %#x, %v)", f, err)
+	}
+	backendtest.Run(t, func(t *testing.T, dataDir string) blockdev.Backend {
+		b, err := blockdev.NewBackend("ublk", blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(dataDir, "dev"), BatchIO: "on"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	})
+}
+
+// TestUblkBackendRefusesBadBatchIO proves a BatchIO other than off, auto
+// or on is refused before anything is opened (so it needs no ublk).
+func TestUblkBackendRefusesBadBatchIO(t *testing.T) {
+	dir := t.TempDir()
+	b, err := blockdev.NewBackend("ublk", blockdev.BackendConfig{DataDir: dir, BatchIO: "yes"})
+	if !errors.Is(err, blockdev.ErrInvalid) {
+		if b != nil {
+			b.Close()
+		}
+		t.Fatalf("NewBackend with BatchIO yes = %v, want ErrInvalid", err)
+	}
 }
 
 // TestUblkBackendMaxIOBytes proves that a volume's MaxIOBytes reaches the

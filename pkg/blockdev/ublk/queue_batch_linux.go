@@ -228,6 +228,8 @@ func (l *loop) onFetch(c *uring.CQE) error {
 		b.ended = true
 		return nil
 	case c.Res == -int32(unix.ENOBUFS):
+		// No buffer or no CQ room: the kernel keeps the requests for
+		// the FETCH armed again below.
 	case c.Res < 0:
 		if l.cmdErr == nil {
 			l.cmdErr = fmt.Errorf("%w: batch fetch: %w", errCmdFailed, unix.Errno(-c.Res))
