@@ -8,6 +8,7 @@ package uring
 
 import (
 	"fmt"
+	"runtime"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -117,4 +118,72 @@ func (r *Ring) SetMaxWorkers(bounded, unbounded uint32) ([2]uint32, error) {
 		return [2]uint32{}, fmt.Errorf("set io-wq max workers: %w", err)
 	}
 	return v, nil
+}
+
+// RegisterFilesSparse registers an empty fixed-file table of n slots, to
+// fill and clear later with UpdateFiles: a ring that serves a changing set
+// of files (ublk devices coming and going) keeps one table for its life.
+func (r *Ring) RegisterFilesSparse(n uint32) error {
+	if r.closed {
+		return ErrClosed
+	}
+	reg := rsrcRegister{Nr: n, Flags: IORING_RSRC_REGISTER_SPARSE}
+	if _, err := register(r.fd, IORING_REGISTER_FILES2, unsafe.Pointer(&reg), uint32(unsafe.Sizeof(reg))); err != nil {
+		return fmt.Errorf("register sparse files: %w", err)
+	}
+	return nil
+}
+
+// UpdateFiles replaces the fixed files from slot off on: slot off+i gets
+// fds[i], or is cleared where fds[i] is -1. The ring keeps its own
+// reference to each file, so the caller may close its fds afterwards;
+// operations already issued on a replaced slot keep the old file.
+func (r *Ring) UpdateFiles(off uint32, fds []int32) error {
+	if r.closed {
+		return ErrClosed
+	}
+	if len(fds) == 0 {
+		return nil
+	}
+	upd := rsrcUpdate2{Offset: off, Data: uint64(uintptr(unsafe.Pointer(&fds[0]))), Nr: uint32(len(fds))}
+	n, err := register(r.fd, IORING_REGISTER_FILES_UPDATE2, unsafe.Pointer(&upd), uint32(unsafe.Sizeof(upd)))
+	runtime.KeepAlive(fds)
+	if err != nil {
+		return fmt.Errorf("update files %d..%d: %w", off, int(off)+len(fds)-1, err)
+	}
+	if n != len(fds) {
+		return fmt.Errorf("update files %d..%d: kernel took %d: %w", off, int(off)+len(fds)-1, n, unix.EIO)
+	}
+	return nil
+}
+
+// UpdateBuffers replaces the fixed buffers from slot off on: slot off+i
+// gets bufs[i], or is cleared where bufs[i] is empty. The table must have
+// been registered (RegisterBuffers or RegisterBuffersSparse) with room for
+// them. Registering pins the buffers' pages until the slot is cleared or
+// the ring closed.
+func (r *Ring) UpdateBuffers(off uint32, bufs [][]byte) error {
+	if r.closed {
+		return ErrClosed
+	}
+	if len(bufs) == 0 {
+		return nil
+	}
+	iov := make([]unix.Iovec, len(bufs))
+	for i, b := range bufs {
+		if len(b) > 0 {
+			iov[i].Base = &b[0]
+			iov[i].SetLen(len(b))
+		}
+	}
+	upd := rsrcUpdate2{Offset: off, Data: uint64(uintptr(unsafe.Pointer(&iov[0]))), Nr: uint32(len(iov))}
+	n, err := register(r.fd, IORING_REGISTER_BUFFERS_UPDATE, unsafe.Pointer(&upd), uint32(unsafe.Sizeof(upd)))
+	runtime.KeepAlive(iov)
+	if err != nil {
+		return fmt.Errorf("update buffers %d..%d: %w", off, int(off)+len(bufs)-1, err)
+	}
+	if n != len(bufs) {
+		return fmt.Errorf("update buffers %d..%d: kernel took %d: %w", off, int(off)+len(bufs)-1, n, unix.EIO)
+	}
+	return nil
 }

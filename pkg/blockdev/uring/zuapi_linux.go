@@ -110,7 +110,10 @@ const (
 	IORING_REGISTER_FILES            = 2
 	IORING_UNREGISTER_FILES          = 3
 	IORING_REGISTER_PROBE            = 8
+	IORING_REGISTER_FILES2           = 13
+	IORING_REGISTER_FILES_UPDATE2    = 14
 	IORING_REGISTER_BUFFERS2         = 15
+	IORING_REGISTER_BUFFERS_UPDATE   = 16
 	IORING_REGISTER_IOWQ_MAX_WORKERS = 19
 	IORING_REGISTER_RING_FDS         = 20
 	IORING_UNREGISTER_RING_FDS       = 21
@@ -241,6 +244,18 @@ type rsrcUpdate struct {
 	Offset uint32
 	Resv   uint32
 	Data   uint64
+}
+
+// rsrcUpdate2 is struct io_uring_rsrc_update2 (FILES_UPDATE2,
+// BUFFERS_UPDATE: replace nr entries of a table from offset).
+type rsrcUpdate2 struct {
+	_      structs.HostLayout
+	Offset uint32
+	Resv   uint32
+	Data   uint64
+	Tags   uint64
+	Nr     uint32
+	Resv2  uint32
 }
 
 // bufReg is struct io_uring_buf_reg (IORING_REGISTER_PBUF_RING, 5.19).
