@@ -6,9 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"runtime"
-	"strconv"
-	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -49,6 +46,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		})
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
 		"longest a ublk queue thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
+	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use)")
 	fs.Func("ublk-batch-io", "fetch and commit ublk requests in batches (UBLK_F_BATCH_IO, Linux 7.0+) on new devices: off, auto (where the kernel offers it) or on (default off)",
 		func(s string) error {
 			_, err := ublk.ParseMode("--ublk-batch-io", s)
@@ -93,9 +91,6 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return fmt.Errorf("backend: %w", err)
 	}
 	defer backend.Close()
-	if backend.Name() == "ublk" {
-		limitVolumesToPids(&cfg.driver, cfg.devices.Tuning.Queues)
-	}
 	drv, err := driver.New(cfg.driver, store, backend)
 	if err != nil {
 		return err
@@ -146,61 +141,6 @@ func retryReconcile(ctx context.Context, drv *driver.Driver, interval time.Durat
 		}
 		klog.ErrorS(err, "some staged volumes could not be restored; retrying", "every", interval)
 	}
-}
-
-// limitVolumesToPids lowers the volume count the node reports (NodeGetInfo,
-// which the scheduler honours) to what the plugin's pids limit can hold:
-// each ublk volume's queues are threads of this process, and a thread the
-// kernel refuses to create is a fatal error in Go, which would take every
-// volume's server down at once.
-func limitVolumesToPids(d *driver.Config, queues int) {
-	limit, err := blockdev.PidsLimit(os.Getpid())
-	if err != nil {
-		klog.ErrorS(err, "cannot read the pids limit; max volumes per node unchanged", "maxVolumesPerNode", d.MaxVolumesPerNode)
-		return
-	}
-	if queues == 0 {
-		queues = ublk.DefaultQueues(runtime.NumCPU())
-	}
-	threads := threadCount()
-	fit, ok := volumesWithinPids(limit, threads, queues)
-	if !ok || (d.MaxVolumesPerNode != 0 && d.MaxVolumesPerNode <= fit) {
-		return
-	}
-	klog.InfoS("pids limit: lowering max volumes per node", "pidsMax", limit, "threads", threads,
-		"threadsPerVolume", queues*ublk.ThreadsPerQueue, "maxVolumesPerNode", d.MaxVolumesPerNode, "lowered", fit,
-		"fix", "raise the pod's pids limit, or set --queues lower")
-	d.MaxVolumesPerNode = fit
-}
-
-// pidsReserve is the threads kept free for everything but the queues: the
-// Go runtime, gRPC, metrics, mkfs and mount children.
-const pidsReserve = 64
-
-// volumesWithinPids is how many volumes of queues queues fit in a pids
-// limit when threads are already in use; false when there is no limit.
-// It is at least 1, so that a tight limit still serves a volume.
-func volumesWithinPids(limit, threads int64, queues int) (int64, bool) {
-	if limit < 0 {
-		return 0, false
-	}
-	per := int64(queues * ublk.ThreadsPerQueue)
-	return max(1, (limit-threads-pidsReserve)/per), true
-}
-
-// threadCount is this process's current thread count (0 if unknown).
-func threadCount() int64 {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0
-	}
-	for line := range strings.SplitSeq(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "Threads:"); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n
-		}
-	}
-	return 0
 }
 
 func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backend) {

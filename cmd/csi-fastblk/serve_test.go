@@ -116,25 +116,3 @@ func deployPluginArgs(t *testing.T) []string {
 	t.Fatal("no csi-fastblk container in a DaemonSet of deploy/csi-fastblk.yaml")
 	return nil
 }
-
-// TestVolumesWithinPids pins the arithmetic that caps the reported volume
-// count: each volume costs ThreadsPerQueue threads per queue, after the
-// threads in use and the reserve.
-func TestVolumesWithinPids(t *testing.T) {
-	for _, c := range []struct {
-		limit, threads int64
-		queues         int
-		want           int64
-		limited        bool
-	}{
-		{-1, 10, 2, 0, false},
-		{1024, 10, 2, (1024 - 10 - pidsReserve) / 4, true},
-		{1024, 10, 4, (1024 - 10 - pidsReserve) / 8, true},
-		{50, 10, 2, 1, true}, // never below one volume
-	} {
-		got, limited := volumesWithinPids(c.limit, c.threads, c.queues)
-		if got != c.want || limited != c.limited {
-			t.Errorf("volumesWithinPids(%d, %d, %d) = %d, %v; want %d, %v", c.limit, c.threads, c.queues, got, limited, c.want, c.limited)
-		}
-	}
-}

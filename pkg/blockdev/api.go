@@ -176,8 +176,10 @@ type Quiescer interface {
 // kernel's disk counters: latency distribution, device state, recoveries.
 type IOStats struct {
 	// State is the device's state as the backend sees it ("live",
-	// "quiesced", "recovering", "dead").
-	State string
+	// "quiesced", "recovering", "failed", "dead"); Reason says why a
+	// device is not live, where the backend knows.
+	State  string
+	Reason string
 	// Recoveries counts how often the device was re-adopted after a
 	// plugin restart.
 	Recoveries uint64

@@ -24,6 +24,9 @@ type BackendConfig struct {
 	// "off" ("" = off): new devices fetch and commit requests in batches
 	// (see ublk.ServerConfig.BatchIO).
 	BatchIO string
+	// Threads (ublk only) is how many server threads serve every
+	// device's queues; 0 means one per CPU the plugin may use.
+	Threads int
 }
 
 // UblkControl is the ublk control device; its presence selects ublk in "auto".

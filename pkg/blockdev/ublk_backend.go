@@ -47,6 +47,7 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
 		BatchIO:  batch,
+		Threads:  cfg.Threads,
 		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 		ThreadRoom: func() (int64, error) {
 			room, err := PidsHeadroom(os.Getpid())
@@ -225,6 +226,11 @@ func (b *ublkBackend) IOStats(volumeID string) (IOStats, bool) {
 	}
 	if recovered {
 		st.Recoveries = 1
+	}
+	if err := b.srv.Err(volumeID); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// A queue or its server thread failed: the device's I/O is
+		// held by the kernel until the device is recovered.
+		st.State, st.Reason = "failed", err.Error()
 	}
 	var cum uint64
 	for i, bound := range ublk.LatencyBuckets {

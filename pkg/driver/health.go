@@ -108,14 +108,15 @@ func volumeFileHealth(v blockdev.Volume, f fileFacts) []*volumeEntry {
 
 // nodeFacts is what the node sees of one volume.
 type nodeFacts struct {
-	file    fileFacts
-	backend string
-	listErr error
-	device  *blockdev.Device // the backend's device for the volume; nil when it lists none
-	devNum  string           // device's major:minor, "" when unknown
-	state   string           // the backend's own view of the device, "" when it has none
-	link    string           // where the recorded device path leads, or linkErr
-	linkErr error
+	file        fileFacts
+	backend     string
+	listErr     error
+	device      *blockdev.Device // the backend's device for the volume; nil when it lists none
+	devNum      string           // device's major:minor, "" when unknown
+	state       string           // the backend's own view of the device, "" when it has none
+	stateReason string           // why, when it is not live
+	link        string           // where the recorded device path leads, or linkErr
+	linkErr     error
 	// mounts maps the staging path and each target to the topmost mount
 	// there; a path that is not a mount point has no key.
 	mounts   map[string]blockdev.MountInfo
@@ -169,6 +170,9 @@ func deviceHealth(ns blockdev.NodeState, f nodeFacts) []*volumeEntry {
 	case "", "live", "quiesced":
 	case "recovering":
 		out = volEntry(degraded, reasonDeviceState, "device %s is recovering; I/O waits until the server re-adopts it", f.device.Path)
+	case "failed":
+		out = volEntry(inaccessible, reasonDeviceState, "device %s failed (%s); its I/O is held until the plugin restarts and re-adopts it",
+			f.device.Path, f.stateReason)
 	default:
 		out = volEntry(inaccessible, reasonDeviceState, "device %s is %s", f.device.Path, f.state)
 	}
@@ -258,7 +262,7 @@ func (d *Driver) nodeFacts(ctx context.Context, v blockdev.Volume, staging, targ
 	}
 	if st, ok := d.backend.(blockdev.IOStatser); ok {
 		if io, ok := st.IOStats(v.ID); ok {
-			f.state = io.State
+			f.state, f.stateReason = io.State, io.Reason
 		}
 	}
 	if v.Node.Device != f.device.Path {

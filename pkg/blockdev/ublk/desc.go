@@ -94,17 +94,22 @@ func fullResult(r request) int32 {
 	return 0
 }
 
-// user_data of every SQE the queue submits: the tag in bits 0–15 and the
-// kind of operation in bits 16–23. Integers only, never a Go pointer.
+// user_data of every SQE a server thread submits: the tag in bits 0–15, the
+// queue's slot on its thread in bits 16–31 and the kind of operation in
+// bits 32–39. Integers only, never a Go pointer.
 const (
 	udCmd     = 1 // FETCH_REQ or COMMIT_AND_FETCH_REQ for the tag
 	udBacking = 2 // backing-file operation for the tag
-	udWake    = 3 // poll on the Stop eventfd (tag unused)
+	udWake    = 3 // poll on the thread's eventfd (slot and tag unused)
 	udRegBuf  = 4 // zero copy: REGISTER_IO_BUF/UNREGISTER_IO_BUF for the tag
 	udFetch   = 5 // batch mode: the multishot FETCH_IO_CMDS (tag unused)
 	udBatch   = 6 // batch mode: PREP_IO_CMDS or COMMIT_IO_CMDS (tag: element array)
 )
 
-func encodeUD(kind uint8, tag uint16) uint64 { return uint64(kind)<<16 | uint64(tag) }
+func encodeUD(kind uint8, slot, tag uint16) uint64 {
+	return uint64(kind)<<32 | uint64(slot)<<16 | uint64(tag)
+}
 
-func decodeUD(ud uint64) (kind uint8, tag uint16) { return uint8(ud >> 16), uint16(ud) }
+func decodeUD(ud uint64) (kind uint8, slot, tag uint16) {
+	return uint8(ud >> 32), uint16(ud >> 16), uint16(ud)
+}

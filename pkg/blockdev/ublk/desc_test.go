@@ -82,10 +82,12 @@ func TestFullResult(t *testing.T) {
 
 func TestUserData(t *testing.T) {
 	for _, kind := range []uint8{udCmd, udBacking, udWake, udRegBuf} {
-		for _, tag := range []uint16{0, 1, 127, 4095, 65535} {
-			k, g := decodeUD(encodeUD(kind, tag))
-			if k != kind || g != tag {
-				t.Fatalf("decodeUD(encodeUD(%d, %d)) = %d, %d", kind, tag, k, g)
+		for _, slot := range []uint16{0, 1, 300, 65535} {
+			for _, tag := range []uint16{0, 1, 127, 4095, 65535} {
+				k, s, g := decodeUD(encodeUD(kind, slot, tag))
+				if k != kind || s != slot || g != tag {
+					t.Fatalf("decodeUD(encodeUD(%d, %d, %d)) = %d, %d, %d", kind, slot, tag, k, s, g)
+				}
 			}
 		}
 	}

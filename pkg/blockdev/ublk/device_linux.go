@@ -39,6 +39,9 @@ type DeviceConfig struct {
 	// Limiter paces the device's reads and writes, shared by its queues;
 	// nil means unlimited.
 	Limiter *qos.Limiter
+	// Threads serve the device's queues, spread by SpreadQueues; nil
+	// gives each queue a thread of its own.
+	Threads *Threads
 	// Persist is called after ADD_DEV, before START_DEV makes the device
 	// visible, with the negotiated info; an error aborts the creation.
 	Persist func(DevInfo) error
@@ -74,13 +77,24 @@ func (d *Device) Stats() []QueueStats {
 	return s
 }
 
-// Nudge wakes every queue thread once. After the rate limits changed, a
-// thread sleeping until its first held request's old start books its held
-// requests again at once.
+// Nudge wakes the threads of every queue once. After the rate limits
+// changed, a thread sleeping until its first held request's old start
+// books its held requests again at once.
 func (d *Device) Nudge() {
 	for _, q := range d.queues {
-		q.waker.Wake()
+		q.thread.waker.Wake()
 	}
+}
+
+// Err reports why the device is not fully served: the first failure of
+// one of its queues or of a thread serving it, or nil.
+func (d *Device) Err() error {
+	for _, q := range d.queues {
+		if err := q.Err(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // CreateDevice adds, configures and starts a device: ADD_DEV, Persist,
@@ -174,21 +188,34 @@ func (d *Device) openChar(ctx context.Context) error {
 	return nil
 }
 
-// startQueues starts one queue per hardware queue, each pinned to the
-// first CPU of its affinity set not yet taken by another queue.
+// startQueues starts one queue per hardware queue: on the server threads
+// SpreadQueues picks, or each on a thread of its own that sets up on the
+// first CPU of the queue's affinity set not yet taken by another queue.
 func (d *Device) startQueues(cfg DeviceConfig) error {
+	var threads []*Thread
+	if cfg.Threads != nil {
+		var err error
+		if threads, err = cfg.Threads.pick(int(d.info.NrHWQueues), d.info.QueueDepth); err != nil {
+			return fmt.Errorf("ublk device %d: %w", d.ID(), err)
+		}
+	}
 	used := map[int]bool{}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
-		cpus, err := d.ctl.QueueAffinity(d.ID(), q)
-		if err != nil {
-			return err
-		}
-		cpu := pickCPU(cpus, used)
-		queue, err := StartQueue(QueueConfig{
-			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
-			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, CPU: cpu, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
+		qc := QueueConfig{
+			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char, CPU: -1,
+			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
 			MtimeTick: &d.mtimeTick,
-		})
+		}
+		if threads != nil {
+			qc.Thread = threads[q]
+		} else {
+			cpus, err := d.ctl.QueueAffinity(d.ID(), q)
+			if err != nil {
+				return err
+			}
+			qc.CPU = pickCPU(cpus, used)
+		}
+		queue, err := StartQueue(qc)
 		if err != nil {
 			return err
 		}
@@ -247,7 +274,8 @@ func poll(ctx context.Context, limit time.Duration, try func() (bool, error)) er
 	}
 }
 
-// stopQueues makes every queue thread leave and waits for it.
+// stopQueues makes every queue with a thread of its own leave, and waits
+// for every queue.
 func (d *Device) stopQueues(ctx context.Context) error {
 	for _, q := range d.queues {
 		q.Stop()
@@ -255,29 +283,41 @@ func (d *Device) stopQueues(ctx context.Context) error {
 	return d.waitQueues(ctx)
 }
 
-// waitQueues waits for every queue to return, bounded by ctx and nodeWait.
+// waitQueues waits for every queue to end, bounded by ctx and nodeWait.
+// d.queues stays as it is (Stats may read it at any time).
 func (d *Device) waitQueues(ctx context.Context) error {
-	done := make(chan error, 1)
-	go func() {
-		var errs []error
-		for _, q := range d.queues {
-			if err := q.Wait(); !errors.Is(err, ErrQueueStopped) {
-				errs = append(errs, err)
-			}
-		}
-		done <- errors.Join(errs...)
-	}()
 	timer := time.NewTimer(nodeWait)
 	defer timer.Stop()
-	select {
-	case err := <-done:
-		d.queues = nil
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("wait for queues of ublk device %d: %w", d.ID(), ctx.Err())
-	case <-timer.C:
-		return fmt.Errorf("wait for queues of ublk device %d: %w", d.ID(), unix.ETIME)
+	var errs []error
+	for _, q := range d.queues {
+		select {
+		case <-q.Done():
+			if err := q.Wait(); err != nil && !errors.Is(err, ErrQueueStopped) {
+				errs = append(errs, err)
+			}
+		case <-ctx.Done():
+			return fmt.Errorf("wait for queues of ublk device %d: %w", d.ID(), ctx.Err())
+		case <-timer.C:
+			return fmt.Errorf("wait for queues of ublk device %d: %w", d.ID(), unix.ETIME)
+		}
 	}
+	return errors.Join(errs...)
+}
+
+// sharedLive reports whether a queue of the device still runs on a shared
+// server thread: only the device's end (STOP_DEV, QUIESCE_DEV) or the
+// thread's can end it.
+func (d *Device) sharedLive() bool {
+	for _, q := range d.queues {
+		select {
+		case <-q.Done():
+		default:
+			if !q.private {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func (d *Device) closeChar() error {
@@ -295,6 +335,9 @@ func (d *Device) closeChar() error {
 // still holding /dev/ublkbN open cannot hang us.
 func (d *Device) teardown(ctx context.Context, started bool) error {
 	var errs []error
+	// A device that never started has its queues' FETCHes parked all the
+	// same; on shared threads only STOP_DEV ends them.
+	started = started || d.sharedLive()
 	if started {
 		if err := d.ctl.StopDev(d.ID()); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, err)
@@ -316,12 +359,29 @@ func (d *Device) Delete(ctx context.Context) error {
 	return d.teardown(ctx, true)
 }
 
-// Release stops serving without stopping the device: queue threads leave,
+// Release stops serving without stopping the device: its queues leave,
 // /dev/ublkcN is closed, and the kernel keeps the device QUIESCED (user
-// recovery) with its I/O held until another process re-adopts it.
+// recovery) with its I/O held until another process re-adopts it. Queues
+// with threads of their own leave when their rings close; queues on shared
+// threads, when QUIESCE_DEV (Linux 6.16+) aborts their parked commands:
+// without it one device cannot be released alone (closing the shared
+// threads, Threads.Close, releases all of them).
 func (d *Device) Release(ctx context.Context) error {
+	if d.sharedLive() {
+		if d.info.Flags&FlagQuiesce == 0 {
+			return fmt.Errorf("release ublk device %d alone: its queues run on shared server threads and the driver lacks QUIESCE (Linux 6.16+): %w",
+				d.ID(), errors.ErrUnsupported)
+		}
+		if err := d.ctl.QuiesceDev(d.ID(), quiesceWait); err != nil {
+			return fmt.Errorf("release ublk device %d: %w", d.ID(), err)
+		}
+	}
 	return errors.Join(d.stopQueues(ctx), d.closeChar())
 }
+
+// quiesceWait bounds how long QUIESCE_DEV waits for the device's requests
+// in flight to complete.
+const quiesceWait = 5 * time.Second
 
 // Resize changes the size of the live device (UPDATE_SIZE). Without
 // UBLK_F_UPDATE_SIZE it returns an error wrapping errors.ErrUnsupported.

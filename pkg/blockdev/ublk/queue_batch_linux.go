@@ -41,9 +41,6 @@ import (
 // come at the next reap).
 const commitSlots = 4
 
-// fetchGroup is the provided-buffer group of the queue's FETCH.
-const fetchGroup = 0
-
 // maxTagsPerFetch is the most tags the kernel writes for one FETCH CQE
 // (256 bytes of u16 tags); a larger buffer would be wasted.
 const maxTagsPerFetch = 128
@@ -79,7 +76,8 @@ func (l *loop) setupBatch() error {
 	if b.elems, err = uring.NewBuffers(1, commitSlots*d*b.elemBytes); err != nil {
 		return fmt.Errorf("batch elements: %w", err)
 	}
-	if b.fetch, err = l.ring.RegisterBufRing(fetchGroup, d, 2*min(d, maxTagsPerFetch)); err != nil {
+	// The queue's slot is its provided-buffer group: unique in the ring.
+	if b.fetch, err = l.ring.RegisterBufRing(l.slot, d, 2*min(d, maxTagsPerFetch)); err != nil {
 		b.elems.Close()
 		return fmt.Errorf("batch fetch ring: %w", err)
 	}
@@ -119,13 +117,14 @@ func (l *loop) armFetch() error {
 	if sqe == nil {
 		return errNoSQE
 	}
-	sqe.PrepURingCmd(fileChar, ioFetchIOCmds)
+	sqe.PrepURingCmd(l.fileChar, ioFetchIOCmds)
 	sqe.Flags |= uring.IOSQE_FIXED_FILE | uring.IOSQE_BUFFER_SELECT
 	sqe.OpFlags = uring.IORING_URING_CMD_MULTISHOT
 	sqe.BufIndex = l.b.fetch.Group()
-	sqe.UserData = encodeUD(udFetch, 0)
+	sqe.UserData = encodeUD(udFetch, l.slot, 0)
 	putBatchIO(sqe.Cmd(), l.cfg.QID, 0, 0, 2)
 	l.b.fetching = true
+	l.s.fetchers++
 	return nil
 }
 
@@ -137,9 +136,9 @@ func (l *loop) putElem(tag uint16, result int32) {
 	binary.LittleEndian.PutUint16(e[0:], tag)
 	var slot uint16
 	if l.zc {
-		// AUTO_BUF_REG: the request's pages go to fixed buffer #tag,
-		// which the commit also unregisters.
-		slot = tag
+		// AUTO_BUF_REG: the request's pages go to the tag's fixed
+		// buffer slot, which the commit also unregisters.
+		slot = l.bufBase + tag
 	}
 	binary.LittleEndian.PutUint16(e[2:], slot)
 	binary.LittleEndian.PutUint32(e[4:], uint32(result))
@@ -147,6 +146,10 @@ func (l *loop) putElem(tag uint16, result int32) {
 		binary.LittleEndian.PutUint64(e[8:], l.bufs.addr(tag, 0))
 	}
 	b.n++
+	if !l.inCommits {
+		l.inCommits = true
+		l.s.commits = append(l.s.commits, l)
+	}
 }
 
 // commitBatch queues one COMMIT_IO_CMDS for the round's results, if any.
@@ -167,12 +170,13 @@ func (l *loop) sendElems(op uint32, want int32) error {
 	if sqe == nil {
 		return errNoSQE
 	}
-	sqe.PrepURingCmd(fileChar, op)
+	sqe.PrepURingCmd(l.fileChar, op)
 	sqe.Flags |= uring.IOSQE_FIXED_FILE
 	sqe.Addr = uint64(uintptr(unsafe.Pointer(&l.slotBytes(b.slot)[0])))
-	sqe.UserData = encodeUD(udBatch, uint16(b.slot))
+	sqe.UserData = encodeUD(udBatch, l.slot, uint16(b.slot))
 	putBatchIO(sqe.Cmd(), l.cfg.QID, b.flags, uint16(b.n), uint8(b.elemBytes))
 	b.want[b.slot] = want
+	l.s.batchCmds++
 	b.slot = (b.slot + 1) % commitSlots
 	b.n = 0
 	if b.want[b.slot] >= 0 {
@@ -202,6 +206,10 @@ func (l *loop) onBatchCmd(slot uint16, res int32) error {
 	}
 	want := l.b.want[slot]
 	l.b.want[slot] = -1
+	l.s.batchCmds--
+	if b := l.b; b.ended && b.outstanding() == 0 {
+		l.mayEnd()
+	}
 	if res == want {
 		return nil
 	}
@@ -222,20 +230,19 @@ func (l *loop) onFetch(c *uring.CQE) error {
 	b := l.b
 	if c.Flags&uring.IORING_CQE_F_MORE == 0 {
 		b.fetching = false
+		l.s.fetchers--
 	}
 	switch {
 	case c.Res == ioResAbort:
 		b.ended = true
+		l.mayEnd()
 		return nil
 	case c.Res == -int32(unix.ENOBUFS):
 		// No buffer or no CQ room: the kernel keeps the requests for
 		// the FETCH armed again below.
 	case c.Res < 0:
-		if l.cmdErr == nil {
-			l.cmdErr = fmt.Errorf("%w: batch fetch: %w", errCmdFailed, unix.Errno(-c.Res))
-		}
 		b.ended = true
-		return nil
+		return fmt.Errorf("%w: batch fetch: %w", errCmdFailed, unix.Errno(-c.Res))
 	default:
 		id, ok := uring.BufferID(c)
 		if !ok {
@@ -257,7 +264,7 @@ func (l *loop) onFetch(c *uring.CQE) error {
 		}
 		b.fetch.Recycle(id)
 	}
-	if b.fetching {
+	if b.fetching || l.failed {
 		return nil
 	}
 	return l.armFetch()
@@ -270,21 +277,6 @@ func (b *batch) outstanding() int {
 		if w >= 0 {
 			n++
 		}
-	}
-	return n
-}
-
-// batchWaitFor is waitFor in batch mode: the first CQE of news (a FETCH
-// batch or a backing completion) where one can still come, because one
-// FETCH CQE stands for a whole batch of new requests, which must not wait
-// there for a quarter of the backing I/O to finish (measured in the VM:
-// 6-11% fewer 4k IOPS at queue depth 32); the kernel's own ublk servers
-// wait so too. Plus the CQEs of the PREP/COMMIT commands this wait submits
-// or left unreaped, which come at once.
-func (l *loop) batchWaitFor() uint32 {
-	n := uint32(l.b.outstanding())
-	if l.b.fetching || l.backing > 0 {
-		n++
 	}
 	return n
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -77,14 +76,25 @@ func queueCases(t *testing.T, c *Control) []queueCase {
 	return cases
 }
 
-// startQueues starts every queue of d on the backing fd and the device.
+// startQueues starts every queue of d, each on a thread of its own, on the
+// backing fd and the device.
 func startQueues(t *testing.T, d *testDev, tgt Target, opts QueueOptions) ([]*Queue, string) {
+	return startQueuesOn(t, d, tgt, opts, nil)
+}
+
+// startQueuesOn starts every queue of d on the server threads ths (by
+// queue id, round robin; none: a thread of its own each), then the device.
+func startQueuesOn(t *testing.T, d *testDev, tgt Target, opts QueueOptions, ths []*Thread) ([]*Queue, string) {
 	t.Helper()
 	var qs []*Queue
 	var mtimeTick atomic.Int64 // shared, as Device shares it
 	for qid := range d.info.NrHWQueues {
+		var th *Thread
+		if len(ths) > 0 {
+			th = ths[int(qid)%len(ths)]
+		}
 		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
-			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes,
+			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: th,
 			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: opts, MtimeTick: &mtimeTick})
 		if err != nil {
 			t.Fatalf("start queue %d: %v", qid, err)
@@ -124,7 +134,11 @@ func TestQueueDataPath(t *testing.T) {
 				// queue: the cap must slow them, never lose or hang them.
 				opts.IOWQWorkers = 1
 			}
-			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), opts)
+			ths := []*Thread{testThread(t), testThread(t)}
+			if qc.name == "copy/2q" {
+				ths = nil // the design before shared threads: a thread per queue
+			}
+			qs, dev := startQueuesOn(t, d, FileTarget(int(f.Fd())), opts, ths)
 			checkReadWrite(t, dev, f)
 			checkParallel(t, dev)
 			checkDiscard(t, dev, path)
@@ -153,8 +167,8 @@ func TestQueueDataPath(t *testing.T) {
 			if qc.nowait && total.MtimeUpdates == 0 {
 				t.Fatalf("NowaitWrites on, but no queue updated the backing file's mtime before its writes: %+v", total)
 			}
-			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d enters %d commits %d nowait refused %d pauses %d mtime updates %d",
-				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Enters, total.Commits,
+			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d commits %d nowait refused %d pauses %d mtime updates %d",
+				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Commits,
 				total.NowaitRefused, total.NowaitPauses, total.MtimeUpdates)
 		})
 	}
@@ -301,8 +315,9 @@ func ioctlRange(f *os.File, req uint, rng *[2]uint64) error {
 	return nil
 }
 
-// TestQueueStop proves that Stop ends a queue at once with ErrQueueStopped
-// and gives back its processor, per tag and in batch mode.
+// TestQueueStop proves that Stop ends a queue with a thread of its own at
+// once with ErrQueueStopped, and the thread with it, per tag and in batch
+// mode.
 func TestQueueStop(t *testing.T) {
 	requireUblk(t)
 	c := openTestCtl(t)
@@ -315,11 +330,7 @@ func TestQueueStop(t *testing.T) {
 			const size = 16 << 20
 			f, _ := backingFile(t, size)
 			d := addTestDev(t, c, 1, 32, 128<<10, flags, size)
-			before := runtime.GOMAXPROCS(0)
 			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{})
-			if got := runtime.GOMAXPROCS(0); !procs.fixed && got != before+1 {
-				t.Errorf("GOMAXPROCS %d with the queue running, want %d: one spare P per queue thread", got, before+1)
-			}
 			// Opening the disk waits for the partition scan (it holds the
 			// disk's open mutex), so no scan I/O is in flight when the
 			// queue leaves; such I/O would otherwise wait for the 30 s
@@ -333,8 +344,10 @@ func TestQueueStop(t *testing.T) {
 			if err := qs[0].Wait(); !errors.Is(err, ErrQueueStopped) {
 				t.Fatalf("Wait after Stop = %v, want ErrQueueStopped", err)
 			}
-			if got := runtime.GOMAXPROCS(0); got != before {
-				t.Errorf("GOMAXPROCS %d after the queue ended, want %d", got, before)
+			select {
+			case <-qs[0].Thread().Done():
+			case <-time.After(5 * time.Second):
+				t.Fatal("the queue's own thread still runs after Stop")
 			}
 			qs[0].Stop() // idempotent
 		})

@@ -34,6 +34,7 @@ func (l *loop) onCmd(tag uint16, res int32) error {
 	case res == ioResAbort:
 		t.aborted = true
 		l.aborted++
+		l.mayEnd()
 		return nil
 	default:
 		// -EINVAL (wrong thread, bad buffer), -EBUSY (fetch after the
@@ -44,6 +45,12 @@ func (l *loop) onCmd(tag uint16, res int32) error {
 		}
 		t.aborted = true
 		l.aborted++
+		l.mayEnd()
+		return nil
+	}
+	if l.failed {
+		// A failed queue takes no new request: the kernel holds it
+		// as for a dead server, until the device is recovered.
 		return nil
 	}
 	return l.accept(tag)
@@ -56,6 +63,7 @@ func (l *loop) accept(tag uint16) error {
 	t.plan = planFor(t.req, l.cfg.Target.Kind)
 	t.done, t.retries, t.start = 0, 0, monoNow()
 	l.q.stats.inFlight.Add(1)
+	l.s.serving++
 	l.noteTailUse(t)
 	if l.bufs != nil && t.plan.act <= actWrite && t.req.len > uint32(l.bufs.size) {
 		// The kernel keeps requests within max_io_buf_bytes; a larger
@@ -87,13 +95,14 @@ func (l *loop) issue(tag uint16) error {
 	case actRead, actWrite:
 		l.prepRW(sqe, tag, off, n)
 	case actFsync:
-		sqe.PrepFsync(fileBacking, uring.IORING_FSYNC_DATASYNC)
+		sqe.PrepFsync(l.fileBacking, uring.IORING_FSYNC_DATASYNC)
 	case actFallocate:
-		sqe.PrepFallocate(fileBacking, t.plan.mode, off, uint64(n))
+		sqe.PrepFallocate(l.fileBacking, t.plan.mode, off, uint64(n))
 	}
 	sqe.Flags |= uring.IOSQE_FIXED_FILE
-	sqe.UserData = encodeUD(udBacking, tag)
+	sqe.UserData = encodeUD(udBacking, l.slot, tag)
 	l.backing++
+	l.s.backing++
 	return nil
 }
 
@@ -101,28 +110,30 @@ func (l *loop) issue(tag uint16) error {
 // request's own pages are fixed buffer #tag (registered by the kernel with
 // AUTO_BUF_REG) and addr is the offset into them; in copy mode the data
 // goes through the tag's buffer, as fixed buffer #tag when it lies within
-// the buffer's registered head.
+// the buffer's registered head. Either way the fixed buffer is the tag's
+// slot of the thread's buffer table, bufBase + tag.
 func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	t := &l.tags[tag]
 	write := t.plan.act == actWrite
 	fixed := t.done+n <= l.fixed
+	f, slot := l.fileBacking, l.bufBase+tag
 	switch {
 	case l.zc && write:
-		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, fileBacking, uint64(t.done), n, off)
-		sqe.BufIndex = tag
+		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, f, uint64(t.done), n, off)
+		sqe.BufIndex = slot
 	case l.zc:
-		sqe.PrepRW(uring.IORING_OP_READ_FIXED, fileBacking, uint64(t.done), n, off)
-		sqe.BufIndex = tag
+		sqe.PrepRW(uring.IORING_OP_READ_FIXED, f, uint64(t.done), n, off)
+		sqe.BufIndex = slot
 	case fixed && write:
-		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, fileBacking, l.bufs.addr(tag, t.done), n, off)
-		sqe.BufIndex = tag
+		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, f, l.bufs.addr(tag, t.done), n, off)
+		sqe.BufIndex = slot
 	case fixed:
-		sqe.PrepRW(uring.IORING_OP_READ_FIXED, fileBacking, l.bufs.addr(tag, t.done), n, off)
-		sqe.BufIndex = tag
+		sqe.PrepRW(uring.IORING_OP_READ_FIXED, f, l.bufs.addr(tag, t.done), n, off)
+		sqe.BufIndex = slot
 	case write:
-		sqe.PrepRW(uring.IORING_OP_WRITE, fileBacking, l.bufs.addr(tag, t.done), n, off)
+		sqe.PrepRW(uring.IORING_OP_WRITE, f, l.bufs.addr(tag, t.done), n, off)
 	default:
-		sqe.PrepRW(uring.IORING_OP_READ, fileBacking, l.bufs.addr(tag, t.done), n, off)
+		sqe.PrepRW(uring.IORING_OP_READ, f, l.bufs.addr(tag, t.done), n, off)
 	}
 	sqe.OpFlags = t.plan.rwFlags
 	if write && t.retries < nowaitTries && l.nowaitOK() {
@@ -138,6 +149,10 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 		return errBadTag
 	}
 	l.backing--
+	l.s.backing--
+	if l.backing == 0 && l.inEnding == false && (l.failed || l.aborted > 0) {
+		l.mayEnd()
+	}
 	t := &l.tags[tag]
 	switch {
 	case res == -int32(unix.EAGAIN) && t.retries < maxEAGAIN:
@@ -196,8 +211,8 @@ const nowaitPause = 100 * time.Millisecond
 func (l *loop) nowaitRefused(t *tagState) {
 	l.q.stats.nowaitRefused.Add(1)
 	if t.retries == 0 {
-		if !l.mtimeRecheck {
-			l.mtimeRecheck, l.mtimeChecked = true, false
+		if l.recheckRound != l.s.round {
+			l.recheckRound, l.mtimeRound = l.s.round, 0
 		}
 		return
 	}
@@ -208,7 +223,7 @@ func (l *loop) nowaitRefused(t *tagState) {
 
 // nowaitOK says whether this round's writes try RWF_NOWAIT first.
 func (l *loop) nowaitOK() bool {
-	return l.cfg.Options.NowaitWrites && l.roundAt >= l.nowaitOffUntil
+	return l.cfg.Options.NowaitWrites && l.s.roundAt >= l.nowaitOffUntil
 }
 
 // freshenMtime makes sure, before a RWF_NOWAIT write is sent, that the
@@ -219,10 +234,10 @@ func (l *loop) nowaitOK() bool {
 // update that fails costs nothing but refusals: those writes go to io-wq,
 // as they would without RWF_NOWAIT.
 func (l *loop) freshenMtime() {
-	if l.mtimeChecked {
+	if l.mtimeRound == l.s.round {
 		return
 	}
-	l.mtimeChecked = true
+	l.mtimeRound = l.s.round
 	var now unix.Timespec
 	if unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &now) != nil {
 		return
@@ -246,6 +261,7 @@ func (l *loop) commit(tag uint16, result int32) error {
 		result = -int32(unix.EIO)
 	}
 	l.q.stats.inFlight.Add(-1)
+	l.s.serving--
 	l.q.stats.observe(t.req.op, t.req.len, result < 0, monoNow()-t.start)
 	if l.b != nil {
 		l.b.owned--

@@ -1,54 +1,50 @@
-// The ublk data plane: one Queue per hardware queue of a device.
+// The ublk data plane: one Queue per hardware queue of a device, served by
+// a server thread (thread_linux.go) that may serve the queues of many
+// devices.
 //
-// Thread model: each queue runs on one goroutine that locks its OS thread
-// for its whole life, sets up on QueueConfig.CPU, marks it PR_SET_IO_FLUSHER,
-// creates its own io_uring (SINGLE_ISSUER|DEFER_TASKRUN|COOP_TASKRUN, with the
-// engine's fallback), registers [ublkc, backing] as fixed files, maps the
-// queue's descriptors read-only and FETCHes every tag. That thread is then
-// the queue's ublk daemon: every IO command and every backing operation is
-// issued from it, and it never blocks on anything but io_uring_enter.
+// Setting a queue up: the caller maps the queue's descriptors read-only and
+// its copy-mode buffers, then hands the queue to its thread, which gives it
+// two fixed-file slots ([ublkc, backing]) and a run of buffer slots in its
+// ring, registers the heads of its buffers there (copy mode) and FETCHes
+// every tag. That thread is then the queue's ublk daemon: every IO command
+// and every backing operation is issued from it, and it never blocks on
+// anything but io_uring_enter.
 //
-// The loop (queue_loop_linux.go) submits every ready SQE and waits in one
-// io_uring_enter, for a quarter of the backing I/O in flight (completions in
-// batches when the queue is busy), reaps every CQE and advances once. With
-// few requests in service it first polls, within Options.Poll, so that a
-// low-depth round trip does not pay a sleep and a wake-up. Per request
-// (queue_io_linux.go): the tag's completion → decode the descriptor (desc.go)
-// → one backing SQE (READ/WRITE, FSYNC DATASYNC, FALLOCATE) → its completion
-// → COMMIT_AND_FETCH with the full byte count or -errno. Short transfers are
-// continued, -EAGAIN retried. Nothing on this path allocates. With
-// UBLK_F_BATCH_IO (Linux 7.0+) requests come in batches through one
-// multishot FETCH and a round's results go back in one COMMIT
-// (queue_batch_linux.go).
+// Per request (queue_io_linux.go): the tag's completion → decode the
+// descriptor (desc.go) → one backing SQE (READ/WRITE, FSYNC DATASYNC,
+// FALLOCATE) → its completion → COMMIT_AND_FETCH with the full byte count
+// or -errno. Short transfers are continued, -EAGAIN retried. Nothing on
+// this path allocates. With UBLK_F_BATCH_IO (Linux 7.0+) requests come in
+// batches through one multishot FETCH and a round's results go back in one
+// COMMIT (queue_batch_linux.go).
 //
 // Buffers: with UBLK_F_AUTO_BUF_REG (Linux 6.16+) the kernel registers each
-// request's pages in the queue ring's sparse buffer table at index = tag and
-// the backing I/O is READ_FIXED/WRITE_FIXED on them (zero copy; no buffers of
-// ours). Otherwise each tag has a MaxIOBytes buffer in one anonymous mapping
-// and the driver copies between it and the request (copy mode); pages become
-// resident on first use, except the heads that Options.FixedBuffers
-// registers (pins) at start.
+// request's pages in the thread ring's buffer table, in the queue's slot
+// for the tag, and the backing I/O is READ_FIXED/WRITE_FIXED on them (zero
+// copy; no buffers of ours). Otherwise each tag has a MaxIOBytes buffer in
+// one anonymous mapping and the driver copies between it and the request
+// (copy mode); pages become resident on first use, except the heads that
+// Options.FixedBuffers registers (pins) at start.
 //
-// Ending: STOP_DEV aborts every parked tag with -ENODEV; once all tags are
-// aborted and no backing I/O is in flight, Wait returns nil. Stop wakes the
-// thread through an eventfd polled in the ring and it leaves at once; closing
-// the ring cancels the parked commands, so a device with USER_RECOVERY stays
-// QUIESCED for the next process. In both cases the goroutine returns still
-// locked, so the runtime discards the thread with its kernel state.
+// Ending: STOP_DEV (or QUIESCE_DEV) aborts every parked tag with -ENODEV;
+// once all tags are aborted and no backing I/O is in flight, the thread
+// clears the queue's slots and Wait returns nil. A queue started without a
+// Thread gets a private one (the design before shared threads, kept for
+// comparison): Stop closes that thread's ring, which cancels the parked
+// commands, so a device with USER_RECOVERY stays QUIESCED for the next
+// process.
 
 package ublk
 
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
-	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
 
 // QueueConfig is what a queue needs from the control side.
@@ -69,7 +65,8 @@ type QueueConfig struct {
 	// per-tag buffer in copy mode.
 	MaxIOBytes uint32
 	// CPU is the queue's home CPU (from GET_QUEUE_AFFINITY); -1 for none.
-	// The thread sets up there (the kernel allocates the ring and maps
+	// Only for a queue with a thread of its own (Thread nil): the thread
+	// sets up there (the kernel allocates the ring and maps
 	// the descriptors on that CPU's memory node) and FETCHes every tag,
 	// then goes back to every CPU it may use, unless PinCPU. Why:
 	// measured in a 2-vCPU VM (7.3, zero copy, medians of 2), a hard pin
@@ -78,12 +75,14 @@ type QueueConfig struct {
 	// 16.4k vs 25.4k, writes 13.6k vs 21.2k) and 20% of iodepth-1
 	// latency (512 vs 422 us), while two jobs do not care.
 	CPU int
-	// PinCPU keeps the queue thread pinned to CPU for its whole life.
+	// PinCPU keeps a queue's own thread pinned to CPU for its whole life.
 	PinCPU bool
 	// Target is the backing store: FileTarget or NullTarget.
 	Target Target
 	// Options are the queue thread's submission and wait policy.
 	Options QueueOptions
+	// Thread serves the queue; nil starts a thread of its own for it.
+	Thread *Thread
 	// Limiter paces reads and writes (queue_qos_linux.go); it is shared
 	// by the device's queues. nil means unlimited.
 	Limiter *qos.Limiter
@@ -127,26 +126,28 @@ type QueueOptions struct {
 	// so the Server turns it on where a probe finds the refusal
 	// (ServerConfig.NowaitWrites).
 	NowaitWrites bool
-	// IOWQWorkers caps the io-wq workers of the queue thread (bounded
-	// work: writes io_uring could not issue without blocking, fsync,
-	// fallocate). 0 keeps the kernel's default (up to 4 per CPU). A
+	// IOWQWorkers caps the io-wq workers of a queue's own thread (see
+	// ThreadConfig.IOWQWorkers; shared threads take theirs from their
+	// config). 0 keeps the kernel's default (up to 4 per CPU). A
 	// benchmark knob (ublk serve --iowq-workers), not set by the plugin.
 	IOWQWorkers uint32
 }
 
-// ErrQueueStopped is what Wait returns when Stop ended the queue.
+// ErrQueueStopped is what Wait returns when Stop, or the end of its server
+// thread, ended the queue.
 var ErrQueueStopped = errors.New("queue stopped")
 
-// Queue serves one ublk hardware queue on its own locked OS thread, with
-// its own io_uring. Its methods are safe for concurrent use; the serving
-// state lives on the queue thread only (see queue_loop_linux.go).
+// Queue serves one ublk hardware queue on a server thread. Its methods are
+// safe for concurrent use; the serving state lives on the thread only (see
+// queue_loop_linux.go).
 type Queue struct {
-	cfg      QueueConfig
-	stats    queueStats
-	waker    *uring.Waker
-	stopping atomic.Bool
-	done     chan struct{}
-	err      error // set before done is closed
+	cfg     QueueConfig
+	stats   queueStats
+	thread  *Thread
+	private bool // the thread is the queue's own (QueueConfig.Thread nil)
+	failure atomic.Pointer[error]
+	done    chan struct{}
+	err     error // set before done is closed
 }
 
 func (c *QueueConfig) validate() error {
@@ -173,30 +174,57 @@ func (c *QueueConfig) validate() error {
 	return nil
 }
 
-// StartQueue starts the queue's goroutine on a locked OS thread and returns
-// once every tag has been FETCHed (submitted to the kernel), or with an error.
-// After an error nothing is left running.
+// StartQueue starts serving the queue on cfg.Thread (or on a thread of its
+// own when nil) and returns once every tag has been FETCHed (submitted to
+// the kernel), or with an error. After an error nothing of the queue is
+// left running.
 func StartQueue(cfg QueueConfig) (*Queue, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
 	}
-	w, err := uring.NewWaker()
-	if err != nil {
-		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
+	q := &Queue{cfg: cfg, thread: cfg.Thread, done: make(chan struct{})}
+	if q.thread == nil {
+		t, err := startThread(-1, ThreadConfig{Tags: queueCost(cfg.Depth), Queues: 1, CPU: cfg.CPU, Pin: cfg.PinCPU,
+			IOWQWorkers: cfg.Options.IOWQWorkers}, true)
+		if err != nil {
+			return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
+		}
+		q.thread, q.private = t, true
 	}
-	q := &Queue{cfg: cfg, waker: w, done: make(chan struct{})}
-	ready := make(chan error, 1)
-	go q.run(ready)
-	if err := <-ready; err != nil {
-		<-q.done
+	if err := q.start(); err != nil {
+		if q.private {
+			q.thread.Close()
+		}
 		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
 	}
 	return q, nil
 }
 
+// start maps the queue's memory and hands the queue to its thread.
+func (q *Queue) start() error {
+	if err := q.thread.reserve(q.cfg.Depth); err != nil {
+		return err
+	}
+	l := newLoop(q)
+	var err error
+	if l.descs, err = mapDescs(q.cfg.CharFD, q.cfg.QID, q.cfg.Depth); err == nil && !l.zc {
+		l.bufs, err = mapBuffers(q.cfg.Depth, q.cfg.MaxIOBytes)
+	}
+	if err == nil {
+		err = q.thread.start(l)
+	}
+	if err != nil && !l.attached {
+		// The thread never took the queue: undo here. (One it took
+		// ends on the thread, which then closes done.)
+		l.teardown()
+		q.thread.unreserve(q.cfg.Depth)
+	}
+	return err
+}
+
 // Wait returns when the queue has stopped: nil once every tag was aborted
-// after STOP_DEV (-ENODEV), ErrQueueStopped after Stop, or the error that
-// ended it. The thread exits locked so the runtime discards it.
+// after STOP_DEV or QUIESCE_DEV (-ENODEV), ErrQueueStopped after Stop or
+// the end of its thread, or the error that ended it.
 func (q *Queue) Wait() error {
 	<-q.done
 	return q.err
@@ -205,61 +233,43 @@ func (q *Queue) Wait() error {
 // Done is closed when the queue has stopped.
 func (q *Queue) Done() <-chan struct{} { return q.done }
 
-// Stop makes the queue thread leave without committing anything more (used
-// on shutdown-for-upgrade: devices with USER_RECOVERY then stay QUIESCED
-// for the next process). It does not wait; call Wait. Stop is idempotent.
-func (q *Queue) Stop() {
-	if q.stopping.CompareAndSwap(false, true) {
-		q.waker.Wake()
+// Err returns what went wrong with the queue: the failure that stopped it
+// from serving (a rejected command, a broken ring, its thread's end), or
+// nil while it serves or after a clean end.
+func (q *Queue) Err() error {
+	if p := q.failure.Load(); p != nil {
+		return *p
+	}
+	select {
+	case <-q.done:
+		if errors.Is(q.err, ErrQueueStopped) {
+			return nil
+		}
+		return q.err
+	default:
+		return nil
 	}
 }
+
+// Stop ends a queue that has a thread of its own: the thread closes its
+// ring, which cancels the parked commands (devices with USER_RECOVERY then
+// stay QUIESCED for the next process). It does not wait; call Wait. A
+// queue on a shared thread leaves only when its device ends it (STOP_DEV,
+// QUIESCE_DEV) or its thread closes: Stop does nothing there. Idempotent.
+func (q *Queue) Stop() {
+	if q.private {
+		q.thread.stop()
+	}
+}
+
+// Private reports whether the queue has a server thread of its own.
+func (q *Queue) Private() bool { return q.private }
+
+// Thread returns the server thread serving the queue.
+func (q *Queue) Thread() *Thread { return q.thread }
 
 // Stats returns a snapshot of the queue's counters.
 func (q *Queue) Stats() QueueStats { return q.stats.snapshot() }
-
-// run is the queue goroutine. It locks its OS thread for its whole life and
-// never unlocks it: the thread carries per-thread kernel state (affinity,
-// PR_SET_IO_FLUSHER, the ring's single issuer, the ublk daemon identity), so
-// the runtime must discard it when the goroutine returns.
-func (q *Queue) run(ready chan<- error) {
-	runtime.LockOSThread()
-	var l *loop
-	defer func() {
-		if r := recover(); r != nil {
-			q.err = fmt.Errorf("queue %d of ublk %d: panic: %v", q.cfg.QID, q.cfg.DevID, r)
-		}
-		if l != nil {
-			l.close()
-		}
-		q.waker.Close()
-		select {
-		case ready <- q.err: // setup failed or panicked before ready
-		default:
-		}
-		close(q.done)
-	}()
-	l, err := q.setup()
-	if err != nil {
-		q.err = err
-		return
-	}
-	// Deferred after the cleanup above, so it runs first: once done is
-	// closed, the thread no longer counts.
-	procs.add(1)
-	defer procs.add(-1)
-	if err := l.fetchAll(); err != nil {
-		q.err = err
-		return
-	}
-	if err := unpin(l.home); err != nil {
-		q.err = err
-		return
-	}
-	ready <- nil
-	if err := l.serve(); err != nil {
-		q.err = fmt.Errorf("queue %d of ublk %d: %w", q.cfg.QID, q.cfg.DevID, err)
-	}
-}
 
 // threadSetup moves the locked thread to its home CPU (so buffers are first
 // touched on that CPU's memory node) and marks it an I/O flusher, so that

@@ -12,11 +12,13 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
 
-// hostLoop builds a queue loop on a real ring whose two registered files
-// are a scratch file, with a descriptor array in ordinary memory that the
-// test fills in place of the kernel. It exercises the dispatch path on any
-// kernel with io_uring: the backing I/O is real, the ublk commands fail
-// (a regular file has no uring_cmd) and are reaped by the test.
+// hostLoop builds a queue on a server thread's state, run on the test's
+// own locked thread: a real ring whose queue files are a scratch file, with
+// a descriptor array in ordinary memory that the test fills in place of the
+// kernel. It exercises the dispatch path on any kernel with io_uring: the
+// backing I/O is real, the ublk commands fail (a regular file has no
+// uring_cmd) and are reaped by the test. The queue sits in slot 1 of the
+// thread, so that user data and table slots are not all zero.
 func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop, *os.File) {
 	t.Helper()
 	runtime.LockOSThread()
@@ -29,24 +31,39 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 	if err := f.Truncate(1 << 20); err != nil {
 		t.Fatal(err)
 	}
+	th := &Thread{cfg: ThreadConfig{Tags: 4 * queueCost(depth), Queues: 2}, done: make(chan struct{})}
+	if err := th.reserve(depth); err != nil {
+		t.Fatal(err)
+	}
 	q := &Queue{cfg: QueueConfig{Depth: depth, CharFD: int(f.Fd()), MaxIOBytes: 64 << 10,
-		CPU: -1, Target: Target{Kind: kind, FD: int(f.Fd())}, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}}}
-	d := uint32(depth)
-	ring, err := uring.New(uring.Config{Entries: d + 1, CQEntries: 2*d + 2, Flags: ringFlags})
+		CPU: -1, Target: Target{Kind: kind, FD: int(f.Fd())}, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}},
+		thread: th, done: make(chan struct{})}
+	tags := uint32(th.cfg.Tags)
+	ring, err := uring.New(uring.Config{Entries: tags + 1, CQEntries: 2*tags + 2, Flags: ringFlags})
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := &loop{q: q, cfg: &q.cfg, ring: ring, tags: make([]tagState, depth), cqes: make([]uring.CQE, 2*d+2)}
-	t.Cleanup(l.close)
-	if err := l.register(); err != nil {
+	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 2*tags+2), slots: make([]*loop, 2),
+		free: []uint16{1}, bufSlots: newRangeAlloc(th.cfg.Tags)}
+	t.Cleanup(func() { s.close(nil) })
+	if err := s.register(); err != nil {
 		t.Fatal(err)
 	}
+	s.bufSlots.alloc(int(depth)) // slot 0's run: the queue's starts after it
+	l := newLoop(q)
 	l.descs = &descArea{mem: make([]byte, int(depth)*sizeofIODesc), depth: int(depth)}
 	if l.bufs, err = mapBuffers(depth, q.cfg.MaxIOBytes); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.registerBuffers(); err != nil {
+	if err := s.attach(l); err != nil {
 		t.Fatal(err)
+	}
+	// attach FETCHed every tag; on a regular file those fail at once.
+	for got := 0; got < int(depth); {
+		if _, err := ring.SubmitAndWait(1, 5*time.Second); err != nil {
+			t.Fatalf("reap fetches: %v", err)
+		}
+		got += ring.Reap(s.cqes)
 	}
 	return l, f
 }
@@ -65,10 +82,13 @@ func step(t testing.TB, l *loop, cmds []int32) []int32 {
 	if _, err := l.ring.SubmitAndWait(1, 5*time.Second); err != nil {
 		t.Fatalf("submit and wait: %v", err)
 	}
-	n := l.ring.Reap(l.cqes)
+	n := l.ring.Reap(l.s.cqes)
 	for i := range n {
-		c := &l.cqes[i]
-		kind, tag := decodeUD(c.UserData)
+		c := &l.s.cqes[i]
+		kind, slot, tag := decodeUD(c.UserData)
+		if slot != l.slot {
+			t.Fatalf("completion for slot %d, the queue is in slot %d", slot, l.slot)
+		}
 		if kind == udCmd {
 			cmds = append(cmds, c.Res)
 			continue
@@ -299,43 +319,43 @@ func TestStartQueueRejectsBadConfig(t *testing.T) {
 func TestLoopPoll(t *testing.T) {
 	l, _ := hostLoop(t, 2, TargetFile)
 	l.cfg.Options.Poll = time.Second
-	l.gapNs = int64(100 * time.Millisecond) // completions come within Poll
+	l.s.gapNs = int64(100 * time.Millisecond) // completions come within Poll
 	setDesc(l, 0, ioOpRead, 8, 0)
 	if err := l.onCmd(0, ioResOK); err != nil {
 		t.Fatal(err)
 	}
-	n, err := l.next(true)
+	n, err := l.s.next(true)
 	if err != nil || n != 1 {
 		t.Fatalf("next(busy) = %d, %v; want the backing completion", n, err)
 	}
-	if e := l.q.stats.enters.Load(); e != 0 {
+	if e := l.s.t.stats.enters.Load(); e != 0 {
 		t.Fatalf("%d waits in io_uring_enter, want none: the poll should have found the completion", e)
 	}
-	if err := l.onBacking(0, l.cqes[0].Res); err != nil {
+	if err := l.onBacking(0, l.s.cqes[0].Res); err != nil {
 		t.Fatal(err)
 	}
 	// The COMMIT fails at once on a regular file; reap it.
-	if n, err := l.next(true); err != nil || n != 1 {
+	if n, err := l.s.next(true); err != nil || n != 1 {
 		t.Fatalf("next(busy) = %d, %v; want the commit's completion", n, err)
 	}
-	if l.gapNs >= int64(100*time.Millisecond) {
-		t.Fatalf("wait average %v did not move toward the measured waits", time.Duration(l.gapNs))
+	if l.s.gapNs >= int64(100*time.Millisecond) {
+		t.Fatalf("wait average %v did not move toward the measured waits", time.Duration(l.s.gapNs))
 	}
-	l.cfg.Options.Poll, l.gapNs = 20*time.Millisecond, int64(10*time.Millisecond)
+	l.cfg.Options.Poll, l.s.gapNs = 20*time.Millisecond, int64(10*time.Millisecond)
 	start := time.Now()
-	if n, err := l.next(true); err != nil || n != 0 {
+	if n, err := l.s.next(true); err != nil || n != 0 {
 		t.Fatalf("next with nothing in flight = %d, %v", n, err)
 	}
 	if took := time.Since(start); took < l.cfg.Options.Poll {
 		t.Fatalf("idle poll returned after %v, before its %v budget", took, l.cfg.Options.Poll)
 	}
-	if e := l.q.stats.enters.Load(); e != 1 {
+	if e := l.s.t.stats.enters.Load(); e != 1 {
 		t.Fatalf("%d waits after an empty poll, want 1", e)
 	}
 	// Completions that usually take longer than Poll: no polling at all.
-	l.gapNs = int64(time.Second)
+	l.s.gapNs = int64(time.Second)
 	start = time.Now()
-	if n, err := l.next(true); err != nil || n != 0 {
+	if n, err := l.s.next(true); err != nil || n != 0 {
 		t.Fatalf("next with nothing in flight = %d, %v", n, err)
 	}
 	if took := time.Since(start); took >= l.cfg.Options.Poll {
@@ -350,40 +370,35 @@ func TestWaitFor(t *testing.T) {
 		backing int
 		want    uint32
 	}{{0, 1}, {1, 1}, {7, 1}, {8, 2}, {32, 8}, {64, 16}} {
-		if got := waitFor(c.backing); got != c.want {
-			t.Errorf("waitFor(%d) = %d, want %d", c.backing, got, c.want)
+		if got := (&threadLoop{backing: c.backing}).waitFor(); got != c.want {
+			t.Errorf("waitFor with %d backing = %d, want %d", c.backing, got, c.want)
 		}
 	}
 }
 
-// TestBatchWaitFor pins batch mode's wait: one CQE of news while a FETCH
-// is armed or backing I/O is in flight, none once neither can bring any
-// (a stopping device), plus one per PREP/COMMIT that owes its CQE.
+// TestBatchWaitFor pins the wait of a thread with batch-mode queues: one
+// CQE of news while a FETCH is armed (not a quarter of the backing I/O),
+// plus one per PREP/COMMIT that owes its CQE; without an armed FETCH, the
+// usual quarter of the backing I/O.
 func TestBatchWaitFor(t *testing.T) {
 	for _, c := range []struct {
 		name     string
-		fetching bool
+		fetchers int
 		backing  int
 		owed     int
 		want     uint32
 	}{
-		{"idle", true, 0, 0, 1},
-		{"busy, commit sent", true, 32, 1, 2},
-		{"fetch ended, backing in flight", false, 3, 0, 1},
-		{"fetch ended, last commit sent", false, 0, 1, 1},
-		{"fetch ended, nothing left", false, 0, 0, 0},
+		{"idle", 1, 0, 0, 1},
+		{"busy, commit sent", 1, 32, 1, 2},
+		{"two queues busy, two commits sent", 2, 64, 2, 3},
+		{"fetch ended, backing in flight", 0, 3, 0, 1},
+		{"fetch ended, much backing in flight", 0, 32, 0, 8},
+		{"fetch ended, last commit sent", 0, 0, 1, 2},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			b := &batch{fetching: c.fetching}
-			for i := range b.want {
-				b.want[i] = -1
-				if i < c.owed {
-					b.want[i] = 8
-				}
-			}
-			l := &loop{b: b, backing: c.backing}
-			if got := l.batchWaitFor(); got != c.want {
-				t.Fatalf("batchWaitFor = %d, want %d", got, c.want)
+			s := &threadLoop{fetchers: c.fetchers, backing: c.backing, batchCmds: c.owed}
+			if got := s.waitFor(); got != c.want {
+				t.Fatalf("waitFor = %d, want %d", got, c.want)
 			}
 		})
 	}
@@ -399,22 +414,22 @@ func TestLoopOffersBeforeSleeping(t *testing.T) {
 		if err := l.onCmd(0, ioResOK); err != nil {
 			t.Fatal(err)
 		}
-		l.offeredAt = monoNow() - int64(uring.OfferInterval) // due
+		l.s.offeredAt = monoNow() - int64(uring.OfferInterval) // due
 		if round == 1 {
-			l.offeredAt = monoNow() // just offered: not due again
+			l.s.offeredAt = monoNow() // just offered: not due again
 		}
-		before := l.offeredAt
-		n, err := l.next(true)
+		before := l.s.offeredAt
+		n, err := l.s.next(true)
 		if err != nil || n != 1 {
 			t.Fatalf("round %d: next = %d, %v; want the backing completion", round, n, err)
 		}
-		if offered := l.offeredAt != before; offered != (round == 0) {
+		if offered := l.s.offeredAt != before; offered != (round == 0) {
 			t.Fatalf("round %d: offered = %v, want %v", round, offered, round == 0)
 		}
-		if err := l.onBacking(0, l.cqes[0].Res); err != nil {
+		if err := l.onBacking(0, l.s.cqes[0].Res); err != nil {
 			t.Fatal(err)
 		}
-		if n, err := l.next(true); err != nil || n != 1 { // the failed COMMIT of a regular file
+		if n, err := l.s.next(true); err != nil || n != 1 { // the failed COMMIT of a regular file
 			t.Fatalf("round %d: next = %d, %v; want the commit's completion", round, n, err)
 		}
 	}

@@ -31,6 +31,10 @@ func (l *loop) throttle(tag uint16, now int64) bool {
 	}
 	l.held[(l.heldHead+l.heldLen)%len(l.held)] = tag
 	l.heldLen++
+	if !l.inHeld {
+		l.inHeld = true
+		l.s.held = append(l.s.held, l)
+	}
 	l.q.stats.throttled.Add(1)
 	return true
 }

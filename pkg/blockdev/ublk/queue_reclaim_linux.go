@@ -28,6 +28,10 @@ const DefaultIdleReclaim = 10 * time.Second
 func (l *loop) noteTailUse(t *tagState) {
 	if l.bufs != nil && t.req.len > l.fixed && (t.req.op == ioOpRead || t.req.op == ioOpWrite) {
 		l.tailsUsed, l.tailsAt = true, t.start
+		if !l.inTails {
+			l.inTails = true
+			l.s.tails = append(l.s.tails, l)
+		}
 	}
 }
 

@@ -167,7 +167,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	// Starting the queues without room for their threads would crash the
 	// process and every device with it; the device stays recorded, its
 	// I/O held, for a later Attach once the limit allows.
-	if err := checkThreads(s.cfg.ThreadRoom, st.Tuning.Queues); err != nil {
+	if err := s.checkThreads(st.Tuning.Queues); err != nil {
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
 	file, _, dio, err := openBacking(AttachSpec{VolumeID: st.VolumeID, File: st.File, SizeBytes: st.SizeBytes, ReadOnly: st.ReadOnly})
@@ -177,7 +177,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	lim := qos.New(st.Limits)
 	st.NowaitWrites = s.nowaitWrites(file, &st)
 	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: FileTarget(int(file.Fd())), DMAAlign: dio, Owner: s.owner,
-		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim})
+		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.threads})
 	if err != nil {
 		file.Close()
 		if errors.Is(err, unix.ENODEV) || errors.Is(err, ErrNotOwned) {

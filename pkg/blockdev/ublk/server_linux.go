@@ -40,12 +40,21 @@ type ServerConfig struct {
 	CPUs int
 	// MemoryBudget is the copy-mode buffer budget per device (0 = default).
 	MemoryBudget int64
-	// Queue is the queue threads' submission and wait policy.
+	// Queue is the queues' buffer, submission and wait policy.
 	Queue QueueOptions
+	// Threads is how many server threads serve every device's queues
+	// (0 = one per CPU the process may use); ThreadPerQueue instead
+	// gives each queue a thread of its own, the design before shared
+	// threads, kept for comparison in benchmarks.
+	Threads        int
+	ThreadPerQueue bool
+	// Thread sizes each server thread (zero: defaults).
+	Thread ThreadConfig
 	// ThreadRoom, when set, returns how many more threads the process
-	// may start (-1: no limit). A device whose queue threads would not
-	// fit is refused before anything is created, and a recorded one is
-	// left for a later Attach instead of re-adopted (see checkThreads).
+	// may start (-1: no limit). With ThreadPerQueue, a device whose queue
+	// threads would not fit is refused before anything is created, and a
+	// recorded one is left for a later Attach instead of re-adopted (see
+	// checkThreads). Shared threads start no thread per device.
 	ThreadRoom func() (int64, error)
 }
 
@@ -78,6 +87,7 @@ type Served struct {
 type Server struct {
 	cfg      ServerConfig
 	ctl      *Control
+	threads  *Threads // nil with ThreadPerQueue
 	features uint64
 	owner    uint64
 
@@ -125,8 +135,32 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 		return nil, nil, err
 	}
 	s := &Server{cfg: cfg, ctl: ctl, features: f, owner: OwnerToken(cfg.StateDir), devs: map[string]*served{}}
+	if !cfg.ThreadPerQueue {
+		n := cfg.Threads
+		if n <= 0 {
+			n = usableCPUs()
+		}
+		tc := cfg.Thread
+		tc.CPU = -1
+		if s.threads, err = NewThreads(n, tc); err != nil {
+			ctl.Close()
+			return nil, nil, err
+		}
+	}
 	return s, s.adopt(ctx), nil
 }
+
+// usableCPUs is how many CPUs the process may run on (its affinity mask).
+func usableCPUs() int {
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) != nil || set.Count() == 0 {
+		return runtime.NumCPU()
+	}
+	return set.Count()
+}
+
+// Threads returns the server threads (nil with ThreadPerQueue).
+func (s *Server) Threads() *Threads { return s.threads }
 
 // Features returns the driver's UBLK_F_* flags.
 func (s *Server) Features() uint64 { return s.features }
@@ -225,7 +259,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 	if err != nil {
 		return nil, err
 	}
-	if err := checkThreads(s.cfg.ThreadRoom, tun.Queues); err != nil {
+	if err := s.checkThreads(tun.Queues); err != nil {
 		return nil, err
 	}
 	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun,
@@ -236,7 +270,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		target = FileTarget(int(file.Fd()))
 	}
 	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
-		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Persist: func(info DevInfo) error {
+		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.threads, Persist: func(info DevInfo) error {
 			st.DevID, st.Flags = info.DevID, info.Flags
 			if spec.Null {
 				return nil // benchmark devices are never re-adopted
@@ -433,6 +467,17 @@ func (s *Server) List() []Served {
 	return out
 }
 
+// Err reports why the volume's device is not fully served (a failed queue
+// or server thread), nil when it is, and an error wrapping os.ErrNotExist
+// for a volume the server does not serve.
+func (s *Server) Err(id string) error {
+	sv := s.get(id)
+	if sv == nil {
+		return fmt.Errorf("ublk device of %s: %w", id, os.ErrNotExist)
+	}
+	return sv.dev.Err()
+}
+
 // Stats returns the queue counters of a volume's device, and whether this
 // process re-adopted the device from an earlier one.
 func (s *Server) Stats(id string) (queues []QueueStats, recovered bool) {
@@ -450,12 +495,19 @@ func (s *Server) Close() error {
 	s.devs = map[string]*served{}
 	s.mu.Unlock()
 	var errs []error
-	for _, sv := range devs {
+	for id, sv := range devs {
 		if sv.file == nil {
 			// Null devices are never re-adopted: remove them.
 			errs = append(errs, sv.dev.Delete(context.Background()))
-			continue
+			delete(devs, id)
 		}
+	}
+	if s.threads != nil {
+		// Closing the rings cancels every parked command at once: the
+		// devices stay QUIESCED, their I/O held.
+		errs = append(errs, s.threads.Close())
+	}
+	for _, sv := range devs {
 		errs = append(errs, sv.dev.Release(context.Background()))
 		sv.file.Close()
 	}
@@ -497,6 +549,15 @@ var ErrThreadLimit = errors.New("no room for queue threads under the pids limit"
 // queue threads: for the Go runtime, gRPC and the mkfs and mount children
 // the node service starts.
 const ThreadReserve = 16
+
+// checkThreads applies checkThreads to a device of queues queues, when
+// each queue gets a thread of its own; shared threads start none.
+func (s *Server) checkThreads(queues int) error {
+	if s.threads != nil {
+		return nil
+	}
+	return checkThreads(s.cfg.ThreadRoom, queues)
+}
 
 // checkThreads refuses a device of queues queues when room says the
 // process cannot start their threads and keep ThreadReserve free. Go

@@ -43,8 +43,6 @@ type QueueStats struct {
 	Latency [NumLatencyBuckets]uint64
 	// LatencyNs is the sum of all those latencies, in nanoseconds.
 	LatencyNs uint64
-	// Enters counts io_uring_enter calls (batches) of the queue thread.
-	Enters uint64
 	// Commits counts the commands that gave results back to the kernel:
 	// one per request, or in batch mode (UBLK_F_BATCH_IO) one per round.
 	Commits uint64
@@ -69,7 +67,7 @@ type queueStats struct {
 	inFlight                                  atomic.Int64
 	latency                                   [NumLatencyBuckets]atomic.Uint64
 	latencyNs                                 atomic.Uint64
-	enters, commits                           atomic.Uint64
+	commits                                   atomic.Uint64
 	reclaims                                  atomic.Uint64
 	throttled, throttledNs                    atomic.Uint64
 	nowaitRefused, nowaitPauses, mtimeUpdates atomic.Uint64
@@ -120,7 +118,6 @@ func (s *queueStats) snapshot() QueueStats {
 		BytesWritten:  s.bytesWritten.Load(),
 		Errors:        s.errors.Load(),
 		InFlight:      s.inFlight.Load(),
-		Enters:        s.enters.Load(),
 		Reclaims:      s.reclaims.Load(),
 		Throttled:     s.throttled.Load(),
 		ThrottledNs:   s.throttledNs.Load(),
@@ -147,7 +144,6 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.BytesWritten += b.BytesWritten
 	a.Errors += b.Errors
 	a.InFlight += b.InFlight
-	a.Enters += b.Enters
 	a.Reclaims += b.Reclaims
 	a.Throttled += b.Throttled
 	a.ThrottledNs += b.ThrottledNs

@@ -1,0 +1,262 @@
+package ublk
+
+import (
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+)
+
+// testThread starts a shared server thread that the test closes at its end
+// (after the queues' own cleanups, which run first).
+func testThread(t *testing.T) *Thread {
+	t.Helper()
+	th, err := NewThread(0, ThreadConfig{CPU: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := th.Close(); err != nil {
+			t.Errorf("close server thread: %v", err)
+		}
+	})
+	return th
+}
+
+// TestSharedThreadServesManyDevices proves the design at node scale in
+// miniature: one server thread serves the queues of six devices at once
+// (copy mode and, where the driver has it, zero copy side by side in one
+// buffer table), every device's data verifies under concurrent load, one
+// wake-up reaps completions of several devices, and devices leave (STOP_DEV)
+// without disturbing the others.
+func TestSharedThreadServesManyDevices(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	th := testThread(t)
+	const n, size = 6, 64 << 20
+	type dev struct {
+		d    *testDev
+		qs   []*Queue
+		path string
+		f    *os.File
+	}
+	devs := make([]dev, n)
+	for i := range devs {
+		var flags uint64
+		if i%2 == 1 && features(t, c)&FlagAutoBufReg != 0 {
+			flags = FlagAutoBufReg
+		}
+		f, _ := backingFile(t, size)
+		d := addTestDev(t, c, 2, 32, 512<<10, flags, size)
+		qs, path := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true}, []*Thread{th})
+		devs[i] = dev{d, qs, path, f}
+	}
+	if st := th.Stats(); st.Queues != 2*n {
+		t.Fatalf("thread serves %d queues, want %d", st.Queues, 2*n)
+	}
+	before := th.Stats()
+	var wg sync.WaitGroup
+	for _, d := range devs {
+		wg.Go(func() { checkParallel(t, d.path) })
+	}
+	wg.Wait()
+	after := th.Stats()
+	enters, cqes := after.Enters-before.Enters, after.CQEs-before.CQEs
+	t.Logf("%d devices on one thread: %d completions in %d waits (%.1f per wait)", n, cqes, enters, float64(cqes)/float64(max(enters, 1)))
+	if enters == 0 || cqes <= enters {
+		t.Fatalf("%d completions in %d waits: the thread did not reap several per wake-up", cqes, enters)
+	}
+	// Half the devices leave; the others go on serving.
+	for _, d := range devs[:n/2] {
+		if err := d.d.stop(); err != nil {
+			t.Fatal(err)
+		}
+		for _, q := range d.qs {
+			if err := q.Wait(); err != nil {
+				t.Fatalf("queue after STOP_DEV: %v", err)
+			}
+		}
+	}
+	if st := th.Stats(); st.Queues != n || st.Tags != n*queueCost(32) {
+		t.Fatalf("after %d devices left the thread serves %d queues, %d tags; want %d, %d", n/2, st.Queues, st.Tags, n, n*queueCost(32))
+	}
+	for _, d := range devs[n/2:] {
+		checkReadWrite(t, d.path, d.f)
+	}
+}
+
+// TestSharedThreadStopsUnstartedDevice proves that STOP_DEV ends the queues
+// of a device that never started (a failed creation): on a shared thread
+// nothing else could take their parked FETCHes back.
+func TestSharedThreadStopsUnstartedDevice(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	th := testThread(t)
+	f, _ := backingFile(t, 16<<20)
+	d := addTestDev(t, c, 2, 16, 128<<10, 0, 16<<20)
+	var qs []*Queue
+	for qid := range d.info.NrHWQueues {
+		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth, CharFD: d.charFD,
+			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: th, CPU: -1, Target: FileTarget(int(f.Fd()))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		qs = append(qs, q)
+	}
+	if err := c.StopDev(d.info.DevID); err != nil {
+		t.Fatalf("STOP_DEV of an unstarted device: %v", err)
+	}
+	for _, q := range qs {
+		select {
+		case <-q.Done():
+			if err := q.Wait(); err != nil {
+				t.Fatalf("queue after STOP_DEV: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("STOP_DEV did not end the queues of an unstarted device")
+		}
+	}
+	if st := th.Stats(); st.Queues != 0 {
+		t.Fatalf("thread still serves %d queues", st.Queues)
+	}
+}
+
+// TestSharedThreadIsFair proves that a device held back by its rate limit,
+// with a backlog of requests waiting, does not starve another device on
+// the same thread: the other's requests go through at their own pace.
+func TestSharedThreadIsFair(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	th := testThread(t)
+	const size = 16 << 20
+	slowF, _ := backingFile(t, size)
+	slow := addTestDev(t, c, 1, 32, 128<<10, 0, size)
+	lim := qos.New(qos.Limits{IOPS: 50})
+	var tick atomic.Int64
+	sq, err := StartQueue(QueueConfig{DevID: slow.info.DevID, Depth: 32, CharFD: slow.charFD, Flags: slow.info.Flags,
+		MaxIOBytes: slow.info.MaxIOBufBytes, Thread: th, CPU: -1, Target: FileTarget(int(slowF.Fd())), Limiter: lim, MtimeTick: &tick})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slowPath := slow.start(t)
+	t.Cleanup(func() { slow.stop(); sq.Wait() })
+	fastF, _ := backingFile(t, size)
+	fast := addTestDev(t, c, 1, 32, 128<<10, 0, size)
+	_, fastPath := startQueuesOn(t, fast, FileTarget(int(fastF.Fd())), QueueOptions{}, []*Thread{th})
+
+	// 32 readers keep the slow device's queue full of held requests.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 32 {
+		wg.Go(func() {
+			bd, err := os.OpenFile(slowPath, os.O_RDONLY|unix.O_DIRECT, 0)
+			if err != nil {
+				return
+			}
+			defer bd.Close()
+			buf := alignedBuf(t, 4096)
+			for j := 0; ; j++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				bd.ReadAt(buf, int64((i*64+j%64)*4096))
+			}
+		})
+	}
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(time.Second)
+	if st := sq.Stats(); st.Throttled == 0 || st.InFlight < 16 {
+		t.Fatalf("slow device not backlogged: %+v", st)
+	}
+	// 200 reads at queue depth 1 on the other device: at the slow one's
+	// 50 IOPS they would take 4 s; served fairly they take a fraction.
+	bd, err := os.OpenFile(fastPath, os.O_RDONLY|unix.O_DIRECT, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bd.Close()
+	buf := alignedBuf(t, 4096)
+	start := time.Now()
+	for i := range 200 {
+		if _, err := bd.ReadAt(buf, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	took := time.Since(start)
+	t.Logf("200 reads on the unlimited device in %v while the limited one holds %d requests", took, sq.Stats().InFlight)
+	if took > 3*time.Second {
+		t.Fatalf("200 reads took %v: the limited device's backlog slowed its neighbour", took)
+	}
+}
+
+// TestThreadFailureSurfaces proves that a server thread that fails (a
+// panic, injected here) is noticed at once: every queue it served ends with
+// ErrThreadDead, Queue.Err and the thread's Err say why, and the ring's
+// close leaves a device with user recovery QUIESCED, its I/O held, not
+// failed.
+func TestThreadFailureSurfaces(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	th := testThread(t)
+	f, _ := backingFile(t, 16<<20)
+	d := addTestDev(t, c, 2, 16, 128<<10, FlagUserRecovery|FlagUserRecoveryReissue, 16<<20)
+	qs, _ := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{}, []*Thread{th})
+	roundHook = func(s *threadLoop) {
+		if s.t == th {
+			panic("injected failure")
+		}
+	}
+	t.Cleanup(func() { roundHook = nil })
+	th.waker.Wake()
+	for _, q := range qs {
+		select {
+		case <-q.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("queue of a failed thread still runs")
+		}
+		if err := q.Wait(); !errors.Is(err, ErrThreadDead) {
+			t.Fatalf("queue ended with %v, want ErrThreadDead", err)
+		}
+		if err := q.Err(); !errors.Is(err, ErrThreadDead) {
+			t.Fatalf("Queue.Err = %v, want ErrThreadDead", err)
+		}
+	}
+	if err := th.Err(); !errors.Is(err, ErrThreadDead) {
+		t.Fatalf("Thread.Err = %v, want ErrThreadDead", err)
+	}
+	err := poll(t.Context(), 5*time.Second, func() (bool, error) {
+		info, err := c.GetDevInfo(d.info.DevID)
+		return err == nil && info.State == StateQuiesced, err
+	})
+	if err != nil {
+		t.Fatalf("device not QUIESCED after its thread failed: %v", err)
+	}
+	roundHook = nil
+	// Close of a failed thread reports its failure.
+	if err := th.Close(); !errors.Is(err, ErrThreadDead) {
+		t.Fatalf("Close of the failed thread = %v", err)
+	}
+}
+
+// TestThreadsPick checks that a Threads pool applies SpreadQueues (pinned
+// in tuning_test.go): a device's queues land on different threads. Host
+// test: server threads need only io_uring.
+func TestThreadsPick(t *testing.T) {
+	p, err := NewThreads(3, ThreadConfig{CPU: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	ths, err := p.pick(2, 64)
+	if err != nil || ths[0] == ths[1] {
+		t.Fatalf("pick(2 queues) = %v, %v: want two threads", ths, err)
+	}
+}
