@@ -16,13 +16,15 @@ import (
 // benchmark.
 func runBench(ctx context.Context, args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("bench: missing benchmark name (engine)")
+		return fmt.Errorf("bench: missing benchmark name (engine or scale)")
 	}
 	switch args[0] {
 	case "engine":
 		return runBenchEngine(ctx, args[1:])
+	case "scale":
+		return runBenchScale(ctx, args[1:])
 	}
-	return fmt.Errorf("bench: unknown benchmark %q (want engine)", args[0])
+	return fmt.Errorf("bench: unknown benchmark %q (want engine or scale)", args[0])
 }
 
 func runBenchEngine(ctx context.Context, args []string) error {

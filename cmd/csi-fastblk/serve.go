@@ -47,6 +47,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
 		"longest a ublk queue thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
 	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use)")
+	fs.BoolVar(&c.devices.ThreadPerQueue, "ublk-thread-per-queue", false, "benchmarks only: give each ublk queue a thread of its own (the design before shared server threads)")
 	fs.Func("ublk-batch-io", "fetch and commit ublk requests in batches (UBLK_F_BATCH_IO, Linux 7.0+) on new devices: off, auto (where the kernel offers it) or on (default off)",
 		func(s string) error {
 			_, err := ublk.ParseMode("--ublk-batch-io", s)

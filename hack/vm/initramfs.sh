@@ -133,7 +133,7 @@ stage_binaries() {
 		[[ ! -d $REPO_ROOT/$rel/testdata ]] || cp -r "$REPO_ROOT/$rel/testdata" "$out/"
 	done <"$VM_DIR/tests.list"
 	((${#failed[@]} == 0)) || log "warning: skipped (did not compile): ${failed[*]}"
-	cp "$VM_DIR/guest/run-steps.sh" "$VM_DIR/guest/lib.sh" "$VM_DIR/guest/bench.sh" "$ROOT/opt/fastblk/vm/"
+	cp "$VM_DIR/guest/run-steps.sh" "$VM_DIR/guest/lib.sh" "$VM_DIR/guest/bench.sh" "$VM_DIR/guest/bench-scale.sh" "$ROOT/opt/fastblk/vm/"
 	cp -r "$VM_DIR/guest/steps" "$ROOT/opt/fastblk/vm/"
 	chmod 0755 "$ROOT"/opt/fastblk/vm/*.sh "$ROOT"/opt/fastblk/vm/steps/*.sh
 	(cd "$REPO_ROOT" && git describe --always --dirty 2>/dev/null || echo unknown) >"$ROOT/opt/fastblk/BUILD"

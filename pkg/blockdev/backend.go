@@ -26,7 +26,10 @@ type BackendConfig struct {
 	BatchIO string
 	// Threads (ublk only) is how many server threads serve every
 	// device's queues; 0 means one per CPU the plugin may use.
-	Threads int
+	// ThreadPerQueue gives each queue a thread of its own instead, the
+	// design before shared threads, for benchmark comparisons.
+	Threads        int
+	ThreadPerQueue bool
 }
 
 // UblkControl is the ublk control device; its presence selects ublk in "auto".

@@ -47,8 +47,8 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
 		BatchIO:  batch,
-		Threads:  cfg.Threads,
-		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
+		Threads:  cfg.Threads, ThreadPerQueue: cfg.ThreadPerQueue,
+		Queue: ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 		ThreadRoom: func() (int64, error) {
 			room, err := PidsHeadroom(os.Getpid())
 			if err != nil {

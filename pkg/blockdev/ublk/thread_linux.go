@@ -381,6 +381,7 @@ type threadLoop struct {
 	// commands of batch mode that still owe their CQE, over every queue.
 	backing, serving, batchCmds int
 	fetchers                    int // batch-mode queues with their FETCH armed
+	attached                    int // queues the thread took, ever
 	// held are the queues holding requests for their rate limits,
 	// commits the batch-mode queues with results to send this round,
 	// tails the copy-mode queues whose buffer tails await a reclaim, and
@@ -439,7 +440,7 @@ func (s *threadLoop) serve() error {
 			s.reclaimIdle()
 		}
 		s.settle()
-		if s.t.private && len(s.free) == len(s.slots) {
+		if s.t.private && s.attached > 0 && len(s.free) == len(s.slots) {
 			return ErrQueueStopped // its queue is gone
 		}
 	}
@@ -736,6 +737,7 @@ func (s *threadLoop) attach(l *loop) error {
 	s.free = s.free[:len(s.free)-1]
 	s.slots[slot] = l
 	l.attached = true
+	s.attached++
 	if err := l.fetchAll(); err != nil {
 		// The FETCHes that went in complete with the ring; the queue
 		// cannot serve without the others.

@@ -1,0 +1,352 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// scaleConfig is one run of `csi-fastblk bench scale`: fio on many devices
+// at once, csi-fastblk volumes driven over CSI or kernel loop devices.
+type scaleConfig struct {
+	mode       string // "csi" or "loop"
+	endpoint   string // csi: the plugin's CSI endpoint
+	pid        int    // csi: the plugin's pid, for its threads, RSS and CPU
+	volumes    int
+	size       int64
+	rw, bs     string
+	iodepth    int
+	jobs       int // fio jobs per volume
+	runtime    int // seconds
+	fio        string
+	losetup    string
+	dir        string // work directory on the data disk
+	params     string // csi: StorageClass parameters, k=v,k=v
+	mkfsSample int    // csi: volumes staged with ext4 to time stage + mkfs
+}
+
+// runBenchScale runs fio (4k random at a small depth on every device at
+// once, by default) over N csi-fastblk volumes, each created, staged and
+// published over CSI as kubelet would, or over N kernel loop devices with
+// direct I/O on files of the same size, and prints one SCALE line of
+// key=value figures for hack/vm/bench-scale.sh to tabulate.
+func runBenchScale(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("bench scale", flag.ContinueOnError)
+	var c scaleConfig
+	var size string
+	fs.StringVar(&c.mode, "mode", "csi", "csi (volumes through the plugin) or loop (kernel loop devices with direct I/O)")
+	fs.StringVar(&c.endpoint, "endpoint", "unix:///tmp/csi-fastblk.sock", "the plugin's CSI endpoint (mode csi)")
+	fs.IntVar(&c.pid, "pid", 0, "the plugin's pid, for its threads, RSS and CPU (mode csi)")
+	fs.IntVar(&c.volumes, "volumes", 16, "volumes (devices) busy at once")
+	fs.StringVar(&size, "size", "64Mi", "size of each volume")
+	fs.StringVar(&c.rw, "rw", "randread", "fio --rw")
+	fs.StringVar(&c.bs, "bs", "4k", "fio --bs")
+	fs.IntVar(&c.iodepth, "iodepth", 4, "fio --iodepth of each job")
+	fs.IntVar(&c.jobs, "jobs", 1, "fio jobs per volume")
+	fs.IntVar(&c.runtime, "runtime", 10, "seconds of each fio run (plus 2 s ramp)")
+	fs.StringVar(&c.fio, "fio", "/usr/bin/fio", "fio binary")
+	fs.StringVar(&c.losetup, "losetup", "/usr/sbin/losetup", "losetup binary (mode loop)")
+	fs.StringVar(&c.dir, "dir", "/data/scale", "work directory (backing files, staging and target paths)")
+	fs.StringVar(&c.params, "params", "", "StorageClass parameters of the volumes, k=v,k=v (mode csi)")
+	fs.IntVar(&c.mkfsSample, "mkfs-sample", 4, "volumes also staged with ext4, to time stage with its first mkfs (mode csi)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if c.size, err = parseBenchSize(size); err != nil {
+		return fmt.Errorf("bench scale: --size: %w", err)
+	}
+	if c.volumes < 1 || c.jobs < 1 || c.iodepth < 1 {
+		return fmt.Errorf("bench scale: --volumes, --jobs and --iodepth must be positive")
+	}
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		return err
+	}
+	switch c.mode {
+	case "csi":
+		return scaleCSI(ctx, c)
+	case "loop":
+		return scaleLoop(ctx, c)
+	}
+	return fmt.Errorf("bench scale: --mode %q: want csi or loop", c.mode)
+}
+
+// scaleCSI measures csi-fastblk volumes through the plugin.
+func scaleCSI(ctx context.Context, c scaleConfig) error {
+	conn, err := grpc.NewClient(c.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctrl, node := csi.NewControllerClient(conn), csi.NewNodeClient(conn)
+	params := map[string]string{}
+	for kv := range strings.SplitSeq(c.params, ",") {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			params[k] = v
+		}
+	}
+	block := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}
+	ext4 := &csi.VolumeCapability{AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
+		AccessMode: block.AccessMode}
+	type vol struct{ id, staging, target string }
+	var vols []vol
+	cleanup := func() {
+		for _, v := range vols {
+			node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: v.id, TargetPath: v.target})
+			node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging})
+			ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: v.id})
+		}
+		vols = nil
+	}
+	defer cleanup()
+	// create, stage and publish one volume; stage time is returned.
+	provision := func(name string, cap *csi.VolumeCapability) (vol, time.Duration, error) {
+		r, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, Parameters: params,
+			CapacityRange: &csi.CapacityRange{RequiredBytes: c.size}, VolumeCapabilities: []*csi.VolumeCapability{cap}})
+		if err != nil {
+			return vol{}, 0, fmt.Errorf("create %s: %w", name, err)
+		}
+		v := vol{id: r.Volume.VolumeId, staging: filepath.Join(c.dir, name+".staging"), target: filepath.Join(c.dir, name+".target")}
+		vols = append(vols, v)
+		if err := os.MkdirAll(v.staging, 0o755); err != nil {
+			return v, 0, err
+		}
+		start := time.Now()
+		if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging,
+			VolumeCapability: cap, VolumeContext: r.Volume.VolumeContext}); err != nil {
+			return v, 0, fmt.Errorf("stage %s: %w", name, err)
+		}
+		took := time.Since(start)
+		if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: v.id, StagingTargetPath: v.staging,
+			TargetPath: v.target, VolumeCapability: cap, VolumeContext: r.Volume.VolumeContext}); err != nil {
+			return v, took, fmt.Errorf("publish %s: %w", name, err)
+		}
+		return v, took, nil
+	}
+	var attach []time.Duration
+	var devs []string
+	for i := range c.volumes {
+		v, took, err := provision(fmt.Sprintf("scale-%d", i), block)
+		if err != nil {
+			return err
+		}
+		attach = append(attach, took)
+		devs = append(devs, v.target)
+	}
+	if err := c.fill(ctx, devs); err != nil {
+		return err
+	}
+	before, err := procSample(c.pid)
+	if err != nil {
+		return err
+	}
+	ios, err := c.runFio(ctx, devs)
+	if err != nil {
+		return err
+	}
+	after, err := procSample(c.pid)
+	if err != nil {
+		return err
+	}
+	line := c.describe(ios)
+	line += fmt.Sprintf(" attach_ms_median=%.1f attach_ms_max=%.1f threads=%d rss_mib=%.1f", ms(median(attach)), ms(slices.Max(attach)),
+		after.threads, float64(after.rssKiB)/1024)
+	if ios.total > 0 {
+		line += fmt.Sprintf(" cpu_us_per_io=%.2f ctxsw_per_io=%.3f",
+			float64(after.cpuTicks-before.cpuTicks)*1e6/clockTicks/float64(ios.total),
+			float64(after.ctxsw-before.ctxsw)/float64(ios.total))
+	}
+	// Stage time with the first mkfs, on a few more volumes.
+	var staged []time.Duration
+	for i := range c.mkfsSample {
+		_, took, err := provision(fmt.Sprintf("scale-fs-%d", i), ext4)
+		if err != nil {
+			return err
+		}
+		staged = append(staged, took)
+	}
+	if len(staged) > 0 {
+		line += fmt.Sprintf(" stage_mkfs_ms_median=%.1f stage_mkfs_ms_max=%.1f", ms(median(staged)), ms(slices.Max(staged)))
+	}
+	fmt.Println(line)
+	return nil
+}
+
+// scaleLoop measures kernel loop devices with direct I/O on files of the
+// same size.
+func scaleLoop(ctx context.Context, c scaleConfig) error {
+	var devs []string
+	defer func() {
+		for _, d := range devs {
+			exec.Command(c.losetup, "-d", d).Run()
+		}
+	}()
+	for i := range c.volumes {
+		file := filepath.Join(c.dir, fmt.Sprintf("loop-%d.img", i))
+		if err := os.WriteFile(file, nil, 0o600); err != nil {
+			return err
+		}
+		if err := os.Truncate(file, c.size); err != nil {
+			return err
+		}
+		defer os.Remove(file)
+		out, err := exec.CommandContext(ctx, c.losetup, "--direct-io=on", "--find", "--show", file).Output()
+		if err != nil {
+			return fmt.Errorf("losetup %s: %w", file, err)
+		}
+		devs = append(devs, strings.TrimSpace(string(out)))
+	}
+	if err := c.fill(ctx, devs); err != nil {
+		return err
+	}
+	ios, err := c.runFio(ctx, devs)
+	if err != nil {
+		return err
+	}
+	fmt.Println(c.describe(ios))
+	return nil
+}
+
+// fioResult is what runFio measured over every job.
+type fioResult struct {
+	iops  float64
+	total uint64 // I/Os completed
+}
+
+// fill writes every device once, so that reads hit real blocks and writes
+// overwrite, in both modes alike.
+func (c scaleConfig) fill(ctx context.Context, devs []string) error {
+	args := []string{"--ioengine=io_uring", "--direct=1", "--rw=write", "--bs=1M", "--iodepth=4", "--output-format=terse"}
+	for i, d := range devs {
+		args = append(args, fmt.Sprintf("--name=fill%d", i), "--filename="+d)
+	}
+	if out, err := exec.CommandContext(ctx, c.fio, args...).CombinedOutput(); err != nil {
+		return fmt.Errorf("fio fill: %w: %s", err, out)
+	}
+	return nil
+}
+
+// runFio runs the measured workload on every device at once.
+func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, error) {
+	args := []string{"--ioengine=io_uring", "--direct=1", "--rw=" + c.rw, "--bs=" + c.bs, "--iodepth=" + strconv.Itoa(c.iodepth),
+		"--numjobs=" + strconv.Itoa(c.jobs), "--time_based", "--runtime=" + strconv.Itoa(c.runtime), "--ramp_time=2",
+		"--norandommap", "--randrepeat=0", "--group_reporting", "--output-format=json"}
+	for i, d := range devs {
+		args = append(args, fmt.Sprintf("--name=v%d", i), "--filename="+d)
+	}
+	out, err := exec.CommandContext(ctx, c.fio, args...).Output()
+	if err != nil {
+		return fioResult{}, fmt.Errorf("fio: %w", err)
+	}
+	var res struct {
+		Jobs []struct {
+			Read, Write struct {
+				IOPS     float64 `json:"iops"`
+				TotalIOs uint64  `json:"total_ios"`
+			}
+		} `json:"jobs"`
+	}
+	if i := strings.IndexByte(string(out), '{'); i > 0 {
+		out = out[i:] // fio may print notes before the JSON
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		return fioResult{}, fmt.Errorf("fio output: %w", err)
+	}
+	var r fioResult
+	for _, j := range res.Jobs {
+		r.iops += j.Read.IOPS + j.Write.IOPS
+		r.total += j.Read.TotalIOs + j.Write.TotalIOs
+	}
+	return r, nil
+}
+
+func (c scaleConfig) describe(r fioResult) string {
+	return fmt.Sprintf("SCALE mode=%s volumes=%d rw=%s bs=%s iodepth=%d jobs=%d iops=%.0f", c.mode, c.volumes, c.rw, c.bs, c.iodepth, c.jobs, r.iops)
+}
+
+// clockTicks is USER_HZ, the unit of /proc/<pid>/stat's CPU times (100 on
+// every Linux architecture csi-fastblk runs on).
+const clockTicks = 100
+
+// procFigures are a process's threads, resident memory, CPU time and
+// context switches (all its threads).
+type procFigures struct {
+	threads  int
+	rssKiB   int64
+	cpuTicks int64
+	ctxsw    int64
+}
+
+// procSample reads procFigures of pid from /proc; pid 0 reads nothing.
+func procSample(pid int) (procFigures, error) {
+	var f procFigures
+	if pid == 0 {
+		return f, nil
+	}
+	base := fmt.Sprintf("/proc/%d", pid)
+	status, err := os.ReadFile(base + "/status")
+	if err != nil {
+		return f, err
+	}
+	for line := range strings.SplitSeq(string(status), "\n") {
+		k, v, _ := strings.Cut(line, ":")
+		fields := strings.Fields(v)
+		if len(fields) == 0 {
+			continue
+		}
+		n, _ := strconv.ParseInt(fields[0], 10, 64)
+		switch k {
+		case "Threads":
+			f.threads = int(n)
+		case "VmRSS":
+			f.rssKiB = n
+		}
+	}
+	stat, err := os.ReadFile(base + "/stat")
+	if err != nil {
+		return f, err
+	}
+	// Fields after the command's closing parenthesis: utime and stime
+	// are the 12th and 13th of them.
+	rest := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	if len(rest) > 12 {
+		u, _ := strconv.ParseInt(rest[11], 10, 64)
+		s, _ := strconv.ParseInt(rest[12], 10, 64)
+		f.cpuTicks = u + s
+	}
+	tasks, _ := filepath.Glob(base + "/task/*/status")
+	for _, t := range tasks {
+		b, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.HasSuffix(k, "ctxt_switches") {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				f.ctxsw += n
+			}
+		}
+	}
+	return f, nil
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
