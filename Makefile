@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
-.PHONY: all build static deps run test unit sanity integration e2e-vm bench-engine bench-vm \
+.PHONY: all build static deps run test unit sanity integration e2e-vm bench bench-engine bench-vm bench-scale \
         chart-test deploy image lint fmt vet clean
 
 all: build
@@ -49,8 +49,16 @@ sanity:
 e2e-vm: static
 	hack/vm/e2e.sh
 
+# Every benchmark, one markdown report (bin/benchmarks.md; UPDATE_DOCS=1
+# also writes docs/benchmarks.md). Hours under TCG; not part of test.
+bench: deps build static
+	hack/bench/all.sh
+
 bench-engine: build
 	hack/bench/engine.sh
+
+bench-scale: static
+	hack/vm/bench-scale.sh --compare
 
 bench-vm: static
 	hack/vm/bench.sh

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# all.sh (make bench) runs every benchmark the project has and writes one
+# markdown report with the machine, the kernels, the parameters and each
+# benchmark's table (medians of several runs, with the ratios to its anchor
+# measured in the same run): the engine against fio on this machine
+# (hack/bench/engine.sh), one ublk volume against the kernel loop device in
+# the VM on each kernel (hack/vm/bench.sh), and many volumes at once against
+# as many loop devices (hack/vm/bench-scale.sh --compare). Benchmarks, not
+# tests: it fails only when a benchmark fails to run.
+#
+# Environment: BENCH_REPS (default 3), BENCH_RUNTIME (seconds per fio run,
+#   default 10), BENCH_ONLY (space-separated subset of: engine vm scale),
+#   BENCH_OUT (default bin/benchmarks.md); UPDATE_DOCS=1 also copies the
+#   report to docs/benchmarks.md.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+reps=${BENCH_REPS:-3}
+runtime=${BENCH_RUNTIME:-10}
+only=${BENCH_ONLY:-"engine vm scale"}
+out=${BENCH_OUT:-bin/benchmarks.md}
+mkdir -p "$(dirname "$out")"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+
+# section TITLE COMMAND... runs a benchmark, keeps its output for the
+# report, and records a failure without stopping the others.
+section() {
+	local title=$1
+	shift
+	echo "== $title: $*" >&2
+	local t0=$SECONDS rc=0
+	"$@" >"$tmp/out" 2>"$tmp/err" || rc=$?
+	{
+		echo "## $title"
+		echo
+		echo "Command: \`$*\` ($((SECONDS - t0)) s$( ((rc == 0)) || echo ", FAILED with exit $rc"))"
+		echo
+		echo '```'
+		cat "$tmp/out"
+		echo '```'
+		echo
+	} >>"$tmp/report"
+	((rc == 0)) || { status=1; tail -20 "$tmp/err" >&2; }
+}
+
+{
+	echo "# csi-fastblk benchmarks"
+	echo
+	echo "Made by \`make bench\` (hack/bench/all.sh) on $(date -u +%Y-%m-%d) at commit $(git rev-parse --short HEAD)$(git diff --quiet || echo ' (with local changes)')."
+	echo "Machine: $(nproc) CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'))," \
+		"$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), host kernel $(uname -r)."
+	echo "VM figures are measured under qemu TCG (no KVM): only ratios within one run mean anything."
+	echo "Repetitions: $reps; fio runs of ${runtime} s. Every ratio is to an anchor measured in the same run."
+	echo
+} >"$tmp/report"
+
+for b in $only; do
+	case $b in
+	engine) section "Engine against fio (this machine)" env REPS="$reps" RUNTIME="$runtime" hack/bench/engine.sh ;;
+	vm) section "One ublk volume against the kernel loop device (VM)" hack/vm/bench.sh --reps "$reps" --runtime "$runtime" ;;
+	scale) section "Many volumes at once (VM)" hack/vm/bench-scale.sh --compare --reps "$reps" --runtime "$runtime" ;;
+	*) echo "unknown benchmark $b (want engine, vm or scale)" >&2; exit 2 ;;
+	esac
+done
+cp "$tmp/report" "$out"
+echo "report: $out" >&2
+if [[ ${UPDATE_DOCS:-0} == 1 ]]; then
+	cp "$out" docs/benchmarks.md
+	echo "copied to docs/benchmarks.md" >&2
+fi
+exit "$status"
