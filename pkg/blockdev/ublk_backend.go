@@ -241,3 +241,17 @@ func (b *ublkBackend) IOStats(volumeID string) (IOStats, bool) {
 	st.LatencyCount = cum + total.Latency[len(ublk.LatencyBuckets)]
 	return st, true
 }
+
+var _ Quiescer = (*ublkBackend)(nil)
+
+// Quiesce holds the I/O of the volume's device until resume: requests that
+// arrive wait in the server, and none reaches the backing file (ublk.Server
+// Pause), so a snapshot or clone of a raw block volume in use is crash
+// consistent.
+func (b *ublkBackend) Quiesce(ctx context.Context, volumeID string) (func() error, error) {
+	resume, err := b.srv.Pause(ctx, volumeID)
+	if err != nil {
+		return nil, ublkErr("quiesce "+volumeID, err)
+	}
+	return func() error { resume(); return nil }, nil
+}

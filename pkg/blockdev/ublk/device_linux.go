@@ -55,8 +55,10 @@ type Device struct {
 	info   DevInfo
 	char   int // /dev/ublkcN, -1 once released
 	queues []*Queue
-	// mtimeTick is the queues' shared QueueConfig.MtimeTick.
+	// mtimeTick is the queues' shared QueueConfig.MtimeTick, gate
+	// their QueueConfig.Gate.
 	mtimeTick atomic.Int64
+	gate      Gate
 }
 
 // Info returns the device's negotiated info.
@@ -84,6 +86,48 @@ func (d *Device) Nudge() {
 	for _, q := range d.queues {
 		q.thread.waker.Wake()
 	}
+}
+
+// pauseWait bounds how long Pause waits for the backing I/O in flight.
+const pauseWait = 10 * time.Second
+
+// Pause holds every request that reaches the device from now on and waits
+// until none of its backing operations is in flight: the backing file then
+// holds every write acknowledged before and none after, and stays so until
+// resume is called. The block device's users only see slower I/O. Used to
+// copy or clone a raw block volume in use consistently.
+func (d *Device) Pause(ctx context.Context) (resume func(), err error) {
+	d.gate.Close()
+	resume = func() {
+		d.gate.Open()
+		d.Nudge()
+	}
+	// A thread that began a round after the gate closed sees it for
+	// every request of that round: two rounds on from now, whatever it
+	// issued before is counted in backing.
+	start := make([]uint64, len(d.queues))
+	for i, q := range d.queues {
+		start[i] = q.thread.stats.rounds.Load()
+	}
+	err = poll(ctx, pauseWait, func() (bool, error) {
+		d.Nudge()
+		for i, q := range d.queues {
+			select {
+			case <-q.Done():
+				continue
+			default:
+			}
+			if q.thread.stats.rounds.Load() < start[i]+2 || q.stats.backing.Load() != 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		resume()
+		return nil, fmt.Errorf("pause ublk device %d: %w", d.ID(), err)
+	}
+	return resume, nil
 }
 
 // Err reports why the device is not fully served: the first failure of
@@ -204,7 +248,7 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 		qc := QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char, CPU: -1,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
-			MtimeTick: &d.mtimeTick,
+			MtimeTick: &d.mtimeTick, Gate: &d.gate,
 		}
 		if threads != nil {
 			qc.Thread = threads[q]

@@ -103,6 +103,7 @@ func (l *loop) issue(tag uint16) error {
 	sqe.UserData = encodeUD(udBacking, l.slot, tag)
 	l.backing++
 	l.s.backing++
+	l.q.stats.backing.Add(1)
 	return nil
 }
 
@@ -150,6 +151,7 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 	}
 	l.backing--
 	l.s.backing--
+	l.q.stats.backing.Add(-1)
 	if l.backing == 0 && l.inEnding == false && (l.failed || l.aborted > 0) {
 		l.mayEnd()
 	}

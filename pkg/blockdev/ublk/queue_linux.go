@@ -86,6 +86,9 @@ type QueueConfig struct {
 	// Limiter paces reads and writes (queue_qos_linux.go); it is shared
 	// by the device's queues. nil means unlimited.
 	Limiter *qos.Limiter
+	// Gate pauses the device's queues (Device.Pause); shared by them.
+	// nil: never paused.
+	Gate *Gate
 	// MtimeTick is shared by the device's queues, so that one mtime
 	// update per clock tick serves them all (freshenMtime). nil: the
 	// queue keeps its own.

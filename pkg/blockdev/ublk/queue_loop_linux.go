@@ -89,9 +89,9 @@ func newLoop(q *Queue) *loop {
 	if l.mtimeTick == nil {
 		l.mtimeTick = new(atomic.Int64)
 	}
-	if cfg.Limiter != nil {
+	if cfg.Limiter != nil || cfg.Gate != nil {
 		l.held = make([]uint16, cfg.Depth)
-		l.limGen = cfg.Limiter.Gen()
+		l.limGen = l.gen()
 	}
 	return l
 }

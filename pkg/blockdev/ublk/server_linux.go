@@ -467,6 +467,16 @@ func (s *Server) List() []Served {
 	return out
 }
 
+// Pause holds the I/O of the volume's device until resume (Device.Pause),
+// so its backing file can be copied or cloned consistently while in use.
+func (s *Server) Pause(ctx context.Context, id string) (resume func(), err error) {
+	sv := s.get(id)
+	if sv == nil {
+		return nil, fmt.Errorf("pause %s: %w", id, os.ErrNotExist)
+	}
+	return sv.dev.Pause(ctx)
+}
+
 // Err reports why the volume's device is not fully served (a failed queue
 // or server thread), nil when it is, and an error wrapping os.ErrNotExist
 // for a volume the server does not serve.

@@ -65,6 +65,7 @@ type queueStats struct {
 	bytesRead, bytesWritten                   atomic.Uint64
 	errors                                    atomic.Uint64
 	inFlight                                  atomic.Int64
+	backing                                   atomic.Int64 // backing operations in flight (Device.Pause waits for none)
 	latency                                   [NumLatencyBuckets]atomic.Uint64
 	latencyNs                                 atomic.Uint64
 	commits                                   atomic.Uint64
