@@ -132,6 +132,23 @@ stage_binaries() {
 		[[ -f $out/$name.test ]] || log "warning: $pkg has no test files"
 		[[ ! -d $REPO_ROOT/$rel/testdata ]] || cp -r "$REPO_ROOT/$rel/testdata" "$out/"
 	done <"$VM_DIR/tests.list"
+	# The race detector needs cgo: these packages' tests are also built
+	# with -race, linked statically, for steps/43-ublk-race.sh (the server
+	# threads' concurrency only shows against the real kernel).
+	for pkg in ./pkg/blockdev/ublk; do
+		rel=${pkg#./}
+		name=$(basename "$rel")
+		log "go test -race -c $pkg"
+		# (glibc warns that static binaries may need its shared
+		# libraries for name lookups, which the tests do not do.)
+		if ! (cd "$REPO_ROOT" && CGO_ENABLED=1 go test -race -c -trimpath -ldflags='-linkmode=external -extldflags=-static' \
+			-o "$ROOT/opt/fastblk/$rel/$name.race.test" "$pkg" >"$ROOT/race-build.log" 2>&1); then
+			cat "$ROOT/race-build.log" >&2
+			((KEEP_GOING)) || die "race build of $pkg failed"
+			failed+=("$pkg (race)")
+		fi
+		rm -f "$ROOT/race-build.log"
+	done
 	((${#failed[@]} == 0)) || log "warning: skipped (did not compile): ${failed[*]}"
 	cp "$VM_DIR/guest/run-steps.sh" "$VM_DIR/guest/lib.sh" "$VM_DIR/guest/bench.sh" "$VM_DIR/guest/bench-scale.sh" "$ROOT/opt/fastblk/vm/"
 	cp -r "$VM_DIR/guest/steps" "$ROOT/opt/fastblk/vm/"
