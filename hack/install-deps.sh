@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
 	e2fsprogs xfsprogs util-linux mount   # mkfs, resize, blkid, losetup, mount
 	fio                                   # benchmarks and verify tests
+	gcc libc6-dev                         # cgo, for the race-detector build of the ublk tests (VM step 43)
 	qemu-system-x86 busybox-static cpio xz-utils zstd file debian-archive-keyring  # the ublk VM harness
 )
 
