@@ -61,6 +61,11 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 		return nil, ublkErr("ublk backend", err)
 	}
 	b := &ublkBackend{cfg: cfg, srv: srv, startup: startup}
+	if p := srv.Threads(); p != nil {
+		for _, t := range p.Threads() {
+			go b.watchThread(t)
+		}
+	}
 	for _, s := range srv.List() {
 		if _, err := b.link(s.VolumeID, s.Path); err != nil {
 			b.startup = append(b.startup, err)
@@ -254,4 +259,23 @@ func (b *ublkBackend) Quiesce(ctx context.Context, volumeID string) (func() erro
 		return nil, ublkErr("quiesce "+volumeID, err)
 	}
 	return func() error { resume(); return nil }, nil
+}
+
+// watchThread logs a server thread's failure the moment it happens, with the
+// volumes it served: their devices hold their I/O (state "failed" in their
+// stats and health) until the plugin restarts and re-adopts them.
+func (b *ublkBackend) watchThread(t *ublk.Thread) {
+	<-t.Done()
+	err := t.Err()
+	if err == nil {
+		return // closed with the server
+	}
+	var vols []string
+	for _, s := range b.srv.List() {
+		if e := b.srv.Err(s.VolumeID); e != nil && errors.Is(e, ublk.ErrThreadDead) {
+			vols = append(vols, s.VolumeID)
+		}
+	}
+	klog.ErrorS(err, "ublk server thread failed: its devices hold their I/O until the plugin restarts and re-adopts them",
+		"thread", t.ID(), "volumes", vols)
 }
