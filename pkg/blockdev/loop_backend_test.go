@@ -1,11 +1,15 @@
 package blockdev_test
 
 import (
+	"context"
+	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backendtest"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/loop"
 )
 
 func TestLoopBackend(t *testing.T) {
@@ -16,4 +20,55 @@ func TestLoopBackend(t *testing.T) {
 		}
 		return b
 	})
+}
+
+// TestLoopBackendLeavesForeignDevices proves that the loop backend acts only
+// on loop devices carrying its own mark: a device someone else bound to the
+// same volume file (another node on this kernel reports the same path) is
+// never listed, adopted or detached.
+func TestLoopBackendLeavesForeignDevices(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices")
+	}
+	ctx := context.Background()
+	dataDir := t.TempDir()
+	s, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: dataDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v, err := s.CreateVolume(ctx, blockdev.VolumeSpec{Name: "shared", SizeBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := s.VolumeFile(v.ID)
+	foreign, err := loop.Attach(file, loop.Options{DirectIO: true, BlockSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(foreign.Path, 10*time.Second) })
+
+	b, err := blockdev.NewBackend("loop", blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(dataDir, "dev")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := b.List(ctx); err != nil || len(l) != 0 {
+		t.Fatalf("List = %+v, %v; want nothing (the only device is foreign)", l, err)
+	}
+	d, err := b.Attach(ctx, blockdev.AttachRequest{VolumeID: v.ID, File: file, SizeBytes: v.SizeBytes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Path == foreign.Path {
+		t.Fatalf("Attach adopted the foreign device %s", foreign.Path)
+	}
+	if l, _ := b.List(ctx); len(l) != 1 || l[0].Path != d.Path {
+		t.Fatalf("List = %+v, want only %s", l, d.Path)
+	}
+	if err := b.Detach(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := loop.Get(foreign.Number); err != nil || got.BackingFile != file {
+		t.Fatalf("foreign device after Detach: %+v, %v; want it still bound to %s", got, err, file)
+	}
 }

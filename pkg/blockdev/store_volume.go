@@ -151,7 +151,7 @@ func classify(err error) error {
 // IDs return nil. A volume whose node state says it is staged or attached
 // returns ErrBusy. Snapshots of the volume are independent files and do not
 // block deletion.
-func (s *Store) DeleteVolume(ctx context.Context, id string) error {
+func (s *Store) DeleteVolume(ctx context.Context, id string, detach func(ctx context.Context, volumeID string) error) error {
 	if !isVolumeID(id) {
 		return nil
 	}

@@ -241,7 +241,11 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 			if spec.Null {
 				return nil // benchmark devices are never re-adopted
 			}
-			return saveState(s.cfg.StateDir, st)
+			if err := saveState(s.cfg.StateDir, st); err != nil {
+				return err
+			}
+			failAt(fpStateSaved)
+			return nil
 		}}
 	dev, err := CreateDevice(ctx, s.ctl, cfg)
 	if err != nil {

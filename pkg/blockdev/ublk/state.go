@@ -114,3 +114,11 @@ func loadStates(dir string) ([]State, error) {
 
 // States returns the device records in a state directory.
 func States(dir string) ([]State, error) { return loadStates(dir) }
+
+// Quarantined lists the state files set aside in dir. (stub)
+func Quarantined(dir string) ([]string, error) { return nil, nil }
+
+func removeStaleTemps(dir string) {} // stub
+
+// Quarantined (stub).
+func (s *Server) Quarantined() []string { return nil }
