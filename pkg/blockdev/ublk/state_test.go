@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // TestStateRoundTrip writes, reloads and removes device records, and checks
@@ -52,8 +54,9 @@ func TestOwnerToken(t *testing.T) {
 }
 
 // TestStateCorruptFileSetAside proves that a state file that does not
-// decode is renamed aside (never deleted, never read as a state again) and
-// listed by Quarantined, while the other states still load.
+// decode is renamed aside at start-up (never deleted, never read as a
+// state again) and listed by Quarantined, while the other states still
+// load.
 func TestStateCorruptFileSetAside(t *testing.T) {
 	dir := t.TempDir()
 	good := State{VolumeID: "v1", DevID: 1, File: "/data/volumes/v1.img", Owner: OwnerToken(dir)}
@@ -68,12 +71,12 @@ func TestStateCorruptFileSetAside(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	got, err := States(dir)
-	if len(got) != 1 || got[0] != good {
-		t.Fatalf("States = %+v, %v; want only %+v", got, err, good)
+	scan, err := loadStates(dir, true)
+	if err != nil || len(scan.states) != 1 || scan.states[0] != good {
+		t.Fatalf("loadStates = %+v, %v; want only %+v", scan, err, good)
 	}
-	if err == nil {
-		t.Error("States reported no problem with two corrupt files")
+	if len(scan.problems) != 2 || len(scan.unreadable) != 2 {
+		t.Errorf("loadStates reported %v, unreadable %q; want both corrupt files", scan.problems, scan.unreadable)
 	}
 	q, err := Quarantined(dir)
 	if err != nil || len(q) != 2 || !strings.HasPrefix(q[0], "v2.json.corrupt-") || !strings.HasPrefix(q[1], "v3.json.corrupt-") {
@@ -91,9 +94,9 @@ func TestStateCorruptFileSetAside(t *testing.T) {
 }
 
 // TestStateTempFileOfAnotherWriterKept proves that reading the states
-// leaves a fresh temp file alone (a concurrent Attach of another volume is
-// writing it) and that removeStaleTemps takes only those older than
-// staleTemp.
+// leaves temp files alone (a concurrent Attach of another volume may be
+// writing one) and that the start-up clean-up (atomicfile.RemoveStale)
+// takes only those older than a minute.
 func TestStateTempFileOfAnotherWriterKept(t *testing.T) {
 	dir := t.TempDir()
 	fresh := filepath.Join(dir, ".tmp-v2.json-123")
@@ -115,7 +118,9 @@ func TestStateTempFileOfAnotherWriterKept(t *testing.T) {
 			t.Fatalf("States removed %s: %v", p, err)
 		}
 	}
-	removeStaleTemps(dir)
+	if err := atomicfile.RemoveStale(dir); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := os.Stat(fresh); err != nil {
 		t.Errorf("fresh temp file removed: %v", err)
 	}
