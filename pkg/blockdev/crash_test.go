@@ -8,11 +8,13 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/loop"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
 
 // Exit statuses of the helper process.
@@ -52,7 +54,7 @@ func TestHelperProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		b, err := NewBackend("loop", BackendConfig{DataDir: dir, DevDir: os.Getenv("FASTBLK_DEV_DIR")})
+		b, err := NewBackend(os.Getenv("FASTBLK_BACKEND"), BackendConfig{DataDir: dir, DevDir: os.Getenv("FASTBLK_DEV_DIR")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,16 +140,56 @@ func TestDataDirLockedAcrossProcesses(t *testing.T) {
 // that a new volume of the same name is served from its own file.
 func TestDeleteVolumeDetachesLeftoverDevice(t *testing.T) {
 	requireRoot(t)
+	testDeleteDetachesLeftover(t, "loop", func(file string) int {
+		found, err := loop.Find(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(found)
+	})
+}
+
+// TestUblkBackendDeleteVolumeDetachesLeftoverDevice is the same on ublk (in
+// the VM): the device left behind is re-adopted at the restart, and
+// DeleteVolume deletes it.
+func TestUblkBackendDeleteVolumeDetachesLeftoverDevice(t *testing.T) {
+	requireRoot(t)
+	if _, err := os.Stat(UblkControl); err != nil {
+		t.Skipf("no %s on this kernel: run in the VM (hack/vm/run.sh)", UblkControl)
+	}
+	testDeleteDetachesLeftover(t, "ublk", func(file string) int {
+		ctl, err := ublk.OpenControl()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ctl.Close()
+		ids, err := ublk.ListIDs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		owner, err := OwnerToken(filepath.Dir(filepath.Dir(file)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, id := range ids {
+			info, err := ctl.GetDevInfo(id)
+			// A deleted device lingers until its last user goes; a
+			// stopped one serves nothing.
+			if err == nil && info.UblksrvFlags == owner && info.State != ublk.StateDead {
+				n++
+			}
+		}
+		return n
+	})
+}
+
+// testDeleteDetachesLeftover runs the crash window on backend kind;
+// serving counts the devices still serving a volume file.
+func testDeleteDetachesLeftover(t *testing.T, kind string, serving func(file string) int) {
 	dir, devDir := t.TempDir(), t.TempDir()
 	const name = "pvc-crash"
-	file := ""
-	t.Cleanup(func() {
-		found, _ := loop.Find(file)
-		for _, d := range found {
-			loop.Detach(d.Path, detachTimeout)
-		}
-	})
-	cmd, stdin, _ := helper(t, "attach", dir, "FASTBLK_NAME="+name, "FASTBLK_DEV_DIR="+devDir)
+	cmd, stdin, _ := helper(t, "attach", dir, "FASTBLK_NAME="+name, "FASTBLK_DEV_DIR="+devDir, "FASTBLK_BACKEND="+kind)
 	stdin.Close()
 	if code := exitCode(t, cmd); code != crashExit {
 		t.Fatalf("helper exit %d, want %d (killed after Attach)", code, crashExit)
@@ -156,20 +198,24 @@ func TestDeleteVolumeDetachesLeftoverDevice(t *testing.T) {
 	ctx := context.Background()
 	s := openStore(t, dir)
 	id := VolumeID(name)
-	file = s.VolumeFile(id)
-	if found, err := loop.Find(file); err != nil || len(found) != 1 {
-		t.Fatalf("after the crash: devices %+v, %v; want the one left behind", found, err)
-	}
-	b, err := NewBackend("loop", BackendConfig{DataDir: dir, DevDir: devDir})
+	file := s.VolumeFile(id)
+	b, err := NewBackend(kind, BackendConfig{DataDir: dir, DevDir: devDir})
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		b.Detach(ctx, id)
+		b.Close()
+	})
+	if n := serving(file); n != 1 {
+		t.Fatalf("after the crash: %d devices, want the one left behind", n)
 	}
 	for range 2 {
 		if err := s.DeleteVolume(ctx, id, b.Detach); err != nil {
 			t.Fatal(err)
 		}
-		if found, _ := loop.Find(file); len(found) != 0 {
-			t.Fatalf("after DeleteVolume the deleted file is still served: %+v", found)
+		if n := serving(file); n != 0 {
+			t.Fatalf("after DeleteVolume %d devices still serve the deleted file", n)
 		}
 	}
 	v := mustCreate(t, s, VolumeSpec{Name: name, SizeBytes: 8 << 20})
@@ -177,8 +223,8 @@ func TestDeleteVolumeDetachesLeftoverDevice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if found, _ := loop.Find(file); len(found) != 1 || found[0].Deleted || found[0].Path != d.Path {
-		t.Fatalf("devices of the new volume %+v, want only %s on the new file", found, d.Path)
+	if l, err := b.List(ctx); err != nil || len(l) != 1 || l[0].Path != d.Path || serving(file) != 1 {
+		t.Fatalf("devices of the new volume %+v, %v; want only %s", l, err, d.Path)
 	}
 	if err := b.Detach(ctx, v.ID); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // TestReopen checks that a reopened store sees every acknowledged change.
@@ -76,7 +78,7 @@ func TestCrashLeftovers(t *testing.T) {
 	leave(t, foreign, nil)
 	// 6. Temp files are removed once stale; a fresh one may be another
 	//    writer's, in flight.
-	old := time.Now().Add(-2 * staleTemp)
+	old := time.Now().Add(-2 * atomicfile.StaleAge)
 	for _, p := range []string{filepath.Join(dir, "meta", tempPrefix+a.ID+".json-123"), filepath.Join(dir, "volumes", tempPrefix+"junk")} {
 		if err := os.Chtimes(p, old, old); err != nil {
 			t.Fatal(err)
