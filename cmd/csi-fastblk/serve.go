@@ -213,6 +213,13 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 	if f, ok := backend.(interface{ Features() uint64 }); ok {
 		klog.InfoS("ublk driver features", "flags", fmt.Sprintf("%#x", f.Features()))
 	}
+	for _, q := range []any{store, backend} {
+		if q, ok := q.(blockdev.Quarantiner); ok {
+			for _, p := range q.Quarantined() {
+				klog.ErrorS(nil, "unreadable record set aside: its volume is out of service until an operator restores or removes it", "path", p)
+			}
+		}
+	}
 	if r, ok := backend.(interface{ StartupErrors() []error }); ok {
 		for _, err := range r.StartupErrors() {
 			klog.ErrorS(err, "device recovery at start-up")
