@@ -15,6 +15,13 @@ type BackendConfig struct {
 	// adopt and detach devices carrying it. Zero means
 	// OwnerToken(DataDir).
 	Owner uint64
+	// AdoptUnmarked (loop only) marks as ours the loop devices a plugin
+	// without owner marks bound to this directory's volume files (their
+	// lo_file_name is their path), so that an upgraded plugin finds the
+	// devices of staged volumes again. Since losetup names devices the
+	// same way, set it only on the first start after the upgrade
+	// (Store.FirstOpen).
+	AdoptUnmarked bool
 	// DevDir holds the stable links <DevDir>/<volume-id> (default /dev/fastblk).
 	DevDir string
 	// Default tuning when a volume does not ask for its own (zero = auto).

@@ -63,7 +63,33 @@ func newLoopBackend(cfg BackendConfig) (Backend, error) {
 	if b.devDir == "" {
 		b.devDir = DefaultDevDir
 	}
+	if cfg.AdoptUnmarked {
+		if err := b.adoptUnmarked(); err != nil {
+			return nil, fmt.Errorf("loop backend: %w", err)
+		}
+	}
 	return b, nil
+}
+
+// adoptUnmarked marks the devices a plugin without owner marks bound to
+// this data directory's volume files: their lo_file_name is their backing
+// file's path, cut to loop.MaxMark bytes (losetup's default too, so it is
+// only done on the upgrade, see BackendConfig.AdoptUnmarked).
+func (b *loopBackend) adoptUnmarked() error {
+	all, err := loop.List()
+	if err != nil {
+		return err
+	}
+	for _, d := range all {
+		id, ok := strings.CutSuffix(filepath.Base(d.BackingFile), imgSuffix)
+		if d.Mark != d.BackingFile[:min(len(d.BackingFile), loop.MaxMark)] || !ok || !isVolumeID(id) || d.BackingFile != b.file(id) {
+			continue
+		}
+		if err := loop.SetMark(d.Path, b.mark(id)); err != nil {
+			return fmt.Errorf("adopt %s of %s: %w", d.Path, id, err)
+		}
+	}
+	return nil
 }
 
 func (b *loopBackend) Name() string { return "loop" }

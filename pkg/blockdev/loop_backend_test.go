@@ -52,6 +52,7 @@ func TestLoopBackendLeavesForeignDevices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Detach(ctx, v.ID) })
 	if l, err := b.List(ctx); err != nil || len(l) != 0 {
 		t.Fatalf("List = %+v, %v; want nothing (the only device is foreign)", l, err)
 	}
@@ -70,5 +71,54 @@ func TestLoopBackendLeavesForeignDevices(t *testing.T) {
 	}
 	if got, err := loop.Get(foreign.Number); err != nil || got.BackingFile != file {
 		t.Fatalf("foreign device after Detach: %+v, %v; want it still bound to %s", got, err, file)
+	}
+}
+
+// TestLoopBackendAdoptsUnmarkedDevicesOnUpgrade proves the upgrade from a
+// plugin without owner marks: on the data directory's first open, the loop
+// device such a plugin bound to a volume file (named by its path) is marked
+// and served as the volume's device, not doubled.
+func TestLoopBackendAdoptsUnmarkedDevicesOnUpgrade(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices")
+	}
+	ctx := context.Background()
+	dataDir := t.TempDir()
+	s, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: dataDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	v, err := s.CreateVolume(ctx, blockdev.VolumeSpec{Name: "staged", SizeBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := s.VolumeFile(v.ID)
+	old, err := loop.Attach(file, loop.Options{DirectIO: true, BlockSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(old.Path, 10*time.Second) })
+	if !s.FirstOpen() {
+		t.Fatal("FirstOpen false on a new data directory")
+	}
+	b, err := blockdev.NewBackend("loop", blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(dataDir, "dev"),
+		AdoptUnmarked: s.FirstOpen()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Detach(ctx, v.ID) })
+	d, err := b.Attach(ctx, blockdev.AttachRequest{VolumeID: v.ID, File: file, SizeBytes: v.SizeBytes})
+	if err != nil || d.Path != old.Path {
+		t.Fatalf("Attach after the upgrade = %+v, %v; want the old device %s", d, err, old.Path)
+	}
+	if got, err := loop.Get(old.Number); err != nil || !got.DirectIO || got.BlockSize != 4096 {
+		t.Fatalf("adopted device %+v, %v: settings lost", got, err)
+	}
+	if err := b.Detach(ctx, v.ID); err != nil {
+		t.Fatal(err)
+	}
+	if found, _ := loop.Find(file); len(found) != 0 {
+		t.Fatalf("devices left: %+v", found)
 	}
 }

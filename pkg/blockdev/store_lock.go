@@ -114,20 +114,28 @@ func linked(f *os.File) bool {
 // is always set, so a token is never 0. An owner file that does not parse
 // is an error: a new token would disown every device of the directory.
 func OwnerToken(dataDir string) (uint64, error) {
+	tok, _, err := ownerToken(dataDir)
+	return tok, err
+}
+
+// ownerToken is OwnerToken; created reports that this call made the file.
+func ownerToken(dataDir string) (tok uint64, created bool, err error) {
 	path := filepath.Join(dataDir, ownerFile)
-	tok, err := readOwner(path)
+	tok, err = readOwner(path)
 	if !errors.Is(err, os.ErrNotExist) {
-		return tok, err
+		return tok, false, err
 	}
-	tok, err = firstOwner(dataDir)
-	if err != nil {
-		return 0, err
+	if tok, err = firstOwner(dataDir); err != nil {
+		return 0, false, err
 	}
-	if err := atomicfile.Create(path, []byte(fmt.Sprintf("%016x\n", tok))); err != nil && !errors.Is(err, os.ErrExist) {
-		return 0, fmt.Errorf("owner token: %w", err)
+	err = atomicfile.Create(path, []byte(fmt.Sprintf("%016x\n", tok)))
+	if err != nil && !errors.Is(err, os.ErrExist) {
+		return 0, false, fmt.Errorf("owner token: %w", err)
 	}
 	// Another process may have created it first: its token wins.
-	return readOwner(path)
+	created = err == nil
+	tok, err = readOwner(path)
+	return tok, created, err
 }
 
 func readOwner(path string) (uint64, error) {

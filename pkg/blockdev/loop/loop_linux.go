@@ -216,6 +216,29 @@ func waitUnbound(n int, timeout time.Duration) error {
 	}
 }
 
+// SetMark replaces the mark (lo_file_name) of the bound device at path,
+// keeping its other settings (LOOP_GET_STATUS64, then LOOP_SET_STATUS64).
+func SetMark(path, mark string) error {
+	if len(mark) > MaxMark {
+		return fmt.Errorf("mark %s: %q longer than %d bytes: %w", path, mark, MaxMark, os.ErrInvalid)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("mark %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err != nil {
+		return fmt.Errorf("mark %s: %w", path, err)
+	}
+	info.File_name = [len(info.File_name)]byte{}
+	copy(info.File_name[:MaxMark], mark)
+	if err := unix.IoctlLoopSetStatus64(fd, info); err != nil {
+		return fmt.Errorf("mark %s: %w", path, err)
+	}
+	return nil
+}
+
 // SetCapacity makes the device at path take the backing file's current size
 // (LOOP_SET_CAPACITY) and returns the size the device now reports.
 func SetCapacity(path string) (int64, error) {

@@ -131,12 +131,15 @@ func TestServerCrashBeforeStart(t *testing.T) {
 	for _, e := range errs {
 		t.Errorf("start-up: %v", e)
 	}
+	waitGone(t, ctl, dead) // before Attach, which may reuse its id
+	if sts, _ := States(state); len(sts) != 0 {
+		t.Fatalf("restart kept the state of the never-started device: %+v", sts)
+	}
 	d, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
 	if err != nil {
 		t.Fatalf("attach after the restart: %v", err)
 	}
 	writeRead(t, d.Path, 0, 0x44, true)
-	waitGone(t, ctl, dead)
 	if err := s.Detach(ctx, "vol"); err != nil {
 		t.Fatal(err)
 	}
