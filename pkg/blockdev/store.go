@@ -46,6 +46,8 @@ type Quiesce func(ctx context.Context) (resume func() error, err error)
 //	<dir>/volumes/<id>.img    sparse volume files
 //	<dir>/snapshots/<id>.img  snapshot files (reflinks or sparse copies)
 //	<dir>/meta/<id>.json      one record per object, replaced atomically
+//	<dir>/lock                flocked by the process serving the directory
+//	<dir>/owner               the owner token its devices carry (OwnerToken)
 //
 // The records are the truth: an object exists once its record is durable and
 // stops existing when its record is removed. A data file without a record,
