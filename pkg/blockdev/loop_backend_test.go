@@ -27,26 +27,9 @@ func TestLoopBackend(t *testing.T) {
 // same volume file (another node on this kernel reports the same path) is
 // never listed, adopted or detached.
 func TestLoopBackendLeavesForeignDevices(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for loop devices")
-	}
 	ctx := context.Background()
-	dataDir := t.TempDir()
-	s, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: dataDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	v, err := s.CreateVolume(ctx, blockdev.VolumeSpec{Name: "shared", SizeBytes: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := s.VolumeFile(v.ID)
-	foreign, err := loop.Attach(file, loop.Options{DirectIO: true, BlockSize: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { loop.Detach(foreign.Path, 10*time.Second) })
+	s, v, foreign := volumeWithUnmarkedDevice(t)
+	dataDir, file := s.Dir(), s.VolumeFile(v.ID)
 
 	b, err := blockdev.NewBackend("loop", blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(dataDir, "dev")})
 	if err != nil {
@@ -79,26 +62,9 @@ func TestLoopBackendLeavesForeignDevices(t *testing.T) {
 // device such a plugin bound to a volume file (named by its path) is marked
 // and served as the volume's device, not doubled.
 func TestLoopBackendAdoptsUnmarkedDevicesOnUpgrade(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for loop devices")
-	}
 	ctx := context.Background()
-	dataDir := t.TempDir()
-	s, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: dataDir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	v, err := s.CreateVolume(ctx, blockdev.VolumeSpec{Name: "staged", SizeBytes: 8 << 20})
-	if err != nil {
-		t.Fatal(err)
-	}
-	file := s.VolumeFile(v.ID)
-	old, err := loop.Attach(file, loop.Options{DirectIO: true, BlockSize: 4096})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { loop.Detach(old.Path, 10*time.Second) })
+	s, v, old := volumeWithUnmarkedDevice(t)
+	dataDir, file := s.Dir(), s.VolumeFile(v.ID)
 	if !s.FirstOpen() {
 		t.Fatal("FirstOpen false on a new data directory")
 	}
@@ -121,4 +87,29 @@ func TestLoopBackendAdoptsUnmarkedDevicesOnUpgrade(t *testing.T) {
 	if found, _ := loop.Find(file); len(found) != 0 {
 		t.Fatalf("devices left: %+v", found)
 	}
+}
+
+// volumeWithUnmarkedDevice opens a store on a new data directory, creates a
+// volume, and binds its file to a loop device without a mark (losetup's
+// name, as plugins before the marks did), detached at the test's end.
+func volumeWithUnmarkedDevice(t *testing.T) (*blockdev.Store, blockdev.Volume, loop.Device) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for loop devices")
+	}
+	s, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	v, err := s.CreateVolume(context.Background(), blockdev.VolumeSpec{Name: "staged", SizeBytes: 8 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := loop.Attach(s.VolumeFile(v.ID), loop.Options{DirectIO: true, BlockSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { loop.Detach(d.Path, 10*time.Second) })
+	return s, v, d
 }

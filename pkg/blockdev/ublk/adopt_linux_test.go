@@ -64,17 +64,8 @@ func TestServerSweepKeepsDeviceOfCorruptState(t *testing.T) {
 // started, once every state is readable.
 func TestServerSweepSkippedWhileStateUnreadable(t *testing.T) {
 	needUblk(t)
-	dir := scratchDir(t)
-	state := filepath.Join(dir, "state")
-	file := sparseFile(t, dir, "vol.img", 16<<20)
-	crashAt(t, fpStateSaved, state, "vol", file)
-	sts, _ := States(state)
-	if len(sts) != 1 {
-		t.Fatalf("states after the crash: %+v", sts)
-	}
-	id := sts[0].DevID
+	state, _, id := crashBeforeStart(t)
 	ctl := openTestCtl(t)
-	t.Cleanup(func() { DeleteOwned(ctl, id, OwnerToken(state)) })
 	// The device is now unrecorded, and another state cannot be read.
 	if err := os.Remove(statePath(state, "vol")); err != nil {
 		t.Fatal(err)
@@ -104,17 +95,8 @@ func TestServerSweepSkippedWhileStateUnreadable(t *testing.T) {
 // working one.
 func TestServerCrashBeforeStart(t *testing.T) {
 	needUblk(t)
-	dir := scratchDir(t)
-	state := filepath.Join(dir, "state")
-	file := sparseFile(t, dir, "vol.img", 16<<20)
-	crashAt(t, fpStateSaved, state, "vol", file)
-	sts, _ := States(state)
-	if len(sts) != 1 {
-		t.Fatalf("states after the crash: %+v", sts)
-	}
-	dead := sts[0].DevID
+	state, file, dead := crashBeforeStart(t)
 	ctl := openTestCtl(t)
-	t.Cleanup(func() { DeleteOwned(ctl, dead, OwnerToken(state)) })
 	if info, err := ctl.GetDevInfo(dead); err != nil || info.State != StateDead {
 		t.Fatalf("device %d after the crash: %+v, %v; want it never started", dead, info, err)
 	}
@@ -146,4 +128,27 @@ func TestServerCrashBeforeStart(t *testing.T) {
 	if sts, _ := States(state); len(sts) != 0 {
 		t.Fatalf("states left: %+v", sts)
 	}
+}
+
+// crashBeforeStart runs a plugin that attaches volume "vol" and dies at
+// fpStateSaved, and returns the state directory, the volume file and the
+// recorded device, which the test's end deletes.
+func crashBeforeStart(t *testing.T) (state, file string, id uint32) {
+	t.Helper()
+	dir := scratchDir(t)
+	state = filepath.Join(dir, "state")
+	file = sparseFile(t, dir, "vol.img", 16<<20)
+	crashAt(t, fpStateSaved, state, "vol", file)
+	sts, _ := States(state)
+	if len(sts) != 1 {
+		t.Fatalf("states after the crash: %+v", sts)
+	}
+	id = sts[0].DevID
+	t.Cleanup(func() {
+		if ctl, err := OpenControl(); err == nil {
+			DeleteOwned(ctl, id, OwnerToken(state))
+			ctl.Close()
+		}
+	})
+	return state, file, id
 }
