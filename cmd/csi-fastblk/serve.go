@@ -88,7 +88,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
-	cfg.devices.AdoptUnmarked = store.FirstOpen()
+	cfg.devices.AdoptUnmarked = true // once per data directory: the upgrade
 	backend, err := blockdev.NewBackend(cfg.backend, cfg.devices)
 	if err != nil {
 		return fmt.Errorf("backend: %w", err)

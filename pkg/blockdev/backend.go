@@ -15,12 +15,14 @@ type BackendConfig struct {
 	// adopt and detach devices carrying it. Zero means
 	// OwnerToken(DataDir).
 	Owner uint64
-	// AdoptUnmarked (loop only) marks as ours the loop devices a plugin
-	// without owner marks bound to this directory's volume files (their
-	// lo_file_name is their path), so that an upgraded plugin finds the
-	// devices of staged volumes again. Since losetup names devices the
-	// same way, set it only on the first start after the upgrade
-	// (Store.FirstOpen).
+	// AdoptUnmarked (loop only) marks as ours, once per data directory,
+	// the loop devices a plugin without owner marks bound to this
+	// directory's volume files (their lo_file_name is their path, and
+	// their backing inode is the volume file's), so that the upgraded
+	// plugin finds the devices of staged volumes again. Done is recorded
+	// in <DataDir>/loop-marked; later starts skip it, since losetup
+	// names devices the same way. The plugin sets it; tests of foreign
+	// devices leave it off.
 	AdoptUnmarked bool
 	// DevDir holds the stable links <DevDir>/<volume-id> (default /dev/fastblk).
 	DevDir string

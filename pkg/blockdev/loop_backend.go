@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/loop"
 	"golang.org/x/sys/unix"
 )
@@ -64,30 +65,45 @@ func newLoopBackend(cfg BackendConfig) (Backend, error) {
 		b.devDir = DefaultDevDir
 	}
 	if cfg.AdoptUnmarked {
-		if err := b.adoptUnmarked(); err != nil {
+		if err := b.adoptUnmarked(filepath.Join(cfg.DataDir, loopMarked)); err != nil {
 			return nil, fmt.Errorf("loop backend: %w", err)
 		}
 	}
 	return b, nil
 }
 
-// adoptUnmarked marks the devices a plugin without owner marks bound to
-// this data directory's volume files: their lo_file_name is their backing
-// file's path, cut to loop.MaxMark bytes (losetup's default too, so it is
-// only done on the upgrade, see BackendConfig.AdoptUnmarked).
-func (b *loopBackend) adoptUnmarked() error {
+// loopMarked, in the data directory, records that adoptUnmarked ran.
+const loopMarked = "loop-marked"
+
+// adoptUnmarked marks, unless done already, the devices a plugin without
+// owner marks bound to this data directory's volume files: their
+// lo_file_name is their backing file's path cut to loop.MaxMark bytes (as
+// losetup names them, hence only once) and their backing inode is the
+// volume file's. Marking is idempotent, so a crash before done is
+// recorded only repeats it.
+func (b *loopBackend) adoptUnmarked(done string) error {
+	if _, err := os.Stat(done); err == nil {
+		return nil
+	}
 	all, err := loop.List()
 	if err != nil {
 		return err
 	}
 	for _, d := range all {
 		id, ok := strings.CutSuffix(filepath.Base(d.BackingFile), imgSuffix)
-		if d.Mark != d.BackingFile[:min(len(d.BackingFile), loop.MaxMark)] || !ok || !isVolumeID(id) || d.BackingFile != b.file(id) {
+		if !ok || !isVolumeID(id) || d.Deleted || d.Mark != d.BackingFile[:min(len(d.BackingFile), loop.MaxMark)] {
 			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(b.file(id), &st); err != nil || st.Dev != d.BackingDev || st.Ino != d.BackingInode {
+			continue // not this directory's file, whatever its path says
 		}
 		if err := loop.SetMark(d.Path, b.mark(id)); err != nil {
 			return fmt.Errorf("adopt %s of %s: %w", d.Path, id, err)
 		}
+	}
+	if err := atomicfile.Create(done, nil); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
 	}
 	return nil
 }

@@ -58,18 +58,16 @@ func TestLoopBackendLeavesForeignDevices(t *testing.T) {
 }
 
 // TestLoopBackendAdoptsUnmarkedDevicesOnUpgrade proves the upgrade from a
-// plugin without owner marks: on the data directory's first open, the loop
-// device such a plugin bound to a volume file (named by its path) is marked
-// and served as the volume's device, not doubled.
+// plugin without owner marks: on the data directory's first start with
+// AdoptUnmarked, the loop device such a plugin bound to a volume file
+// (named by its path) is marked and served as the volume's device, not
+// doubled, with its settings kept; later starts adopt nothing more.
 func TestLoopBackendAdoptsUnmarkedDevicesOnUpgrade(t *testing.T) {
 	ctx := context.Background()
 	s, v, old := volumeWithUnmarkedDevice(t)
 	dataDir, file := s.Dir(), s.VolumeFile(v.ID)
-	if !s.FirstOpen() {
-		t.Fatal("FirstOpen false on a new data directory")
-	}
-	b, err := blockdev.NewBackend("loop", blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(dataDir, "dev"),
-		AdoptUnmarked: s.FirstOpen()})
+	cfg := blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(dataDir, "dev"), AdoptUnmarked: true}
+	b, err := blockdev.NewBackend("loop", cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,6 +84,20 @@ func TestLoopBackendAdoptsUnmarkedDevicesOnUpgrade(t *testing.T) {
 	}
 	if found, _ := loop.Find(file); len(found) != 0 {
 		t.Fatalf("devices left: %+v", found)
+	}
+
+	// Once: a device bound the same way later is someone else's.
+	later, err := loop.Attach(file, loop.Options{DirectIO: true, BlockSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer loop.Detach(later.Path, 10*time.Second)
+	again, err := blockdev.NewBackend("loop", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l, err := again.List(ctx); err != nil || len(l) != 0 {
+		t.Fatalf("second start lists %+v, %v; want the later unmarked device left alone", l, err)
 	}
 }
 

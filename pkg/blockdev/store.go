@@ -71,9 +71,6 @@ type Store struct {
 	// record's path (set aside or in place); filled by OpenStore only.
 	quarantined map[string]string
 
-	// firstOpen is set when this OpenStore created the owner file.
-	firstOpen bool
-
 	unlock    func() // gives back the data directory's lock
 	closeOnce sync.Once
 }
@@ -130,8 +127,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 // load reads the owner token (creating it) and the records, and removes
 // what a crash left half-made.
 func (s *Store) load() error {
-	var err error
-	if _, s.firstOpen, err = ownerToken(s.cfg.Dir); err != nil {
+	if _, err := OwnerToken(s.cfg.Dir); err != nil {
 		return err
 	}
 	recs, err := s.readRecords()
@@ -158,11 +154,6 @@ func (s *Store) Close() error {
 	s.closeOnce.Do(s.unlock)
 	return nil
 }
-
-// FirstOpen reports that this OpenStore created the data directory's owner
-// file: a new directory, or the first start after the upgrade from a
-// plugin without owner marks (see BackendConfig.AdoptUnmarked).
-func (s *Store) FirstOpen() bool { return s.firstOpen }
 
 // Dir is the absolute data directory.
 func (s *Store) Dir() string { return s.cfg.Dir }

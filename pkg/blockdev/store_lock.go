@@ -114,28 +114,20 @@ func linked(f *os.File) bool {
 // is always set, so a token is never 0. An owner file that does not parse
 // is an error: a new token would disown every device of the directory.
 func OwnerToken(dataDir string) (uint64, error) {
-	tok, _, err := ownerToken(dataDir)
-	return tok, err
-}
-
-// ownerToken is OwnerToken; created reports that this call made the file.
-func ownerToken(dataDir string) (tok uint64, created bool, err error) {
 	path := filepath.Join(dataDir, ownerFile)
-	tok, err = readOwner(path)
+	tok, err := readOwner(path)
 	if !errors.Is(err, os.ErrNotExist) {
-		return tok, false, err
+		return tok, err
 	}
 	if tok, err = firstOwner(dataDir); err != nil {
-		return 0, false, err
+		return 0, err
 	}
 	err = atomicfile.Create(path, []byte(fmt.Sprintf("%016x\n", tok)))
 	if err != nil && !errors.Is(err, os.ErrExist) {
-		return 0, false, fmt.Errorf("owner token: %w", err)
+		return 0, fmt.Errorf("owner token: %w", err)
 	}
 	// Another process may have created it first: its token wins.
-	created = err == nil
-	tok, err = readOwner(path)
-	return tok, created, err
+	return readOwner(path)
 }
 
 func readOwner(path string) (uint64, error) {

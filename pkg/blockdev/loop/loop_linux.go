@@ -49,11 +49,14 @@ type Device struct {
 	BackingFile string
 	Deleted     bool
 	// Mark is the device's lo_file_name (see Options.Mark).
-	Mark      string
-	SizeBytes int64
-	BlockSize int
-	DirectIO  bool
-	ReadOnly  bool
+	Mark string
+	// BackingDev and BackingInode identify the backing file (st_dev and
+	// st_ino as stat reports them), whatever path reaches it.
+	BackingDev, BackingInode uint64
+	SizeBytes                int64
+	BlockSize                int
+	DirectIO                 bool
+	ReadOnly                 bool
 }
 
 // attachRetries bounds how often Attach retries when another process binds

@@ -48,30 +48,35 @@ func Get(n int) (Device, error) {
 	dio, _ := readInt(n, "loop/dio")
 	ro, _ := readInt(n, "ro")
 	d.DirectIO, d.ReadOnly = dio == 1, ro == 1
-	d.Mark, err = readMark(n)
-	return d, err
+	info, err := status(n)
+	if err != nil {
+		return d, err
+	}
+	d.Mark = unix.ByteSliceToString(info.File_name[:])
+	d.BackingDev, d.BackingInode = info.Device, info.Inode
+	return d, nil
 }
 
-// readMark returns device n's lo_file_name (LOOP_GET_STATUS64); an unbound
-// device is an error wrapping os.ErrNotExist.
-func readMark(n int) (string, error) {
+// status returns device n's LOOP_GET_STATUS64; an unbound device is an
+// error wrapping os.ErrNotExist.
+func status(n int) (*unix.LoopInfo64, error) {
 	path, err := ensureNode(n)
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
-		return "", fmt.Errorf("open %s: %w", path, err)
+		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	defer unix.Close(fd)
 	info, err := unix.IoctlLoopGetStatus64(fd)
 	if errors.Is(err, unix.ENXIO) {
-		return "", fmt.Errorf("loop%d: unbound: %w", n, os.ErrNotExist)
+		return nil, fmt.Errorf("loop%d: unbound: %w", n, os.ErrNotExist)
 	}
 	if err != nil {
-		return "", fmt.Errorf("get status %s: %w", path, err)
+		return nil, fmt.Errorf("get status %s: %w", path, err)
 	}
-	return unix.ByteSliceToString(info.File_name[:]), nil
+	return info, nil
 }
 
 // List returns every bound loop device.
