@@ -106,7 +106,7 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	}
 	unlock, err := lockDir(dir)
 	if err != nil {
-		return nil, fmt.Errorf("open store: %w", err)
+		return nil, err // names the directory and its holder
 	}
 	s := &Store{
 		cfg:         cfg,
