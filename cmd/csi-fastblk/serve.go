@@ -87,6 +87,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
+	cfg.devices.AdoptUnmarked = true // once per data directory: the upgrade
 	backend, err := blockdev.NewBackend(cfg.backend, cfg.devices)
 	if err != nil {
 		return fmt.Errorf("backend: %w", err)
@@ -153,6 +154,13 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 		"volumes", len(store.Volumes()), "snapshots", len(store.Snapshots()))
 	if f, ok := backend.(interface{ Features() uint64 }); ok {
 		klog.InfoS("ublk driver features", "flags", fmt.Sprintf("%#x", f.Features()))
+	}
+	for _, q := range []any{store, backend} {
+		if q, ok := q.(blockdev.Quarantiner); ok {
+			for _, p := range q.Quarantined() {
+				klog.ErrorS(nil, "unreadable record set aside: its volume is out of service until an operator restores or removes it", "path", p)
+			}
+		}
 	}
 	if r, ok := backend.(interface{ StartupErrors() []error }); ok {
 		for _, err := range r.StartupErrors() {

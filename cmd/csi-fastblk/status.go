@@ -98,7 +98,14 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 	if st.PidsHeadroom != nil {
 		fmt.Fprintf(w, "  pids headroom %d", *st.PidsHeadroom)
 	}
-	fmt.Fprint(w, "\n\n")
+	fmt.Fprintln(w)
+	if len(st.Quarantined) > 0 {
+		fmt.Fprintf(w, "QUARANTINED: %d unreadable record(s) set aside; their volumes are out of service until restored or removed:\n", len(st.Quarantined))
+		for _, p := range st.Quarantined {
+			fmt.Fprintf(w, "  %s\n", p)
+		}
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tLIMIT\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
 	for _, v := range st.Volumes {

@@ -79,3 +79,19 @@ func TestPrintStatusPidsHeadroom(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintStatusQuarantined proves that records set aside as unreadable
+// are shown loudly, path by path, and that nothing is shown without them.
+func TestPrintStatusQuarantined(t *testing.T) {
+	const p = "/var/lib/csi-fastblk/meta/v3.json.corrupt-20261202T003000.000000000Z"
+	var b strings.Builder
+	printStatus(&b, driver.NodeStatus{Quarantined: []string{p}})
+	if !strings.Contains(b.String(), "QUARANTINED: 1 unreadable record") || !strings.Contains(b.String(), "  "+p+"\n") {
+		t.Errorf("status does not show the quarantined record:\n%s", b.String())
+	}
+	b.Reset()
+	printStatus(&b, driver.NodeStatus{})
+	if strings.Contains(b.String(), "QUARANTINED") {
+		t.Errorf("status shows a quarantine without one:\n%s", b.String())
+	}
+}

@@ -168,7 +168,10 @@ func ublkList(args []string) error {
 		return err
 	}
 	stateDir := filepath.Join(*dataDir, blockdev.UblkStateDir)
-	owner := ublk.OwnerToken(stateDir)
+	owner, err := blockdev.OwnerToken(*dataDir)
+	if err != nil {
+		return err
+	}
 	vols := map[uint32]string{}
 	sts, _ := ublk.States(stateDir)
 	for _, st := range sts {

@@ -11,6 +11,19 @@ type BackendConfig struct {
 	// DataDir is the Store's data directory; backends only list and
 	// adopt devices whose backing files live under it.
 	DataDir string
+	// Owner marks the devices of this data directory; backends only list,
+	// adopt and detach devices carrying it. Zero means
+	// OwnerToken(DataDir).
+	Owner uint64
+	// AdoptUnmarked (loop only) marks as ours, once per data directory,
+	// the loop devices a plugin without owner marks bound to this
+	// directory's volume files (their lo_file_name is their path, and
+	// their backing inode is the volume file's), so that the upgraded
+	// plugin finds the devices of staged volumes again. Done is recorded
+	// in <DataDir>/loop-marked; later starts skip it, since losetup
+	// names devices the same way. The plugin sets it; tests of foreign
+	// devices leave it off.
+	AdoptUnmarked bool
 	// DevDir holds the stable links <DevDir>/<volume-id> (default /dev/fastblk).
 	DevDir string
 	// Default tuning when a volume does not ask for its own (zero = auto).
@@ -38,6 +51,18 @@ const UblkControl = "/dev/ublk-control"
 // NewBackend returns the backend named kind: "loop", "ublk", or "auto"
 // (ublk when /dev/ublk-control exists, loop otherwise).
 func NewBackend(kind string, cfg BackendConfig) (Backend, error) {
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("%s backend: no data directory: %w", kind, ErrInvalid)
+	}
+	if cfg.Owner == 0 {
+		err := os.MkdirAll(cfg.DataDir, 0o700)
+		if err == nil {
+			cfg.Owner, err = OwnerToken(cfg.DataDir)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%s backend: %w", kind, err)
+		}
+	}
 	switch kind {
 	case "auto":
 		if _, err := os.Stat(UblkControl); err == nil {

@@ -72,6 +72,7 @@ func TestCapacity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		defer o.Close()
 		var st unix.Statfs_t
 		if err := unix.Statfs(dir, &st); err != nil {
 			t.Fatal(err)

@@ -18,6 +18,7 @@ func openStore(t *testing.T, dir string) *Store {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() })
 	return s
 }
 

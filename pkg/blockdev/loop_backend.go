@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/loop"
 	"golang.org/x/sys/unix"
 )
@@ -25,19 +26,26 @@ const loopBlockSize = 4096
 const detachTimeout = 30 * time.Second
 
 // loopBackend exposes volume files through kernel loop devices with direct
-// I/O. It keeps no state: the kernel's backing_file of each loop device says
-// which volume it serves, so devices are found again after a restart.
+// I/O. It keeps no state: each device it binds carries the mark
+// "fastblk:<owner token>:<volume id>" as its lo_file_name, which the
+// kernel keeps, so devices are found again after a restart. It acts only on
+// devices with its mark, never by backing path: another user of the kernel
+// (another node on the same kernel, losetup) can bind the same path.
 type loopBackend struct {
 	volDir string // <DataDir>/volumes with symlinks resolved
 	devDir string
+	owner  uint64
 }
+
+// markPrefix starts the mark of every device of this backend's owner.
+func (b *loopBackend) markPrefix() string { return fmt.Sprintf("fastblk:%016x:", b.owner) }
+
+// mark is the lo_file_name of the volume's device.
+func (b *loopBackend) mark(id string) string { return b.markPrefix() + id }
 
 var _ Backend = (*loopBackend)(nil)
 
 func newLoopBackend(cfg BackendConfig) (Backend, error) {
-	if cfg.DataDir == "" {
-		return nil, fmt.Errorf("loop backend: no data directory: %w", ErrInvalid)
-	}
 	if _, err := os.Stat(loop.Control); err != nil {
 		return nil, fmt.Errorf("loop backend: %w: %w", ErrNotSupported, err)
 	}
@@ -52,11 +60,52 @@ func newLoopBackend(cfg BackendConfig) (Backend, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loop backend: %w", err)
 	}
-	b := &loopBackend{volDir: volDir, devDir: cfg.DevDir}
+	b := &loopBackend{volDir: volDir, devDir: cfg.DevDir, owner: cfg.Owner}
 	if b.devDir == "" {
 		b.devDir = DefaultDevDir
 	}
+	if cfg.AdoptUnmarked {
+		if err := b.adoptUnmarked(filepath.Join(cfg.DataDir, loopMarked)); err != nil {
+			return nil, fmt.Errorf("loop backend: %w", err)
+		}
+	}
 	return b, nil
+}
+
+// loopMarked, in the data directory, records that adoptUnmarked ran.
+const loopMarked = "loop-marked"
+
+// adoptUnmarked marks, unless done already, the devices a plugin without
+// owner marks bound to this data directory's volume files: their
+// lo_file_name is their backing file's path cut to loop.MaxMark bytes (as
+// losetup names them, hence only once) and their backing inode is the
+// volume file's. Marking is idempotent, so a crash before done is
+// recorded only repeats it.
+func (b *loopBackend) adoptUnmarked(done string) error {
+	if _, err := os.Stat(done); err == nil {
+		return nil
+	}
+	all, err := loop.List()
+	if err != nil {
+		return err
+	}
+	for _, d := range all {
+		id, ok := strings.CutSuffix(filepath.Base(d.BackingFile), imgSuffix)
+		if !ok || !isVolumeID(id) || d.Deleted || d.Mark != d.BackingFile[:min(len(d.BackingFile), loop.MaxMark)] {
+			continue
+		}
+		var st unix.Stat_t
+		if err := unix.Stat(b.file(id), &st); err != nil || st.Dev != d.BackingDev || st.Ino != d.BackingInode {
+			continue // not this directory's file, whatever its path says
+		}
+		if err := loop.SetMark(d.Path, b.mark(id)); err != nil {
+			return fmt.Errorf("adopt %s of %s: %w", d.Path, id, err)
+		}
+	}
+	if err := atomicfile.Create(done, nil); err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	return nil
 }
 
 func (b *loopBackend) Name() string { return "loop" }
@@ -82,7 +131,7 @@ func (b *loopBackend) Attach(ctx context.Context, req AttachRequest) (Device, er
 	}
 	d, err := b.find(req.VolumeID)
 	if errors.Is(err, ErrNotFound) {
-		d, err = loop.Attach(file, loop.Options{ReadOnly: req.ReadOnly, DirectIO: true, BlockSize: loopBlockSize})
+		d, err = loop.Attach(file, loop.Options{ReadOnly: req.ReadOnly, DirectIO: true, BlockSize: loopBlockSize, Mark: b.mark(req.VolumeID)})
 	}
 	if err != nil {
 		return Device{}, fmt.Errorf("attach %s: %w", req.VolumeID, err)
@@ -109,16 +158,16 @@ func (b *loopBackend) checkFile(given, want string) error {
 	return nil
 }
 
-// find returns the loop device serving the volume's current file, or
+// find returns our loop device serving the volume's current file, or
 // ErrNotFound. Devices still bound to a deleted file of the same name (an
 // earlier volume) do not count.
 func (b *loopBackend) find(id string) (loop.Device, error) {
-	found, err := loop.Find(b.file(id))
+	found, err := loop.FindMark(b.mark(id))
 	if err != nil {
 		return loop.Device{}, err
 	}
 	for _, d := range found {
-		if !d.Deleted {
+		if !d.Deleted && d.BackingFile == b.file(id) {
 			return d, nil
 		}
 	}
@@ -132,14 +181,14 @@ func (b *loopBackend) device(id string, d loop.Device) Device {
 	}
 }
 
-// Detach unbinds every loop device bound to the volume's file (also to a
-// deleted one) and removes its link. A mounted device returns ErrBusy and
+// Detach unbinds every loop device of ours bound for the volume (also to a
+// deleted file) and removes its link. A mounted device returns ErrBusy and
 // stays attached.
 func (b *loopBackend) Detach(ctx context.Context, volumeID string) error {
 	if !isVolumeID(volumeID) {
 		return nil
 	}
-	found, err := loop.Find(b.file(volumeID))
+	found, err := loop.FindMark(b.mark(volumeID))
 	if err != nil {
 		return fmt.Errorf("detach %s: %w", volumeID, err)
 	}
@@ -179,8 +228,8 @@ func (b *loopBackend) Resize(ctx context.Context, volumeID string, sizeBytes int
 	return nil
 }
 
-// List returns the loop devices whose backing file is a volume file of this
-// data directory.
+// List returns the loop devices carrying our mark that serve a volume file
+// of this data directory.
 func (b *loopBackend) List(ctx context.Context) ([]Device, error) {
 	all, err := loop.List()
 	if err != nil {
@@ -188,11 +237,8 @@ func (b *loopBackend) List(ctx context.Context) ([]Device, error) {
 	}
 	var out []Device
 	for _, d := range all {
-		if filepath.Dir(d.BackingFile) != b.volDir {
-			continue
-		}
-		id, ok := strings.CutSuffix(filepath.Base(d.BackingFile), imgSuffix)
-		if ok && isVolumeID(id) {
+		id, ok := strings.CutPrefix(d.Mark, b.markPrefix())
+		if ok && isVolumeID(id) && d.BackingFile == b.file(id) {
 			out = append(out, b.device(id, d))
 		}
 	}

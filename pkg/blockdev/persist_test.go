@@ -6,7 +6,11 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
 // TestReopen checks that a reopened store sees every acknowledged change.
@@ -28,7 +32,7 @@ func TestReopen(t *testing.T) {
 	if _, err := s.UpdateNode(ctx, a.ID, ns); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.DeleteVolume(ctx, gone.ID); err != nil {
+	if err := s.DeleteVolume(ctx, gone.ID, nil); err != nil {
 		t.Fatal(err)
 	}
 
@@ -72,6 +76,16 @@ func TestCrashLeftovers(t *testing.T) {
 	// 5. Files the store does not own are left alone.
 	foreign := filepath.Join(dir, "volumes", "README")
 	leave(t, foreign, nil)
+	// 6. Temp files are removed once stale; a fresh one may be another
+	//    writer's, in flight.
+	old := time.Now().Add(-2 * atomicfile.StaleAge)
+	for _, p := range []string{filepath.Join(dir, "meta", tempPrefix+a.ID+".json-123"), filepath.Join(dir, "volumes", tempPrefix+"junk")} {
+		if err := os.Chtimes(p, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fresh := filepath.Join(dir, "meta", tempPrefix+b+".json-456")
+	leave(t, fresh, []byte("{"))
 
 	r := openStore(t, dir)
 	if !reflect.DeepEqual(r.Volumes(), acked) || !reflect.DeepEqual(r.Snapshots(), ackedSnaps) {
@@ -89,7 +103,7 @@ func TestCrashLeftovers(t *testing.T) {
 			t.Errorf("leftover %s not removed (%v)", p, err)
 		}
 	}
-	for _, p := range []string{foreign, r.VolumeFile(a.ID), r.dataFile(snap.ID)} {
+	for _, p := range []string{foreign, fresh, r.VolumeFile(a.ID), r.dataFile(snap.ID)} {
 		if _, err := os.Stat(p); err != nil {
 			t.Errorf("%s: %v", p, err)
 		}
@@ -111,14 +125,48 @@ func TestOpenStoreRejects(t *testing.T) {
 			}
 		})
 	}
-	t.Run("corrupt-record", func(t *testing.T) {
-		dir := t.TempDir()
-		openStore(t, dir)
-		leave(t, filepath.Join(dir, "meta", VolumeID("a")+metaSuffix), []byte("{not json"))
-		if _, err := OpenStore(StoreConfig{Dir: dir}); err == nil {
-			t.Fatal("OpenStore accepted a corrupt record")
+}
+
+// TestOpenStoreQuarantinesCorruptRecord proves that a record that does not
+// decode does not stop the store: it is set aside (renamed, never deleted)
+// and listed by Quarantined, every other object is served, the volume's
+// file is kept across restarts, and its ID is neither reused nor deleted.
+func TestOpenStoreQuarantinesCorruptRecord(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	a := mustCreate(t, s, VolumeSpec{Name: "a", SizeBytes: 1 << 20})
+	b := mustCreate(t, s, VolumeSpec{Name: "b", SizeBytes: 1 << 20})
+	writeAt(t, s.VolumeFile(b.ID), 0, 4096, 7)
+	s.Close()
+	leave(t, filepath.Join(dir, "meta", b.ID+metaSuffix), []byte("{not json"))
+
+	for range 2 { // the second open finds it set aside already
+		r, err := OpenStore(StoreConfig{Dir: dir})
+		if err != nil {
+			t.Fatalf("OpenStore with one corrupt record: %v", err)
 		}
-	})
+		if vols := r.Volumes(); len(vols) != 1 || vols[0].ID != a.ID {
+			t.Fatalf("volumes %+v, want only %s", vols, a.ID)
+		}
+		q := r.Quarantined()
+		if len(q) != 1 || !strings.HasPrefix(filepath.Base(q[0]), b.ID+metaSuffix+".corrupt-") {
+			t.Fatalf("Quarantined = %q, want %s's record", q, b.ID)
+		}
+		if data, err := os.ReadFile(q[0]); err != nil || string(data) != "{not json" {
+			t.Fatalf("set-aside record holds %q, %v; want the original bytes", data, err)
+		}
+		if _, err := r.CreateVolume(ctx, VolumeSpec{Name: "b", SizeBytes: 1 << 20}); !errors.Is(err, ErrConflict) {
+			t.Errorf("CreateVolume over the quarantined ID = %v, want ErrConflict", err)
+		}
+		if err := r.DeleteVolume(ctx, b.ID, nil); err != nil {
+			t.Errorf("DeleteVolume of the quarantined ID = %v, want nil (unknown)", err)
+		}
+		if fi, err := os.Stat(r.VolumeFile(b.ID)); err != nil || fi.Size() != 1<<20 {
+			t.Fatalf("volume file of the quarantined record: %v, %v; want it kept", fi, err)
+		}
+		r.Close()
+	}
 }
 
 func leave(t *testing.T, path string, data []byte) {

@@ -59,7 +59,7 @@ func TestReflinkOnXFS(t *testing.T) {
 		snapFile, clone := s.dataFile(SnapshotID("snap")), s.VolumeFile(VolumeID("clone"))
 		writeAt(t, s.VolumeFile(src.ID), 0, 1<<20, 99)
 		samePrefix(t, snapFile, clone) // both still hold the data of before
-		if err := s.DeleteVolume(context.Background(), src.ID); err != nil {
+		if err := s.DeleteVolume(context.Background(), src.ID, nil); err != nil {
 			t.Fatal(err)
 		}
 		samePrefix(t, snapFile, clone) // and outlive their source

@@ -46,6 +46,8 @@ type Quiesce func(ctx context.Context) (resume func() error, err error)
 //	<dir>/volumes/<id>.img    sparse volume files
 //	<dir>/snapshots/<id>.img  snapshot files (reflinks or sparse copies)
 //	<dir>/meta/<id>.json      one record per object, replaced atomically
+//	<dir>/lock                flocked by the process serving the directory
+//	<dir>/owner               the owner token its devices carry (OwnerToken)
 //
 // The records are the truth: an object exists once its record is durable and
 // stops existing when its record is removed. A data file without a record,
@@ -65,10 +67,23 @@ type Store struct {
 	snapshots map[string]Snapshot
 	busy      map[string]chan struct{} // closed when the ID's operation ends
 	reserved  map[string]int64         // bytes promised to creates in flight
+	// quarantined maps the IDs whose record could not be loaded to the
+	// record's path (set aside or in place); filled by OpenStore only.
+	quarantined map[string]string
+
+	unlock    func() // gives back the data directory's lock
+	closeOnce sync.Once
 }
 
 // OpenStore opens (creating if needed) the data directory and loads metadata,
-// removing temp files and half-made objects left by a crash.
+// removing stale temp files and half-made objects left by a crash, and
+// setting aside records that do not decode (see Quarantined).
+//
+// The data directory is locked for the Store's life (flock on <dir>/lock):
+// a directory another process has open fails with ErrBusy, since two
+// plugins would sweep each other's files and devices. Stores opened again
+// in the same process share the lock. The owner file (see OwnerToken) is
+// created on first open.
 func OpenStore(cfg StoreConfig) (*Store, error) {
 	if cfg.OverProvisionRatio == 0 {
 		cfg.OverProvisionRatio = 1
@@ -89,19 +104,38 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
 	}
+	unlock, err := lockDir(dir)
+	if err != nil {
+		return nil, err // names the directory and its holder
+	}
 	s := &Store{
-		cfg:       cfg,
-		volumes:   make(map[string]Volume),
-		snapshots: make(map[string]Snapshot),
-		busy:      make(map[string]chan struct{}),
-		reserved:  make(map[string]int64),
+		cfg:         cfg,
+		volumes:     make(map[string]Volume),
+		snapshots:   make(map[string]Snapshot),
+		busy:        make(map[string]chan struct{}),
+		reserved:    make(map[string]int64),
+		quarantined: make(map[string]string),
+		unlock:      unlock,
+	}
+	if err := s.load(); err != nil {
+		unlock()
+		return nil, fmt.Errorf("open store %s: %w", dir, err)
+	}
+	return s, nil
+}
+
+// load reads the owner token (creating it) and the records, and removes
+// what a crash left half-made.
+func (s *Store) load() error {
+	if _, err := OwnerToken(s.cfg.Dir); err != nil {
+		return err
 	}
 	recs, err := s.readRecords()
 	if err != nil {
-		return nil, fmt.Errorf("open store %s: %w", dir, err)
+		return err
 	}
 	if err := s.removeOrphans(recs); err != nil {
-		return nil, fmt.Errorf("open store %s: %w", dir, err)
+		return err
 	}
 	for id, r := range recs {
 		if r.Volume != nil {
@@ -110,7 +144,15 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 			s.snapshots[id] = *r.Snapshot
 		}
 	}
-	return s, nil
+	return nil
+}
+
+// Close gives back the data directory's lock (when no other Store of this
+// process holds it). The plugin never closes its Store: the lock goes with
+// the process. Idempotent.
+func (s *Store) Close() error {
+	s.closeOnce.Do(s.unlock)
+	return nil
 }
 
 // Dir is the absolute data directory.

@@ -37,6 +37,9 @@ func (s *Store) CreateSnapshot(ctx context.Context, name, sourceVolumeID string,
 		}
 		return snap, nil
 	}
+	if err := s.checkQuarantined(id); err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)
+	}
 	v, err := s.Volume(sourceVolumeID)
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)

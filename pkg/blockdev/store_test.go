@@ -93,7 +93,7 @@ func TestLookups(t *testing.T) {
 			if _, err := s.UpdateNode(context.Background(), id, NodeState{}); !errors.Is(err, ErrNotFound) {
 				t.Errorf("UpdateNode(%q) = %v, want ErrNotFound", id, err)
 			}
-			if err := s.DeleteVolume(context.Background(), id); err != nil {
+			if err := s.DeleteVolume(context.Background(), id, nil); err != nil {
 				t.Errorf("DeleteVolume(%q) = %v, want nil", id, err)
 			}
 			if err := s.DeleteSnapshot(context.Background(), id); err != nil {
@@ -115,7 +115,7 @@ func TestDeleteVolume(t *testing.T) {
 		if _, err := s.UpdateNode(ctx, v.ID, NodeState{StagingPath: "/stage", Device: "/dev/loop9"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := s.DeleteVolume(ctx, v.ID); !errors.Is(err, ErrBusy) {
+		if err := s.DeleteVolume(ctx, v.ID, nil); !errors.Is(err, ErrBusy) {
 			t.Fatalf("DeleteVolume of a staged volume = %v, want ErrBusy", err)
 		}
 		if _, err := s.UpdateNode(ctx, v.ID, NodeState{}); err != nil {
@@ -123,7 +123,7 @@ func TestDeleteVolume(t *testing.T) {
 		}
 	})
 	t.Run("with-snapshot", func(t *testing.T) {
-		if err := s.DeleteVolume(ctx, v.ID); err != nil {
+		if err := s.DeleteVolume(ctx, v.ID, nil); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Stat(s.VolumeFile(v.ID)); !errors.Is(err, os.ErrNotExist) {
@@ -137,7 +137,7 @@ func TestDeleteVolume(t *testing.T) {
 		}
 	})
 	t.Run("again", func(t *testing.T) {
-		if err := s.DeleteVolume(ctx, v.ID); err != nil {
+		if err := s.DeleteVolume(ctx, v.ID, nil); err != nil {
 			t.Fatalf("second DeleteVolume = %v, want nil", err)
 		}
 	})

@@ -36,6 +36,9 @@ func (s *Store) CreateVolume(ctx context.Context, spec VolumeSpec) (Volume, erro
 	if v, err := s.Volume(id); err == nil {
 		return v, sameVolume(v, spec, size)
 	}
+	if err := s.checkQuarantined(id); err != nil {
+		return Volume{}, fmt.Errorf("volume %q: %w", spec.Name, err)
+	}
 	srcFile, srcSize, err := s.source(srcID)
 	if err != nil {
 		return Volume{}, err
@@ -151,7 +154,14 @@ func classify(err error) error {
 // IDs return nil. A volume whose node state says it is staged or attached
 // returns ErrBusy. Snapshots of the volume are independent files and do not
 // block deletion.
-func (s *Store) DeleteVolume(ctx context.Context, id string) error {
+//
+// Before anything is removed, detach (Backend.Detach; nil when no backend
+// can hold the volume) removes any device still serving the volume that
+// its record does not name: one attached just before a crash, before the
+// record said so. Left behind, it would pin the deleted file's space and
+// could serve a new volume of the same ID from the old file. Its error
+// (ErrBusy for a device in use) fails the deletion, with nothing removed.
+func (s *Store) DeleteVolume(ctx context.Context, id string, detach func(ctx context.Context, volumeID string) error) error {
 	if !isVolumeID(id) {
 		return nil
 	}
@@ -166,6 +176,11 @@ func (s *Store) DeleteVolume(ctx context.Context, id string) error {
 	}
 	if v.Node.StagingPath != "" || v.Node.Device != "" {
 		return fmt.Errorf("delete volume %s: staged at %q on %q: %w", id, v.Node.StagingPath, v.Node.Device, ErrBusy)
+	}
+	if detach != nil {
+		if err := detach(ctx, id); err != nil {
+			return fmt.Errorf("delete volume %s: detach a device left behind: %w", id, err)
+		}
 	}
 	return s.deleteObject(id)
 }

@@ -46,6 +46,7 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
+		Owner:    cfg.Owner,
 		BatchIO:  batch,
 		Threads:  cfg.Threads, ThreadPerQueue: cfg.ThreadPerQueue,
 		Queue: ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
@@ -76,6 +77,9 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 
 // StartupErrors returns what went wrong re-adopting or sweeping devices.
 func (b *ublkBackend) StartupErrors() []error { return b.startup }
+
+// Quarantined returns the device state files set aside as unreadable.
+func (b *ublkBackend) Quarantined() []string { return b.srv.Quarantined() }
 
 // Features returns the ublk driver's UBLK_F_* flags.
 func (b *ublkBackend) Features() uint64 { return b.srv.Features() }

@@ -260,7 +260,7 @@ func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	if v.Node.StagingPath != "" {
 		return nil, precondition("volume %s is staged at %s", id, v.Node.StagingPath)
 	}
-	if err := s.d.store.DeleteVolume(ctx, id); err != nil {
+	if err := s.d.store.DeleteVolume(ctx, id, s.d.backend.Detach); err != nil {
 		return nil, toStatus(fmt.Errorf("delete volume %s: %w", id, err))
 	}
 	klog.InfoS("volume deleted", "volumeID", id)

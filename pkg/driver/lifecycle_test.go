@@ -42,6 +42,7 @@ func newTestNode(t *testing.T, dir string) *testNode {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { store.Close() }) // its lock file would keep a tmpfs data dir mounted
 	b, err := blockdev.NewBackend("loop", blockdev.BackendConfig{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
 	if err != nil {
 		t.Fatal(err)

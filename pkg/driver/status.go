@@ -27,6 +27,10 @@ type NodeStatus struct {
 	// under its pids limit (blockdev.PidsHeadroom); nil when there is no
 	// limit. Each ublk queue is two of them.
 	PidsHeadroom *int64 `json:"pidsHeadroom,omitempty"`
+	// Quarantined are the records (volume metadata, ublk device states)
+	// set aside because they could not be read (blockdev.Quarantiner):
+	// their objects are out of service until an operator acts.
+	Quarantined []string `json:"quarantined,omitempty"`
 }
 
 // VolumeStatus describes one volume and, when attached, its device.
@@ -65,6 +69,10 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	}
 	st.CapacityAvailable, st.CapacityTotal, _ = d.store.Capacity()
 	st.Snapshots = len(d.store.Snapshots())
+	st.Quarantined = d.store.Quarantined()
+	if q, ok := d.backend.(blockdev.Quarantiner); ok {
+		st.Quarantined = append(st.Quarantined, q.Quarantined()...)
+	}
 	if room, err := blockdev.PidsHeadroom(os.Getpid()); err == nil && room >= 0 {
 		st.PidsHeadroom = &room
 	}

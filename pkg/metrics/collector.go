@@ -24,6 +24,7 @@ var (
 	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the data directory's filesystem.", nil, nil)
 	descVolumes   = prometheus.NewDesc(ns+"_volumes", "Volumes on this node.", nil, nil)
 	descSnapshots = prometheus.NewDesc(ns+"_snapshots", "Snapshots on this node.", nil, nil)
+	descQuarant   = prometheus.NewDesc(ns+"_quarantined_records", "Records (volume metadata, ublk device states) set aside because they could not be read; each keeps its volume out of service until an operator restores or removes it.", nil, nil)
 	descPids      = prometheus.NewDesc(ns+"_node_pids_headroom", "Tasks the plugin's cgroup may still start under its pids limit (absent without a limit); each ublk queue takes 2, and a new device is refused below its need plus 16.", nil, nil)
 	descSize      = prometheus.NewDesc(ns+"_volume_size_bytes", "Provisioned size of the volume.", volLabels, nil)
 	descState     = prometheus.NewDesc(ns+"_volume_device_state", "1 for the device's current state.", append(volLabels, "backend", "state"), nil)
@@ -52,7 +53,7 @@ type Collector struct {
 func NewCollector(status StatusFunc) *Collector { return &Collector{status: status} }
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descCapAvail, descCapTotal, descVolumes, descSnapshots, descPids, descSize,
+	for _, d := range []*prometheus.Desc{descUp, descCapAvail, descCapTotal, descVolumes, descSnapshots, descQuarant, descPids, descSize,
 		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency,
 		descLimIOPS, descLimBytes, descThrottled, descThrotTime} {
 		ch <- d
@@ -77,6 +78,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descCapTotal, float64(st.CapacityTotal))
 	gauge(descVolumes, float64(len(st.Volumes)))
 	gauge(descSnapshots, float64(st.Snapshots))
+	gauge(descQuarant, float64(len(st.Quarantined)))
 	if st.PidsHeadroom != nil {
 		gauge(descPids, float64(*st.PidsHeadroom))
 	}

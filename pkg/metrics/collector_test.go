@@ -23,6 +23,7 @@ var headroom = int64(180)
 
 var attached = driver.NodeStatus{
 	Backend: "ublk", Kernel: "6.12", Healthy: true, CapacityAvailable: 100, CapacityTotal: 200, PidsHeadroom: &headroom,
+	Quarantined: []string{"/data/meta/v3.json.corrupt-20261202T003000.000000000Z"},
 	Volumes: []driver.VolumeStatus{
 		{ID: "v1", Name: "pvc-1", SizeBytes: 1 << 30, Device: "/dev/ublkb0", Backend: "ublk",
 			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 128, MaxIOBytes: 512 << 10},
@@ -56,6 +57,7 @@ func TestCollectorReportsVolumes(t *testing.T) {
 		{"fastblk_volume_size_bytes", `fastblk_volume_size_bytes{name="pvc-2",volume_id="v2"} 1.048576e+06`},
 		{"fastblk_node_capacity_available_bytes", `fastblk_node_capacity_available_bytes 100`},
 		{"fastblk_node_pids_headroom", `fastblk_node_pids_headroom 180`},
+		{"fastblk_quarantined_records", `fastblk_quarantined_records 1`},
 		{"fastblk_volume_limit_iops", `fastblk_volume_limit_iops{name="pvc-1",volume_id="v1"} 5000`},
 		{"fastblk_volume_limit_bytes_per_second", `fastblk_volume_limit_bytes_per_second{name="pvc-2",volume_id="v2"} 1.048576e+08`},
 		{"fastblk_volume_throttled_ios_total", `fastblk_volume_throttled_ios_total{name="pvc-1",volume_id="v1"} 7`},

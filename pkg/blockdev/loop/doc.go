@@ -7,7 +7,10 @@
 // the older LOOP_SET_FD, LOOP_SET_STATUS64, LOOP_SET_BLOCK_SIZE and
 // LOOP_SET_DIRECT_IO sequence (probe by doing, no version checks).
 // LO_FLAGS_AUTOCLEAR is never set, so a device outlives the process that made
-// it and is found again by its backing file (/sys/block/loopN/loop/backing_file).
+// it. It is found again by the mark its maker stored as lo_file_name
+// (Options.Mark, read back with LOOP_GET_STATUS64), not by its backing file
+// (/sys/block/loopN/loop/backing_file): any user of the kernel can bind the
+// same path.
 //
 // The package knows nothing of volumes or CSI. It holds no state and no file
 // descriptors between calls; every function is safe for concurrent use, and

@@ -26,7 +26,18 @@ type Options struct {
 	// BlockSize is the logical block size (512..4096, a power of two;
 	// 0 = 512). 4096 lets O_DIRECT work on backing files on 4 KiB disks.
 	BlockSize uint32
+	// Mark is stored as the device's lo_file_name (at most MaxMark
+	// bytes; "" stores the file's path, as losetup does). The kernel
+	// keeps it, and returns it (Device.Mark), unchanged for the
+	// device's life, so it proves who bound a device when the backing
+	// path cannot: another user, or another mount namespace on the same
+	// kernel, can bind the same path.
+	Mark string
 }
+
+// MaxMark is the longest Options.Mark: lo_file_name holds LO_NAME_SIZE (64)
+// bytes with a terminating NUL.
+const MaxMark = len(unix.LoopInfo64{}.File_name) - 1
 
 // Device describes one bound loop device.
 type Device struct {
@@ -37,10 +48,15 @@ type Device struct {
 	// reports it (a " (deleted)" suffix is stripped; Deleted is set).
 	BackingFile string
 	Deleted     bool
-	SizeBytes   int64
-	BlockSize   int
-	DirectIO    bool
-	ReadOnly    bool
+	// Mark is the device's lo_file_name (see Options.Mark).
+	Mark string
+	// BackingDev and BackingInode identify the backing file (st_dev and
+	// st_ino as stat reports them), whatever path reaches it.
+	BackingDev, BackingInode uint64
+	SizeBytes                int64
+	BlockSize                int
+	DirectIO                 bool
+	ReadOnly                 bool
 }
 
 // attachRetries bounds how often Attach retries when another process binds
@@ -53,6 +69,12 @@ func Attach(file string, opts Options) (Device, error) {
 	abs, err := filepath.Abs(file)
 	if err != nil {
 		return Device{}, fmt.Errorf("attach %s: %w", file, err)
+	}
+	if len(opts.Mark) > MaxMark {
+		return Device{}, fmt.Errorf("attach %s: mark %q longer than %d bytes: %w", file, opts.Mark, MaxMark, os.ErrInvalid)
+	}
+	if opts.Mark == "" {
+		opts.Mark = abs
 	}
 	flags := unix.O_RDWR
 	if opts.ReadOnly {
@@ -73,7 +95,7 @@ func Attach(file string, opts Options) (Device, error) {
 		if err != nil {
 			return Device{}, fmt.Errorf("attach %s: get free loop device: %w", abs, err)
 		}
-		err = bind(n, backing, abs, opts)
+		err = bind(n, backing, opts)
 		if errors.Is(err, unix.EBUSY) {
 			continue // another attacher won this device; ask again
 		}
@@ -86,7 +108,7 @@ func Attach(file string, opts Options) (Device, error) {
 }
 
 // bind configures device n with the backing fd.
-func bind(n, backing int, name string, opts Options) error {
+func bind(n, backing int, opts Options) error {
 	path, err := ensureNode(n)
 	if err != nil {
 		return err
@@ -98,7 +120,7 @@ func bind(n, backing int, name string, opts Options) error {
 	defer unix.Close(fd)
 	cfg := unix.LoopConfig{Fd: uint32(backing), Size: opts.BlockSize}
 	cfg.Info.Flags = statusFlags(opts)
-	copy(cfg.Info.File_name[:len(cfg.Info.File_name)-1], name)
+	copy(cfg.Info.File_name[:MaxMark], opts.Mark)
 	err = unix.IoctlLoopConfigure(fd, &cfg)
 	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) {
 		// Before Linux 5.8 LOOP_CONFIGURE is unknown (EINVAL from the
@@ -195,6 +217,29 @@ func waitUnbound(n int, timeout time.Duration) error {
 		}
 		time.Sleep(delay)
 	}
+}
+
+// SetMark replaces the mark (lo_file_name) of the bound device at path,
+// keeping its other settings (LOOP_GET_STATUS64, then LOOP_SET_STATUS64).
+func SetMark(path, mark string) error {
+	if len(mark) > MaxMark {
+		return fmt.Errorf("mark %s: %q longer than %d bytes: %w", path, mark, MaxMark, os.ErrInvalid)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("mark %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if err != nil {
+		return fmt.Errorf("mark %s: %w", path, err)
+	}
+	info.File_name = [len(info.File_name)]byte{}
+	copy(info.File_name[:MaxMark], mark)
+	if err := unix.IoctlLoopSetStatus64(fd, info); err != nil {
+		return fmt.Errorf("mark %s: %w", path, err)
+	}
+	return nil
 }
 
 // SetCapacity makes the device at path take the backing file's current size

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 const deletedSuffix = " (deleted)"
@@ -46,7 +48,35 @@ func Get(n int) (Device, error) {
 	dio, _ := readInt(n, "loop/dio")
 	ro, _ := readInt(n, "ro")
 	d.DirectIO, d.ReadOnly = dio == 1, ro == 1
+	info, err := status(n)
+	if err != nil {
+		return d, err
+	}
+	d.Mark = unix.ByteSliceToString(info.File_name[:])
+	d.BackingDev, d.BackingInode = info.Device, info.Inode
 	return d, nil
+}
+
+// status returns device n's LOOP_GET_STATUS64; an unbound device is an
+// error wrapping os.ErrNotExist.
+func status(n int) (*unix.LoopInfo64, error) {
+	path, err := ensureNode(n)
+	if err != nil {
+		return nil, err
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlLoopGetStatus64(fd)
+	if errors.Is(err, unix.ENXIO) {
+		return nil, fmt.Errorf("loop%d: unbound: %w", n, os.ErrNotExist)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("get status %s: %w", path, err)
+	}
+	return info, nil
 }
 
 // List returns every bound loop device.
@@ -75,15 +105,25 @@ func List() ([]Device, error) {
 }
 
 // Find returns the bound devices whose backing file is file (absolute),
-// including devices whose file has since been deleted (Deleted set).
+// including devices whose file has since been deleted (Deleted set). Any
+// user of the kernel may have bound them: see FindMark.
 func Find(file string) ([]Device, error) {
+	return find(func(d Device) bool { return d.BackingFile == file })
+}
+
+// FindMark returns the bound devices whose Mark is mark.
+func FindMark(mark string) ([]Device, error) {
+	return find(func(d Device) bool { return d.Mark == mark })
+}
+
+func find(match func(Device) bool) ([]Device, error) {
 	all, err := List()
 	if err != nil {
 		return nil, err
 	}
 	var out []Device
 	for _, d := range all {
-		if d.BackingFile == file {
+		if match(d) {
 			out = append(out, d)
 		}
 	}

@@ -29,10 +29,13 @@
 //
 // # Ownership
 //
-// Every device this package creates carries an owner token (derived from
-// the state directory) in dev_info.ublksrv_flags, which the kernel keeps
-// for the server. Devices whose token differs are never stopped, deleted or
-// recovered.
+// Every device this package creates carries an owner token
+// (ServerConfig.Owner: the blockdev layer persists a random one in the data
+// directory) in dev_info.ublksrv_flags, which the kernel keeps for the
+// server. Devices whose token differs are never stopped, deleted or
+// recovered; an owned device is deleted only when the server knows its
+// volume is gone or that it was never started, never because a state file
+// could not be read (such a file is set aside, see Quarantined).
 //
 // Errors wrap errnos (unix.Errno) and standard sentinels (os.ErrInvalid,
 // os.ErrNotExist, os.ErrExist, errors.ErrUnsupported); the blockdev adapter

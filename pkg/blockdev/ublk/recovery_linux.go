@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
@@ -123,28 +124,24 @@ func ListIDs() ([]uint32, error) {
 // adopt runs at start-up. Per state file: a volume file that still exists
 // gets its device re-adopted (user recovery); a missing volume file gets
 // its device deleted; a device that is gone (reboot) or no longer ours
-// just loses its state file. Devices carrying our owner token that no
-// state file names (a crash between ADD_DEV and recording it; never
-// started) are deleted. Devices of other owners are never touched. The
+// just loses its state file. A state file that does not decode is set
+// aside (see loadStates) and its device, whichever it is, left alone. Then
+// the sweep (see sweep). Devices of other owners are never touched. The
 // returned errors are per device; the server stays usable.
 func (s *Server) adopt(ctx context.Context) []error {
-	sts, err := loadStates(s.cfg.StateDir)
-	errs := []error{err}
-	recorded := map[uint32]bool{}
-	for _, st := range sts {
-		recorded[st.DevID] = true
+	if err := atomicfile.RemoveStale(s.cfg.StateDir); err != nil {
+		return []error{err}
+	}
+	scan, err := loadStates(s.cfg.StateDir, true)
+	if err != nil {
+		// Nothing is known: re-adopt nothing, delete nothing.
+		return []error{fmt.Errorf("%w: no ublk device re-adopted or swept", err)}
+	}
+	errs := scan.problems
+	for _, st := range scan.states {
 		errs = append(errs, s.adoptOne(ctx, st))
 	}
-	ids, err := ListIDs()
-	errs = append(errs, err)
-	for _, id := range ids {
-		if recorded[id] {
-			continue
-		}
-		if err := DeleteOwned(s.ctl, id, s.owner); err != nil && !errors.Is(err, ErrNotOwned) {
-			errs = append(errs, fmt.Errorf("sweep ublk device %d: %w", id, err))
-		}
-	}
+	errs = append(errs, s.sweep(scan)...)
 	var out []error
 	for _, e := range errs {
 		if e != nil {
@@ -154,15 +151,111 @@ func (s *Server) adopt(ctx context.Context) []error {
 	return out
 }
 
+// sweep deletes the devices carrying our owner token that no state names
+// and that were never started: left by a crash between ADD_DEV and
+// recording the device, they have no block device and no user. A device
+// that was started may serve a volume whose state is lost, with a mount
+// on it, so it is reported and left alone; and while any state file is
+// unreadable (it may name any device) nothing is deleted.
+func (s *Server) sweep(scan stateScan) []error {
+	devs, err := s.unrecorded(scan.states)
+	if err != nil {
+		return []error{fmt.Errorf("sweep ublk devices: %w", err)}
+	}
+	var errs []error
+	for _, info := range devs {
+		id := info.DevID
+		switch {
+		case len(scan.unreadable) > 0:
+			errs = append(errs, fmt.Errorf("ublk device %d is ours but no readable state names it; left alone while %q cannot be read", id, scan.unreadable))
+		case info.State != StateDead:
+			errs = append(errs, fmt.Errorf("ublk device %d is ours and was started but no state names it; left alone", id))
+		default:
+			if err := DeleteOwned(s.ctl, id, s.owner); err != nil && !errors.Is(err, ErrNotOwned) {
+				errs = append(errs, fmt.Errorf("sweep ublk device %d: %w", id, err))
+			}
+		}
+	}
+	return errs
+}
+
+// unrecorded returns the devices carrying our owner token that no state
+// of sts names.
+func (s *Server) unrecorded(sts []State) ([]DevInfo, error) {
+	recorded := map[uint32]bool{}
+	for _, st := range sts {
+		recorded[st.DevID] = true
+	}
+	ids, err := ListIDs()
+	if err != nil {
+		return nil, err
+	}
+	var out []DevInfo
+	for _, id := range ids {
+		if recorded[id] {
+			continue
+		}
+		info, err := s.ctl.GetDevInfo(id)
+		if errors.Is(err, unix.ENODEV) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("ublk device %d: %w", id, err)
+		}
+		if info.UblksrvFlags == s.owner {
+			out = append(out, info)
+		}
+	}
+	return out, nil
+}
+
+// checkUnreadable fails, with an error wrapping os.ErrExist, when the
+// volume's state file is unreadable or set aside while some device of ours
+// is not accounted for by a readable state: that device may serve the
+// volume, so neither a new device nor "no device" would be safe.
+func (s *Server) checkUnreadable(id string, scan stateScan) error {
+	var mine []string
+	for _, name := range scan.unreadable {
+		if name == id+stateSuffix || strings.HasPrefix(name, id+stateSuffix+corruptMark) {
+			mine = append(mine, name)
+		}
+	}
+	if len(mine) == 0 {
+		return nil
+	}
+	devs, err := s.unrecorded(scan.states)
+	if err != nil {
+		return fmt.Errorf("volume %s: %w", id, err)
+	}
+	if len(devs) == 0 {
+		return nil // nothing it could name exists
+	}
+	ids := make([]uint32, len(devs))
+	for i, d := range devs {
+		ids[i] = d.DevID
+	}
+	return fmt.Errorf("volume %s: state %q in %s unreadable and ublk devices %v unaccounted for, one may serve it; "+
+		"inspect them (csi-fastblk ublk list), delete the stale one, then remove the state file: %w", id, mine, s.cfg.StateDir, ids, os.ErrExist)
+}
+
 func (s *Server) adoptOne(ctx context.Context, st State) error {
 	if st.Owner != s.owner {
 		return removeState(s.cfg.StateDir, st.VolumeID)
 	}
 	if _, err := os.Stat(st.File); errors.Is(err, os.ErrNotExist) {
-		if err := DeleteOwned(s.ctl, st.DevID, s.owner); err != nil && !errors.Is(err, ErrNotOwned) {
-			return fmt.Errorf("delete orphan ublk device %d of %s: %w", st.DevID, st.VolumeID, err)
-		}
-		return removeState(s.cfg.StateDir, st.VolumeID)
+		return s.deleteRecorded(st)
+	}
+	info, err := s.ctl.GetDevInfo(st.DevID)
+	switch {
+	case errors.Is(err, unix.ENODEV) || (err == nil && info.UblksrvFlags != s.owner):
+		return removeState(s.cfg.StateDir, st.VolumeID) // gone (a reboot), or the id reused
+	case err != nil:
+		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
+	case info.State != StateLive && info.State != StateQuiesced && info.State != StateFailIO:
+		// Recorded but never started (a crash before START_DEV) or
+		// stopped: no block device, no user. Delete it; the next
+		// Attach creates the device afresh.
+		return s.deleteRecorded(st)
 	}
 	// Starting the queues without room for their threads would crash the
 	// process and every device with it; the device stays recorded, its
@@ -187,4 +280,24 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	}
 	s.put(st.VolumeID, &served{st: st, dev: dev, lim: lim, file: file, recovered: true})
 	return nil
+}
+
+// deleteRecorded deletes the recorded device (if still ours), then its
+// state file.
+func (s *Server) deleteRecorded(st State) error {
+	if err := DeleteOwned(s.ctl, st.DevID, s.owner); err != nil && !errors.Is(err, ErrNotOwned) {
+		return fmt.Errorf("delete ublk device %d of %s: %w", st.DevID, st.VolumeID, err)
+	}
+	return removeState(s.cfg.StateDir, st.VolumeID)
+}
+
+// Quarantined returns the paths of the state files set aside because they
+// do not decode. Each stays until an operator inspects and removes it;
+// meanwhile its device, if any, is left alone.
+func (s *Server) Quarantined() []string {
+	names, _ := Quarantined(s.cfg.StateDir)
+	for i, n := range names {
+		names[i] = filepath.Join(s.cfg.StateDir, n)
+	}
+	return names
 }

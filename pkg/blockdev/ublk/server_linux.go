@@ -21,6 +21,10 @@ import (
 type ServerConfig struct {
 	// StateDir holds one State file per device (created if missing).
 	StateDir string
+	// Owner marks the devices of this plugin instance (kept by the
+	// kernel in ublksrv_flags); the top bit must be set. Zero means
+	// OwnerToken(StateDir), which depends on the path.
+	Owner uint64
 	// ZeroCopy chooses between zero copy and copy mode ("" = auto).
 	ZeroCopy Mode
 	// BatchIO chooses between batch commands (UBLK_F_BATCH_IO, Linux
@@ -134,7 +138,10 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 		ctl.Close()
 		return nil, nil, err
 	}
-	s := &Server{cfg: cfg, ctl: ctl, features: f, owner: OwnerToken(cfg.StateDir), devs: map[string]*served{}}
+	if cfg.Owner == 0 {
+		cfg.Owner = OwnerToken(cfg.StateDir)
+	}
+	s := &Server{cfg: cfg, ctl: ctl, features: f, owner: cfg.Owner, devs: map[string]*served{}}
 	if !cfg.ThreadPerQueue {
 		n := cfg.Threads
 		if n <= 0 {
@@ -228,8 +235,14 @@ func (s *Server) adoptRecorded(ctx context.Context, spec AttachSpec) (Served, bo
 	if spec.Null {
 		return Served{}, false, nil
 	}
-	sts, _ := loadStates(s.cfg.StateDir)
-	for _, st := range sts {
+	scan, err := loadStates(s.cfg.StateDir, false)
+	if err != nil {
+		return Served{}, false, fmt.Errorf("attach %s: %w", spec.VolumeID, err)
+	}
+	if err := s.checkUnreadable(spec.VolumeID, scan); err != nil {
+		return Served{}, false, fmt.Errorf("attach %w", err)
+	}
+	for _, st := range scan.states {
 		if st.VolumeID != spec.VolumeID {
 			continue
 		}
@@ -275,7 +288,11 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 			if spec.Null {
 				return nil // benchmark devices are never re-adopted
 			}
-			return saveState(s.cfg.StateDir, st)
+			if err := saveState(s.cfg.StateDir, st); err != nil {
+				return err
+			}
+			failAt(fpStateSaved)
+			return nil
 		}}
 	dev, err := CreateDevice(ctx, s.ctl, cfg)
 	if err != nil {
@@ -388,18 +405,24 @@ func (s *Server) Detach(ctx context.Context, id string) error {
 }
 
 // detachRecorded removes a device that has a state file but is not served
-// (its re-adoption failed).
+// (its re-adoption failed). An unreadable state file of another volume
+// does not block it; one of this volume does (checkUnreadable).
 func (s *Server) detachRecorded(id string) error {
-	sts, err := loadStates(s.cfg.StateDir)
-	for _, st := range sts {
+	scan, err := loadStates(s.cfg.StateDir, false)
+	if err != nil {
+		return fmt.Errorf("detach %s: %w", id, err)
+	}
+	for _, st := range scan.states {
 		if st.VolumeID == id {
-			if err := DeleteOwned(s.ctl, st.DevID, s.owner); err != nil && !errors.Is(err, ErrNotOwned) {
+			if err := s.deleteRecorded(st); err != nil {
 				return fmt.Errorf("detach %s: %w", id, err)
 			}
-			return removeState(s.cfg.StateDir, id)
+			return nil
 		}
 	}
-	_ = err // an unreadable unrelated state file does not block this detach
+	if err := s.checkUnreadable(id, scan); err != nil {
+		return fmt.Errorf("detach %w", err)
+	}
 	return nil
 }
 

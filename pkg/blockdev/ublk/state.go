@@ -7,7 +7,9 @@ import (
 	"hash/fnv"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
@@ -34,12 +36,18 @@ type State struct {
 	Owner uint64 `json:"owner"`
 }
 
-const stateSuffix = ".json"
+const (
+	stateSuffix = ".json"
+	// corruptMark joins the name of a set-aside state file and the time
+	// it was set aside: <volume-id>.json.corrupt-<UTC time>.
+	corruptMark = ".corrupt-"
+)
 
-// OwnerToken derives the token that marks devices as belonging to the
-// plugin instance with this state directory. It is kept by the kernel in
-// dev_info.ublksrv_flags, so it survives the process; the top bit is set
-// so that it is never 0 (what other servers usually leave there).
+// OwnerToken derives a token from the state directory's path: the token
+// plugins before the owner file used, and what ServerConfig.Owner falls
+// back to when zero. It is kept by the kernel in dev_info.ublksrv_flags, so
+// it survives the process; the top bit is set so that it is never 0 (what
+// other servers usually leave there).
 func OwnerToken(stateDir string) uint64 {
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
@@ -77,40 +85,111 @@ func removeState(dir, id string) error {
 	return nil
 }
 
-// loadStates reads every state file in dir and removes leftover temp
-// files. A file that does not parse is reported, not deleted.
-func loadStates(dir string) ([]State, error) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return nil, fmt.Errorf("read state dir %s: %w", dir, err)
-	}
-	var states []State
-	var errs []error
-	for _, e := range ents {
-		name := e.Name()
-		if strings.HasPrefix(name, atomicfile.TempPrefix) {
-			os.Remove(filepath.Join(dir, name))
-			continue
-		}
-		if !strings.HasSuffix(name, stateSuffix) {
-			continue
-		}
-		data, err := os.ReadFile(filepath.Join(dir, name))
-		var st State
-		if err == nil {
-			err = json.Unmarshal(data, &st)
-		}
-		if err == nil && st.VolumeID+stateSuffix != name {
-			err = fmt.Errorf("volume id %q does not match the file name", st.VolumeID)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("load state %s: %w", name, err))
-			continue
-		}
-		states = append(states, st)
-	}
-	return states, errors.Join(errs...)
+// stateScan is what loadStates found in a state directory.
+type stateScan struct {
+	states []State
+	// unreadable names the state files that could not be read or
+	// decoded, and those set aside earlier: each may name a device, so
+	// while any exists no unrecorded device is known to be unused.
+	unreadable []string
+	// problems say why, one per file.
+	problems []error
 }
 
-// States returns the device records in a state directory.
-func States(dir string) ([]State, error) { return loadStates(dir) }
+// loadStates reads every state file in dir. With setAside, a file that
+// does not decode, or names another volume, is renamed aside (quarantine)
+// and reported; one that cannot be read is reported. Temp files are left
+// alone: they may be another volume's state being written (see
+// atomicfile.RemoveStale). The error is for a directory that cannot be
+// read, when nothing is known.
+func loadStates(dir string, setAside bool) (stateScan, error) {
+	var scan stateScan
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return scan, fmt.Errorf("read state dir %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		if strings.Contains(name, stateSuffix+corruptMark) {
+			scan.unreadable = append(scan.unreadable, name)
+			continue
+		}
+		if strings.HasPrefix(name, atomicfile.TempPrefix) || !strings.HasSuffix(name, stateSuffix) {
+			continue
+		}
+		st, err := readState(dir, name)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // removed since ReadDir
+		}
+		if errors.Is(err, errCorrupt) && setAside {
+			name, err = quarantine(dir, name, err)
+		}
+		if err != nil {
+			scan.unreadable = append(scan.unreadable, name)
+			scan.problems = append(scan.problems, err)
+			continue
+		}
+		scan.states = append(scan.states, st)
+	}
+	return scan, nil
+}
+
+// errCorrupt marks a state file that was read but does not describe a
+// device.
+var errCorrupt = errors.New("corrupt state file")
+
+func readState(dir, name string) (State, error) {
+	var st State
+	data, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		return st, fmt.Errorf("load state %s: %w", name, err)
+	}
+	if err := json.Unmarshal(data, &st); err != nil {
+		return st, fmt.Errorf("load state %s: %w: %w", name, errCorrupt, err)
+	}
+	if st.VolumeID+stateSuffix != name {
+		return st, fmt.Errorf("load state %s: %w: volume id %q does not match the file name", name, errCorrupt, st.VolumeID)
+	}
+	return st, nil
+}
+
+// quarantine renames the state file name aside, never deleting it, and
+// returns its new name (the old one if the rename failed) and an error
+// saying what happened, for the start-up report.
+func quarantine(dir, name string, cause error) (string, error) {
+	set := name + corruptMark + time.Now().UTC().Format("20060102T150405.000000000Z")
+	if err := os.Rename(filepath.Join(dir, name), filepath.Join(dir, set)); err != nil {
+		return name, errors.Join(cause, fmt.Errorf("set aside state %s: %w", name, err))
+	}
+	if err := atomicfile.SyncDir(dir); err != nil {
+		return set, errors.Join(cause, err)
+	}
+	return set, fmt.Errorf("%w; set aside as %s: its device, if any, is left alone", cause, set)
+}
+
+// States returns the device records in a state directory; the error joins
+// what went wrong per file. It changes nothing (the Server sets aside what
+// does not decode when it starts).
+func States(dir string) ([]State, error) {
+	scan, err := loadStates(dir, false)
+	if err != nil {
+		return nil, err
+	}
+	return scan.states, errors.Join(scan.problems...)
+}
+
+// Quarantined lists the state files set aside in dir, sorted, by name.
+func Quarantined(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("read state dir %s: %w", dir, err)
+	}
+	var out []string
+	for _, e := range ents {
+		if strings.Contains(e.Name(), stateSuffix+corruptMark) {
+			out = append(out, e.Name())
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
