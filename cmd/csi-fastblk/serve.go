@@ -88,6 +88,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
+	thawAbandoned(store)
 	backend, err := blockdev.NewBackend(cfg.backend, cfg.devices)
 	if err != nil {
 		return fmt.Errorf("backend: %w", err)
@@ -126,6 +127,21 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return nil
 	}
 	return err
+}
+
+// thawAbandoned thaws the filesystems an earlier run froze for a snapshot or
+// clone and was killed before thawing: their pods' writes hang until then.
+// What cannot be thawed is logged and kept for the next start; serving goes
+// on, since the other volumes need it.
+func thawAbandoned(store *blockdev.Store) {
+	thawed, err := store.ThawAbandoned()
+	for _, r := range thawed {
+		klog.InfoS("thawed a filesystem a previous run left frozen", "volumeID", r.VolumeID,
+			"mountPath", r.MountPath, "frozenAt", r.FrozenAt)
+	}
+	if err != nil {
+		klog.ErrorS(err, "cannot thaw every filesystem a previous run left frozen; their writes hang until thawed (fsfreeze -u <mount>)")
+	}
 }
 
 // retryReconcile calls Reconcile every interval until it succeeds or ctx
