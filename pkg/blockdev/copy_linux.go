@@ -80,6 +80,38 @@ func cloneFile(ctx context.Context, out int, src string) error {
 	return sparseCopy(ctx, out, in)
 }
 
+// CanReflink reports whether the data directory's filesystem shares extents
+// between files (FICLONE), by cloning a temporary file in volumes/. A copy
+// of a volume is then one reflink, made at a single point in time: the
+// filesystem holds the file's writers out while it clones (xfs takes the
+// inode's I/O lock exclusively, btrfs the inode lock).
+func (s *Store) CanReflink() (bool, error) {
+	dir := filepath.Join(s.cfg.Dir, "volumes")
+	a, err := os.CreateTemp(dir, atomicfile.TempPrefix+"reflink-probe-*")
+	if err != nil {
+		return false, fmt.Errorf("reflink probe: %w", err)
+	}
+	defer os.Remove(a.Name())
+	defer a.Close()
+	b, err := os.CreateTemp(dir, atomicfile.TempPrefix+"reflink-probe-*")
+	if err != nil {
+		return false, fmt.Errorf("reflink probe: %w", err)
+	}
+	defer os.Remove(b.Name())
+	defer b.Close()
+	if _, err := a.Write(make([]byte, SizeAlign)); err != nil {
+		return false, fmt.Errorf("reflink probe: %w", err)
+	}
+	err = unix.IoctlFileClone(int(b.Fd()), int(a.Fd()))
+	if err != nil && cloneUnsupported(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reflink probe: %w", err)
+	}
+	return true, nil
+}
+
 // cloneUnsupported reports whether FICLONE failed because the filesystem
 // cannot share extents between these files (as opposed to an I/O error).
 func cloneUnsupported(err error) bool {

@@ -14,10 +14,15 @@ import (
 // same source volume is returned as it is; one of another volume is
 // ErrConflict. A missing source volume is ErrNotFound.
 //
-// When q is not nil the volume is quiesced (q) for the duration of the
-// reflink or copy and resumed right after, so that the snapshot of a volume
-// in use is crash-consistent. The snapshot is a file of its own: deleting the
-// volume later does not touch it.
+// When q is not nil the volume is in use: it is copied live first, then
+// quiesced (q) only while the copy catches up (see copyQuiesced). The
+// snapshot is as consistent as q makes it: with a frozen filesystem or a
+// device whose I/O is held (Quiescer), crash-consistent; with q only
+// flushing the device (a raw block loop volume), crash-consistent when the
+// catch-up is a reflink, which is atomic against the file's writers, and
+// torn across writes made during the catch-up otherwise (the driver refuses
+// that case). The snapshot is a file of its own: deleting the volume later
+// does not touch it.
 func (s *Store) CreateSnapshot(ctx context.Context, name, sourceVolumeID string, q Quiesce) (Snapshot, error) {
 	if err := checkName(name); err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)

@@ -78,8 +78,11 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 			return nil, err
 		}
 		defer unlockSrc()
-		if v, err := s.d.store.Volume(src); err == nil {
-			spec.Quiesce = s.d.quiesceFor(v)
+		_, exists := s.d.store.Volume(blockdev.VolumeID(spec.Name))
+		if v, err := s.d.store.Volume(src); err == nil && exists != nil {
+			if spec.Quiesce, err = s.d.quiesceFor(v); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := s.d.sizeFromSource(&spec, req.GetCapacityRange()); err != nil {
