@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -112,6 +113,9 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSp
 	if err := checkParams(req.GetParameters()); err != nil {
 		return spec, invalid("%v", err)
 	}
+	if err := checkNodeTuning(req.GetParameters(), runtime.NumCPU()); err != nil {
+		return spec, invalid("%v", err)
+	}
 	if err := checkMutableParams(req.GetMutableParameters()); err != nil {
 		return spec, invalid("%v", err)
 	}
@@ -160,7 +164,10 @@ func sizeFor(cr *csi.CapacityRange) (int64, error) {
 			size = lim
 		}
 	}
-	size = roundUp(size)
+	size, err := blockdev.RoundSize(size)
+	if err != nil {
+		return 0, status.Errorf(codes.OutOfRange, "required bytes %d: above the largest volume size, %d bytes", req, int64(blockdev.MaxSize))
+	}
 	if lim > 0 && size > lim {
 		size = lim / sizeAlign * sizeAlign
 		if size < req || size == 0 {
@@ -169,8 +176,6 @@ func sizeFor(cr *csi.CapacityRange) (int64, error) {
 	}
 	return size, nil
 }
-
-func roundUp(n int64) int64 { return (n + sizeAlign - 1) / sizeAlign * sizeAlign }
 
 // sizeFromSource makes a volume created from a source at least as large as
 // the source when the request named no size.
