@@ -22,6 +22,8 @@ type serveConfig struct {
 	endpoint       string
 	backend        string
 	metricsAddress string
+	statusAddress  string
+	exposeStatus   bool
 	reconcileRetry time.Duration
 	driver         driver.Config
 	store          blockdev.StoreConfig
@@ -57,7 +59,11 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		})
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
 		"advertise ControllerExpandVolume (leave off in clusters: external-resizer has no per-node mode, so nodes grow their own volumes in NodeExpandVolume)")
-	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /status (empty disables)")
+	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /healthz (empty disables)")
+	fs.StringVar(&c.statusAddress, "status-address", "",
+		"local address for /status, which names volumes and paths: unix:///path or host:port "+
+			"(default: status.sock beside a unix CSI endpoint's socket; none disables)")
+	fs.BoolVar(&c.exposeStatus, "expose-status", false, "also serve /status on --metrics-address, to anyone who can reach it")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
 		"how often to retry restoring staged volumes whose devices could not be restored at start, for example held back by the pids limit (0 = never)")
 	return c
@@ -114,7 +120,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	stopMetrics, err := startMetrics(ctx, cfg.metricsAddress, drv)
+	stopMetrics, err := startMetrics(cfg, drv.Status)
 	if err != nil {
 		lis.Close()
 		return err

@@ -190,8 +190,13 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	if code, _ := p.get(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d, want 200", code)
 	}
+	// The metrics port is reachable from the network; the volume names
+	// and paths of /status are not served there.
+	if code, body := p.get(t, "/status"); code != http.StatusNotFound {
+		t.Errorf("/status on the metrics address = %d, want 404: it discloses %.80q...", code, body)
+	}
 
-	out, err := exec.Command(p.bin, "status", "--address", p.metrics).CombinedOutput()
+	out, err := exec.Command(p.bin, "status", "--address", "unix://"+filepath.Join(p.dir, "status.sock")).CombinedOutput()
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
