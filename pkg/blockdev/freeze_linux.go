@@ -105,6 +105,7 @@ func (s *Store) FreezeFS(ctx context.Context, volumeID, mountPath string) (thaw 
 		// for a later start to thaw.
 		return nil, errors.Join(err, atomicfile.Remove(s.freezeRecordPath(volumeID)))
 	}
+	failpoint("frozen") // test builds: killed here, frozen, by test/plugin
 	var once sync.Once
 	var terr error
 	return func() error {

@@ -32,10 +32,12 @@ type runningPlugin struct {
 	exited            chan error
 }
 
-func buildBinary(t *testing.T) string {
+// buildBinary builds the plugin with the given build tags (failpoint: see
+// pkg/blockdev/failpoint_on.go).
+func buildBinary(t *testing.T, tags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "csi-fastblk")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/csi-fastblk").CombinedOutput()
+	out, err := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, "../../cmd/csi-fastblk").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
@@ -53,12 +55,21 @@ func freePort(t *testing.T) string {
 
 func startPlugin(t *testing.T) *runningPlugin {
 	t.Helper()
-	p := &runningPlugin{bin: buildBinary(t), metrics: freePort(t), dir: t.TempDir(), exited: make(chan error, 1)}
+	return launch(t, buildBinary(t), t.TempDir())
+}
+
+// launch runs bin's serve on dir (socket, data and device directories, log)
+// with env added to its environment.
+func launch(t *testing.T, bin, dir string, env ...string) *runningPlugin {
+	t.Helper()
+	p := &runningPlugin{bin: bin, metrics: freePort(t), dir: dir, exited: make(chan error, 1)}
 	sock := filepath.Join(p.dir, "csi.sock")
+	os.Remove(sock) // left by a killed predecessor: wait for the new one
 	p.cmd = exec.Command(p.bin, "serve", "--endpoint", "unix://"+sock, "--backend", "loop",
 		"--data-dir", filepath.Join(p.dir, "data"), "--dev-dir", filepath.Join(p.dir, "dev"),
 		"--node-id", "plugin-test", "--metrics-address", p.metrics, "-v=2")
-	logf, err := os.Create(filepath.Join(p.dir, "plugin.log"))
+	p.cmd.Env = append(os.Environ(), env...)
+	logf, err := os.OpenFile(filepath.Join(p.dir, "plugin.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
