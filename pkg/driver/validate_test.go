@@ -10,10 +10,10 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -31,7 +31,7 @@ func TestReadOnlyPublishIgnoresRWFlag(t *testing.T) {
 	c.GetMount().MountFlags = []string{"rw", "noatime"}
 	target := n.stage(id, c, true)
 	err := os.WriteFile(filepath.Join(target, "x"), []byte("x"), 0o600)
-	if !errors.Is(err, unix.EROFS) {
+	if !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("write into a read-only publication with mount flag rw = %v, want EROFS", err)
 	}
 }
