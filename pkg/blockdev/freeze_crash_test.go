@@ -18,13 +18,14 @@ import (
 
 // Environment of the child process TestCrashWhileFrozen re-executes.
 const (
-	crashChildEnv = "FASTBLK_TEST_FROZEN_CHILD" // data dir, volume ID, mount path
+	crashChildEnv = "FASTBLK_TEST_FROZEN_CHILD" // data dir, volume ID, mount path, device
 )
 
 // liveVolume is a volume attached on a loop device with ext4 mounted on it.
 type liveVolume struct {
 	s   *Store
 	v   Volume
+	dev string // the stable device link
 	mnt string
 }
 
@@ -62,7 +63,7 @@ func mountVolume(t *testing.T, s *Store, name string, size int64) liveVolume {
 			t.Errorf("unmount %s: %v", mnt, err)
 		}
 	})
-	return liveVolume{s: s, v: v, mnt: mnt}
+	return liveVolume{s: s, v: v, dev: dev.Link, mnt: mnt}
 }
 
 // isFrozen reports whether the filesystem at mnt is frozen, without
@@ -95,7 +96,7 @@ func TestCrashWhileFrozen(t *testing.T) {
 	lv := mountVolume(t, openStore(t, data), "live", 64<<20)
 
 	child := exec.Command(os.Args[0], "-test.run=^TestCrashWhileFrozen$", "-test.v")
-	child.Env = append(os.Environ(), crashChildEnv+"="+strings.Join([]string{data, lv.v.ID, lv.mnt}, "\n"))
+	child.Env = append(os.Environ(), crashChildEnv+"="+strings.Join([]string{data, lv.v.ID, lv.mnt, lv.dev}, "\n"))
 	child.Stderr = os.Stderr
 	out, err := child.StdoutPipe()
 	if err != nil {
@@ -142,14 +143,14 @@ func TestCrashWhileFrozen(t *testing.T) {
 // reports "frozen" and waits to be killed.
 func frozenChild(env string) {
 	args := strings.Split(env, "\n")
-	data, id, mnt := args[0], args[1], args[2]
+	data, id, mnt, dev := args[0], args[1], args[2], args[3]
 	s, err := OpenStore(StoreConfig{Dir: data})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	q := func(ctx context.Context) (func() error, error) {
-		thaw, err := s.FreezeFS(ctx, id, mnt)
+		thaw, err := s.FreezeFS(ctx, id, mnt, dev)
 		if err != nil {
 			return nil, err
 		}
@@ -218,5 +219,32 @@ func unfreeze(mnt string) {
 	if err == nil {
 		unix.IoctlRetInt(fd, fiThaw)
 		unix.Close(fd)
+	}
+}
+
+// TestFreezeRefusesAnotherFilesystem proves the store freezes only the
+// filesystem on the volume's own device: a recorded staging path that holds
+// another filesystem (the volume's mount gone after a reboot, the path now
+// a directory of the host) is refused and left unfrozen. The stand-in for
+// the host's filesystem is an ext4 image of its own, so that a failure
+// freezes nothing that matters.
+func TestFreezeRefusesAnotherFilesystem(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	lv := mountVolume(t, s, "vol", 64<<20)
+	other := mountImage(t, 64<<20, "mkfs.ext4", "-q", "-F")
+	thaw, err := s.FreezeFS(context.Background(), lv.v.ID, other, lv.dev)
+	if err == nil {
+		thaw()
+		t.Fatalf("FreezeFS froze %s, which is not on the volume's device %s", other, lv.dev)
+	}
+	if isFrozen(t, other) {
+		unfreeze(other)
+		t.Fatalf("%s was left frozen", other)
+	}
+	if !errors.Is(err, ErrBusy) {
+		t.Errorf("FreezeFS of another filesystem = %v, want ErrBusy", err)
+	}
+	if ents, _ := os.ReadDir(filepath.Join(s.Dir(), frozenDir)); len(ents) != 0 {
+		t.Errorf("freeze records left after a refused freeze: %v", ents)
 	}
 }

@@ -87,13 +87,25 @@ type FreezeRecord struct {
 // data directory. thaw thaws it and then removes the record; a process that
 // dies in between leaves the record, and ThawAbandoned, called at start,
 // thaws what it names. The caller serialises freezes of one volume.
-func (s *Store) FreezeFS(ctx context.Context, volumeID, mountPath string) (thaw func() error, err error) {
+//
+// device is the volume's block device: the filesystem at mountPath must be
+// the one on it, else FreezeFS returns an error wrapping ErrBusy and
+// freezes nothing (a staging path whose mount is gone, after a reboot,
+// is a directory of the host's filesystem, which must never be frozen).
+func (s *Store) FreezeFS(ctx context.Context, volumeID, mountPath, device string) (thaw func() error, err error) {
 	if !isVolumeID(volumeID) {
 		return nil, fmt.Errorf("freeze %q: not a volume ID: %w", volumeID, ErrInvalid)
 	}
-	var st unix.Stat_t
+	var st, dev unix.Stat_t
 	if err := unix.Stat(mountPath, &st); err != nil {
 		return nil, fmt.Errorf("freeze %s: %w", mountPath, err)
+	}
+	if err := unix.Stat(device, &dev); err != nil {
+		return nil, fmt.Errorf("freeze %s: device %s: %w", volumeID, device, err)
+	}
+	if dev.Mode&unix.S_IFMT != unix.S_IFBLK || st.Dev != dev.Rdev {
+		return nil, fmt.Errorf("freeze %s: %s does not hold the filesystem of %s (device %d:%d, not %d:%d): %w",
+			volumeID, mountPath, device, unix.Major(st.Dev), unix.Minor(st.Dev), unix.Major(dev.Rdev), unix.Minor(dev.Rdev), ErrBusy)
 	}
 	rec := FreezeRecord{VolumeID: volumeID, MountPath: mountPath, Dev: st.Dev, FrozenAt: time.Now().UTC()}
 	if err := s.writeFreezeRecord(rec); err != nil {

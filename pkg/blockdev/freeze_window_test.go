@@ -62,7 +62,7 @@ func TestFrozenWindowCopiesOnlyChanges(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(lv.mnt, "late"), late, 0o600); err != nil {
 			return nil, err
 		}
-		thaw, err := s.FreezeFS(ctx, lv.v.ID, lv.mnt)
+		thaw, err := s.FreezeFS(ctx, lv.v.ID, lv.mnt, lv.dev)
 		if err != nil {
 			return nil, err
 		}

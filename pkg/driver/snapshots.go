@@ -76,13 +76,13 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 //     must be one reflink to be crash-consistent, and a data directory that
 //     cannot reflink gets FailedPrecondition rather than a torn copy.
 func (d *Driver) quiesceFor(v blockdev.Volume) (blockdev.Quiesce, error) {
-	id, path := v.ID, v.Node.StagingPath
+	id, path, dev := v.ID, v.Node.StagingPath, v.Node.Device
 	switch {
 	case path == "":
 		return nil, nil
 	case !v.Node.Block:
 		return func(ctx context.Context) (func() error, error) {
-			thaw, err := d.store.FreezeFS(ctx, id, path)
+			thaw, err := d.store.FreezeFS(ctx, id, path, dev)
 			if err != nil {
 				return nil, err
 			}
@@ -107,7 +107,6 @@ func (d *Driver) quiesceFor(v blockdev.Volume) (blockdev.Quiesce, error) {
 			"directory's filesystem cannot reflink, so a copy would not be crash-consistent; copy it when no pod uses it, "+
 			"or use a data directory on xfs (reflink=1) or btrfs", id, d.backend.Name())
 	}
-	dev := v.Node.Device
 	return func(ctx context.Context) (func() error, error) {
 		return func() error { return nil }, blockdev.FlushDevice(ctx, dev)
 	}, nil
