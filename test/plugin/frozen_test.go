@@ -51,27 +51,11 @@ func TestKilledWhileFrozenThawsAtStart(t *testing.T) {
 	}
 	bin, dir := buildBinary(t, "failpoint"), t.TempDir()
 	p := launch(t, bin, dir, "FASTBLK_FAILPOINT=frozen")
-	ctx := context.Background()
-	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
 	capMount := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Mount{Mount: &csi.VolumeCapability_MountVolume{FsType: "ext4"}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
-	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "frozen-vol",
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}, VolumeCapabilities: []*csi.VolumeCapability{capMount}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := vol.GetVolume().GetVolumeId()
-	staging, target := filepath.Join(dir, "staging"), filepath.Join(dir, "pod", "mnt")
-	os.MkdirAll(staging, 0o750)
-	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: capMount}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
-		TargetPath: target, VolumeCapability: capMount}); err != nil {
-		t.Fatal(err)
-	}
+	id, staging, target := p.provision(t, "frozen-vol", 64<<20, capMount, "mnt")
 	t.Cleanup(func() {
 		// Never leave the host with a frozen mount. Thaw only: by now
 		// staging may be a plain directory of the host's filesystem,
@@ -94,6 +78,7 @@ func TestKilledWhileFrozenThawsAtStart(t *testing.T) {
 		}
 	})
 
+	ctx, ctrl := context.Background(), csi.NewControllerClient(p.conn)
 	snapErr := make(chan error, 1)
 	go func() {
 		_, err := ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "frozen-snap", SourceVolumeId: id})
@@ -111,7 +96,7 @@ func TestKilledWhileFrozenThawsAtStart(t *testing.T) {
 	}
 
 	p = launch(t, bin, dir) // no failpoint: the plugin as it starts after a crash
-	ctrl, node = csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
+	ctrl = csi.NewControllerClient(p.conn)
 	if frozen(t, staging) {
 		t.Fatal("the filesystem is still frozen after the plugin started again: every write of the pod hangs")
 	}
@@ -132,13 +117,5 @@ func TestKilledWhileFrozenThawsAtStart(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(dir, "plugin.log")); !strings.Contains(string(b), "thawed a filesystem a previous run left frozen") {
 		t.Error("the restarted plugin did not log the thaw")
 	}
-	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
-		t.Fatal(err)
-	}
+	p.release(t, id, staging, target)
 }

@@ -97,6 +97,46 @@ func launch(t *testing.T, bin, dir string, env ...string) *runningPlugin {
 	return p
 }
 
+// provision creates a volume of size bytes for capability c, stages it at
+// <dir>/staging and publishes it at <dir>/pod/<targetName>, as kubelet does.
+func (p *runningPlugin) provision(t *testing.T, name string, size int64, c *csi.VolumeCapability, targetName string) (id, staging, target string) {
+	t.Helper()
+	ctx := context.Background()
+	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
+	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{c}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = vol.GetVolume().GetVolumeId()
+	staging, target = filepath.Join(p.dir, "staging"), filepath.Join(p.dir, "pod", targetName)
+	os.MkdirAll(staging, 0o750)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: c}); err != nil {
+		t.Fatal(err)
+	}
+	return id, staging, target
+}
+
+// release unpublishes, unstages and deletes what provision made.
+func (p *runningPlugin) release(t *testing.T, id, staging, target string) {
+	t.Helper()
+	ctx := context.Background()
+	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func waitFor(t *testing.T, what string, ok func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
@@ -146,27 +186,11 @@ func TestServeMetricsAndStatus(t *testing.T) {
 		t.Skip("needs root: the plugin attaches loop devices")
 	}
 	p := startPlugin(t)
-	ctx := context.Background()
-	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
 	capBlock := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
-	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "metrics-vol",
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, VolumeCapabilities: []*csi.VolumeCapability{capBlock}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := vol.GetVolume().GetVolumeId()
-	staging, target := filepath.Join(p.dir, "staging"), filepath.Join(p.dir, "pod", "dev")
-	os.MkdirAll(staging, 0o750)
-	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: capBlock}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
-		TargetPath: target, VolumeCapability: capBlock}); err != nil {
-		t.Fatal(err)
-	}
+	id, staging, target := p.provision(t, "metrics-vol", 32<<20, capBlock, "dev")
 
 	writes := fmt.Sprintf(`fastblk_volume_ios_total{name="metrics-vol",op="write",volume_id="%s"}`, id)
 	_, body := p.get(t, "/metrics")
@@ -220,15 +244,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 		t.Errorf("status output lacks the volume size:\n%s", out)
 	}
 
-	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
-		t.Fatal(err)
-	}
+	p.release(t, id, staging, target)
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.exited:
