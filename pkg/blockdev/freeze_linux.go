@@ -101,7 +101,8 @@ func (s *Store) FreezeFS(ctx context.Context, volumeID, mountPath, device string
 		return nil, fmt.Errorf("freeze %s: %w", mountPath, err)
 	}
 	if err := unix.Stat(device, &dev); err != nil {
-		return nil, fmt.Errorf("freeze %s: device %s: %w", volumeID, device, err)
+		// Staged in the record but not attached (yet, after a reboot).
+		return nil, fmt.Errorf("freeze %s: device %s: %w: %w", volumeID, device, ErrBusy, err)
 	}
 	if dev.Mode&unix.S_IFMT != unix.S_IFBLK || st.Dev != dev.Rdev {
 		return nil, fmt.Errorf("freeze %s: %s does not hold the filesystem of %s (device %d:%d, not %d:%d): %w",
