@@ -248,3 +248,57 @@ func TestFreezeRefusesAnotherFilesystem(t *testing.T) {
 		t.Errorf("freeze records left after a refused freeze: %v", ents)
 	}
 }
+
+// TestThawAbandonedRecords covers the records a start may find besides a
+// frozen volume: one whose filesystem is no longer frozen, one whose mount
+// path now holds another filesystem (frozen by someone else, which must
+// stay frozen), and one that cannot be read (kept, and reported).
+func TestThawAbandonedRecords(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	other := mountImage(t, 64<<20, "mkfs.ext4", "-q", "-F")
+	var st unix.Stat_t
+	if err := unix.Stat(other, &st); err != nil {
+		t.Fatal(err)
+	}
+	write := func(rec FreezeRecord) {
+		if err := s.writeFreezeRecord(rec); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("not frozen", func(t *testing.T) {
+		write(FreezeRecord{VolumeID: VolumeID("a"), MountPath: other, Dev: st.Dev})
+		thawed, err := s.ThawAbandoned()
+		if err != nil || len(thawed) != 0 {
+			t.Fatalf("ThawAbandoned = %v, %v; want nothing thawed, no error", thawed, err)
+		}
+		if _, err := os.Stat(s.freezeRecordPath(VolumeID("a"))); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("record of a thawed filesystem kept: %v", err)
+		}
+	})
+	t.Run("another filesystem", func(t *testing.T) {
+		thaw, err := FreezeFS(context.Background(), other) // someone else's freeze
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer thaw()
+		write(FreezeRecord{VolumeID: VolumeID("b"), MountPath: other, Dev: unix.Mkdev(7, 9999)})
+		if _, err := s.ThawAbandoned(); err != nil {
+			t.Fatal(err)
+		}
+		if !isFrozen(t, other) {
+			t.Fatal("ThawAbandoned thawed a filesystem its record does not name")
+		}
+	})
+	t.Run("unreadable", func(t *testing.T) {
+		bad := s.freezeRecordPath(VolumeID("c"))
+		if err := os.WriteFile(bad, []byte("{not json"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.ThawAbandoned(); err == nil {
+			t.Error("ThawAbandoned of an unreadable record returned no error")
+		}
+		if _, err := os.Stat(bad); err != nil {
+			t.Errorf("unreadable record removed (%v): it must stay for an operator", err)
+		}
+	})
+}
