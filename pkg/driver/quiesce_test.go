@@ -11,6 +11,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
 
 // mountXFS mounts a fresh reflink XFS on a new directory (a data directory
@@ -114,4 +116,50 @@ func TestRawBlockCopyInUse(t *testing.T) {
 			t.Errorf("refused snapshot left %v", snaps)
 		}
 	})
+}
+
+// quiescingBackend is the loop backend with a Quiescer, as the ublk backend
+// will have: it records each hold and its release (and flushes the device,
+// which is all a loop device allows).
+type quiescingBackend struct {
+	blockdev.Backend
+	dev             string
+	holds, releases int
+}
+
+func (b *quiescingBackend) Quiesce(ctx context.Context, id string) (func() error, error) {
+	b.holds++
+	if err := blockdev.FlushDevice(ctx, b.dev); err != nil {
+		return nil, err
+	}
+	return func() error { b.releases++; return nil }, nil
+}
+
+// TestRawBlockUsesBackendQuiescer proves that a raw block volume in use is
+// held through the backend's Quiescer when it has one, once per copy and
+// released after it, and that such a backend needs no reflink.
+func TestRawBlockUsesBackendQuiescer(t *testing.T) {
+	requireRoot(t)
+	n := newTestNode(t, t.TempDir()) // ext4: no reflink
+	qb := &quiescingBackend{Backend: n.backend}
+	d, err := New(n.d.cfg, n.d.store, qb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.d, n.ctrl, n.node = d, &Controller{d: d}, &Node{d: d}
+	id := n.create("raw", 64<<20, nil)
+	n.stage(id, blockCap(snw), false)
+	v, err := n.d.store.Volume(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	qb.dev = v.Node.Device
+	ctx := context.Background()
+	if _, err := n.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "held", SourceVolumeId: id}); err != nil {
+		t.Fatalf("snapshot of a raw block volume in use with a Quiescer: %v", err)
+	}
+	n.create("held-clone", 64<<20, volumeSource(id))
+	if qb.holds != 2 || qb.releases != 2 {
+		t.Errorf("Quiesce called %d times and released %d for a snapshot and a clone, want 2 and 2", qb.holds, qb.releases)
+	}
 }
