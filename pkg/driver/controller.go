@@ -79,11 +79,8 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 			return nil, err
 		}
 		defer unlockSrc()
-		_, exists := s.d.store.Volume(blockdev.VolumeID(spec.Name))
-		if v, err := s.d.store.Volume(src); err == nil && exists != nil {
-			if spec.Quiesce, err = s.d.quiesceFor(v); err != nil {
-				return nil, err
-			}
+		if spec.Quiesce, err = s.d.cloneQuiesce(spec.Name, src); err != nil {
+			return nil, err
 		}
 	}
 	if err := s.d.sizeFromSource(&spec, req.GetCapacityRange()); err != nil {
@@ -175,6 +172,21 @@ func sizeFor(cr *csi.CapacityRange) (int64, error) {
 		}
 	}
 	return size, nil
+}
+
+// cloneQuiesce returns how to hold the volume src while the volume name is
+// cloned from it: nil when the clone exists already (a repeated call
+// copies nothing) or src is not in use; a missing src is left to the store
+// to report.
+func (d *Driver) cloneQuiesce(name, src string) (blockdev.Quiesce, error) {
+	if _, err := d.store.Volume(blockdev.VolumeID(name)); err == nil {
+		return nil, nil
+	}
+	v, err := d.store.Volume(src)
+	if err != nil {
+		return nil, nil
+	}
+	return d.quiesceFor(v)
 }
 
 // sizeFromSource makes a volume created from a source at least as large as
