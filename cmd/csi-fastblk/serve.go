@@ -19,6 +19,8 @@ type serveConfig struct {
 	endpoint       string
 	backend        string
 	metricsAddress string
+	statusAddress  string
+	exposeStatus   bool
 	reconcileRetry time.Duration
 	driver         driver.Config
 	store          blockdev.StoreConfig
@@ -56,7 +58,11 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		})
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
 		"advertise ControllerExpandVolume (leave off in clusters: external-resizer has no per-node mode, so nodes grow their own volumes in NodeExpandVolume)")
-	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /status (empty disables)")
+	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /healthz (empty disables)")
+	fs.StringVar(&c.statusAddress, "status-address", "",
+		"local address for /status, which names volumes and paths: unix:///path or host:port "+
+			"(default: status.sock beside a unix CSI endpoint's socket; none disables)")
+	fs.BoolVar(&c.exposeStatus, "expose-status", false, "also serve /status on --metrics-address, to anyone who can reach it")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
 		"how often to retry restoring staged volumes whose devices could not be restored at start, for example held back by the pids limit (0 = never)")
 	return c
@@ -87,6 +93,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
+	thawAbandoned(store)
 	cfg.devices.AdoptUnmarked = true // once per data directory: the upgrade
 	backend, err := blockdev.NewBackend(cfg.backend, cfg.devices)
 	if err != nil {
@@ -110,7 +117,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	stopMetrics, err := startMetrics(ctx, cfg.metricsAddress, drv)
+	stopMetrics, err := startMetrics(cfg, drv.Status)
 	if err != nil {
 		lis.Close()
 		return err
@@ -123,6 +130,21 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return nil
 	}
 	return err
+}
+
+// thawAbandoned thaws the filesystems an earlier run froze for a snapshot or
+// clone and was killed before thawing: their pods' writes hang until then.
+// What cannot be thawed is logged and kept for the next start; serving goes
+// on, since the other volumes need it.
+func thawAbandoned(store *blockdev.Store) {
+	thawed, err := store.ThawAbandoned()
+	for _, r := range thawed {
+		klog.InfoS("thawed a filesystem a previous run left frozen", "volumeID", r.VolumeID,
+			"mountPath", r.MountPath, "frozenAt", r.FrozenAt)
+	}
+	if err != nil {
+		klog.ErrorS(err, "cannot thaw every filesystem a previous run left frozen; their writes hang until thawed (fsfreeze -u <mount>)")
+	}
 }
 
 // retryReconcile calls Reconcile every interval until it succeeds or ctx

@@ -6,8 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,31 +22,93 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/metrics"
 )
 
-// startMetrics serves /metrics, /status and /healthz unless addr is empty.
-func startMetrics(ctx context.Context, addr string, d *driver.Driver) (stop func(), err error) {
-	if addr == "" {
-		return func() {}, nil
+// startMetrics serves /metrics and /healthz on --metrics-address (unless
+// empty), and /status on --status-address, a local-only listener; /status
+// also goes on the metrics address with --expose-status.
+func startMetrics(cfg *serveConfig, status metrics.StatusFunc) (stop func(), err error) {
+	var servers []*metrics.Server
+	stop = func() {
+		for _, srv := range servers {
+			if err := srv.Close(); err != nil {
+				klog.ErrorS(err, "stop HTTP server", "address", srv.Addr())
+			}
+		}
 	}
-	srv, err := metrics.Start(addr, d.Status)
+	if cfg.metricsAddress != "" {
+		lis, err := net.Listen("tcp", cfg.metricsAddress)
+		if err != nil {
+			return nil, fmt.Errorf("metrics listen %s: %w", cfg.metricsAddress, err)
+		}
+		servers = append(servers, metrics.Serve(lis, metrics.Handler(status, cfg.exposeStatus)))
+		klog.InfoS("serving metrics", "address", lis.Addr(), "status", cfg.exposeStatus)
+	}
+	addr := statusAddress(cfg)
+	if addr == "" {
+		return stop, nil
+	}
+	lis, err := listenStatus(addr)
 	if err != nil {
+		stop()
 		return nil, err
 	}
-	klog.InfoS("serving metrics", "address", srv.Addr())
-	return func() {
-		if err := srv.Close(); err != nil {
-			klog.ErrorS(err, "stop metrics server")
-		}
-	}, nil
+	servers = append(servers, metrics.Serve(lis, metrics.StatusHandler(status)))
+	klog.InfoS("serving status", "address", addr)
+	return stop, nil
 }
+
+// statusAddress is where /status is served: --status-address, by default
+// status.sock beside a unix CSI endpoint's socket; "" for none.
+func statusAddress(cfg *serveConfig) string {
+	switch addr := cfg.statusAddress; {
+	case addr == "none":
+		return ""
+	case addr != "":
+		return addr
+	}
+	u, err := url.Parse(cfg.endpoint)
+	if err != nil || u.Scheme != "unix" {
+		return ""
+	}
+	return "unix://" + filepath.Join(filepath.Dir(filepath.Join(u.Host, u.Path)), statusSocket)
+}
+
+// statusSocket is the name of the status socket beside the CSI socket.
+const statusSocket = "status.sock"
+
+// listenStatus listens on unix:///path (mode 0660, as the CSI socket) or
+// host:port.
+func listenStatus(addr string) (net.Listener, error) {
+	if strings.HasPrefix(addr, "unix://") {
+		lis, err := driver.Listen(addr)
+		if err != nil {
+			return nil, fmt.Errorf("status listen %s: %w", addr, err)
+		}
+		return lis, nil
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("status listen %s: %w", addr, err)
+	}
+	return lis, nil
+}
+
+// defaultStatusAddresses are where `csi-fastblk status` looks for the
+// plugin without --address: beside the default CSI endpoint, and beside the
+// chart's (/csi/csi.sock in the plugin container).
+var defaultStatusAddresses = []string{"unix:///run/csi-fastblk/" + statusSocket, "unix:///csi/" + statusSocket}
 
 // runStatus shows a node's volumes, devices, tuning, state and I/O figures,
 // read from the running plugin's /status endpoint.
 func runStatus(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	addr := fs.String("address", "http://127.0.0.1:9811", "the plugin's metrics address")
+	addr := fs.String("address", "", "the plugin's status address: unix:///path/status.sock or [http://]host:port "+
+		"(default: the first of "+strings.Join(defaultStatusAddresses, ", ")+" that exists)")
 	asJSON := fs.Bool("json", false, "print the raw status as JSON")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *addr == "" {
+		*addr = findStatusSocket(defaultStatusAddresses)
 	}
 	st, raw, err := fetchStatus(ctx, *addr)
 	if err != nil {
@@ -57,20 +122,38 @@ func runStatus(ctx context.Context, args []string) error {
 	return nil
 }
 
+// findStatusSocket returns the first of addrs whose socket exists, or the
+// first of them.
+func findStatusSocket(addrs []string) string {
+	for _, a := range addrs {
+		if _, err := os.Stat(strings.TrimPrefix(a, "unix://")); err == nil {
+			return a
+		}
+	}
+	return addrs[0]
+}
+
+// fetchStatus gets /status from addr: unix:///path or [http://]host:port.
 func fetchStatus(ctx context.Context, addr string) (driver.NodeStatus, []byte, error) {
 	var st driver.NodeStatus
-	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
+	client, base := http.DefaultClient, addr
+	if sock, ok := strings.CutPrefix(addr, "unix://"); ok {
+		client = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		}}}
+		base = "http://localhost"
+	} else if !strings.Contains(addr, "://") {
+		base = "http://" + addr
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(addr, "/")+"/status", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(base, "/")+"/status", nil)
 	if err != nil {
 		return st, nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
-		return st, nil, fmt.Errorf("reach the plugin at %s (is it running with --metrics-address?): %w", addr, err)
+		return st, nil, fmt.Errorf("reach the plugin at %s (is it running? see --status-address): %w", addr, err)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)

@@ -166,8 +166,22 @@ type Backend interface {
 }
 
 // Quiescer is implemented by backends that can hold a device's I/O while a
-// snapshot of its backing file is taken. Quiesce returns the function that
-// resumes I/O.
+// snapshot or clone of its backing file is taken; the driver uses it for raw
+// block volumes in use (a mounted volume's filesystem is frozen instead).
+//
+// Quiesce returns once every write the device has completed is in the
+// backing file (flushed, as for a FLUSH request) and, until resume is
+// called, no request reaches the backing file: new requests wait, they are
+// neither failed nor lost. A copy made in between is then crash-consistent.
+// resume releases the held requests; calling it more than once is safe.
+// Quiesce of a volume with no device returns an error wrapping ErrNotFound.
+// The caller serialises Quiesce and resume with the volume's other calls.
+//
+// The loop backend does not implement it: the kernel offers no way to hold
+// a loop device's requests from user space (its queue is frozen only inside
+// its own ioctls, LOOP_SET_STATUS, LOOP_SET_BLOCK_SIZE and the like, never
+// across calls), so a raw block loop volume in use is flushed with
+// FlushDevice and copied by a single reflink, or not at all.
 type Quiescer interface {
 	Quiesce(ctx context.Context, volumeID string) (resume func() error, err error)
 }

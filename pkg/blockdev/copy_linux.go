@@ -1,6 +1,7 @@
 package blockdev
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -79,6 +80,38 @@ func cloneFile(ctx context.Context, out int, src string) error {
 	return sparseCopy(ctx, out, in)
 }
 
+// CanReflink reports whether the data directory's filesystem shares extents
+// between files (FICLONE), by cloning a temporary file in volumes/. A copy
+// of a volume is then one reflink, made at a single point in time: the
+// filesystem holds the file's writers out while it clones (xfs takes the
+// inode's I/O lock exclusively, btrfs the inode lock).
+func (s *Store) CanReflink() (bool, error) {
+	dir := filepath.Join(s.cfg.Dir, "volumes")
+	a, err := os.CreateTemp(dir, atomicfile.TempPrefix+"reflink-probe-*")
+	if err != nil {
+		return false, fmt.Errorf("reflink probe: %w", err)
+	}
+	defer os.Remove(a.Name())
+	defer a.Close()
+	b, err := os.CreateTemp(dir, atomicfile.TempPrefix+"reflink-probe-*")
+	if err != nil {
+		return false, fmt.Errorf("reflink probe: %w", err)
+	}
+	defer os.Remove(b.Name())
+	defer b.Close()
+	if _, err := a.Write(make([]byte, SizeAlign)); err != nil {
+		return false, fmt.Errorf("reflink probe: %w", err)
+	}
+	err = unix.IoctlFileClone(int(b.Fd()), int(a.Fd()))
+	if err != nil && cloneUnsupported(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("reflink probe: %w", err)
+	}
+	return true, nil
+}
+
 // cloneUnsupported reports whether FICLONE failed because the filesystem
 // cannot share extents between these files (as opposed to an I/O error).
 func cloneUnsupported(err error) bool {
@@ -88,6 +121,194 @@ func cloneUnsupported(err error) bool {
 		}
 	}
 	return false
+}
+
+// resyncFile makes file, an earlier copy of src at least as large, hold
+// src's current content again, and syncs it: a reflink where the
+// filesystem shares extents, otherwise syncCopy, which writes only the
+// blocks that differ. The caller holds src steady.
+func resyncFile(ctx context.Context, file, src string) error {
+	out, err := unix.Open(file, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", file, err)
+	}
+	defer unix.Close(out)
+	in, err := unix.Open(src, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", src, err)
+	}
+	defer unix.Close(in)
+	err = unix.IoctlFileClone(out, in)
+	if err != nil && cloneUnsupported(err) {
+		err = syncCopy(ctx, out, in)
+	}
+	if err != nil {
+		return fmt.Errorf("update %s from %s: %w", file, src, err)
+	}
+	if err := unix.Fsync(out); err != nil {
+		return fmt.Errorf("sync %s: %w", file, err)
+	}
+	return nil
+}
+
+// syncCopy makes out, a copy of in made earlier (as large or larger), equal
+// to in over in's size, writing only where they differ: in's data runs are
+// compared block by block with out, and holes in is punched where out has
+// data. Blocks of zeros in the source become holes in out.
+func syncCopy(ctx context.Context, out, in int) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(in, &st); err != nil {
+		return fmt.Errorf("stat source: %w", err)
+	}
+	sc := syncer{out: out, in: in, src: make([]byte, syncChunk), dst: make([]byte, syncChunk)}
+	for off := int64(0); off < st.Size; {
+		data, err := unix.Seek(in, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			data = st.Size // no data after off
+		} else if err != nil {
+			return fmt.Errorf("seek data at %d: %w", off, err)
+		}
+		if err := sc.clearHole(off, min(data, st.Size)); err != nil {
+			return err
+		}
+		if data >= st.Size {
+			return nil
+		}
+		hole, err := unix.Seek(in, data, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole at %d: %w", data, err)
+		}
+		hole = min(hole, st.Size)
+		if err := sc.syncRun(ctx, data, hole); err != nil {
+			return err
+		}
+		off = hole
+	}
+	return nil
+}
+
+// syncChunk is how much of each file syncCopy compares at a time.
+const syncChunk = 1 << 20
+
+// syncer holds syncCopy's files and buffers.
+type syncer struct {
+	out, in  int
+	src, dst []byte
+}
+
+// clearHole makes [from, to) of out, a hole in the source, a hole too, if
+// out has any data there.
+func (sc *syncer) clearHole(from, to int64) error {
+	if from >= to {
+		return nil
+	}
+	data, err := unix.Seek(sc.out, from, unix.SEEK_DATA)
+	if errors.Is(err, unix.ENXIO) || err == nil && data >= to {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("seek data in copy at %d: %w", from, err)
+	}
+	return sc.zero(data, to-data)
+}
+
+// syncRun makes [from, to) of out equal to the source's.
+func (sc *syncer) syncRun(ctx context.Context, from, to int64) error {
+	for from < to {
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("copy: %w", err)
+		}
+		n := int(min(to-from, syncChunk))
+		src, dst := sc.src[:n], sc.dst[:n]
+		if err := preadFull(sc.in, src, from); err != nil {
+			return err
+		}
+		if err := preadFull(sc.out, dst, from); err != nil {
+			return fmt.Errorf("copy: %w", err)
+		}
+		if err := sc.rewrite(src, dst, from); err != nil {
+			return err
+		}
+		from += int64(n)
+	}
+	return nil
+}
+
+// rewrite writes the SizeAlign blocks of src that differ from dst at off,
+// punching those that are all zeros; neighbours of one kind go in one call.
+func (sc *syncer) rewrite(src, dst []byte, off int64) error {
+	for i := 0; i < len(src); {
+		j := min(i+SizeAlign, len(src))
+		if bytes.Equal(src[i:j], dst[i:j]) {
+			i = j
+			continue
+		}
+		zero := allZero(src[i:j])
+		for j < len(src) {
+			k := min(j+SizeAlign, len(src))
+			if bytes.Equal(src[j:k], dst[j:k]) || allZero(src[j:k]) != zero {
+				break
+			}
+			j = k
+		}
+		var err error
+		if zero {
+			err = sc.zero(off+int64(i), int64(j-i))
+		} else {
+			err = pwriteFull(sc.out, src[i:j], off+int64(i))
+		}
+		if err != nil {
+			return err
+		}
+		i = j
+	}
+	return nil
+}
+
+// zero makes [off, off+n) of out read as zeros, as a hole where the
+// filesystem can punch one.
+func (sc *syncer) zero(off, n int64) error {
+	err := unix.Fallocate(sc.out, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, off, n)
+	if err == nil || !errors.Is(err, unix.EOPNOTSUPP) {
+		if err != nil {
+			return fmt.Errorf("punch copy at %d: %w", off, err)
+		}
+		return nil
+	}
+	zeros := make([]byte, min(n, syncChunk))
+	for n > 0 {
+		m := min(n, int64(len(zeros)))
+		if err := pwriteFull(sc.out, zeros[:m], off); err != nil {
+			return err
+		}
+		off, n = off+m, n-m
+	}
+	return nil
+}
+
+func preadFull(fd int, p []byte, off int64) error {
+	for len(p) > 0 {
+		n, err := unix.Pread(fd, p, off)
+		if err != nil {
+			return fmt.Errorf("read at %d: %w", off, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("read at %d: file ended early: %w", off, unix.EIO)
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return nil
+}
+
+func pwriteFull(fd int, p []byte, off int64) error {
+	for len(p) > 0 {
+		n, err := unix.Pwrite(fd, p, off)
+		if err != nil {
+			return fmt.Errorf("write at %d: %w", off, err)
+		}
+		p, off = p[n:], off+int64(n)
+	}
+	return nil
 }
 
 // sparseCopy copies in's data runs into out at the same offsets.

@@ -43,42 +43,19 @@ func TestFreezeFS(t *testing.T) {
 }
 
 // TestConsistentSnapshot snapshots a mounted, attached volume whose newest
-// writes are still only in the page cache; with FreezeFS as the quiesce the
-// snapshot is a clean filesystem that holds them.
+// writes are still only in the page cache; with the store's FreezeFS as the
+// quiesce the snapshot is a clean filesystem that holds them.
 func TestConsistentSnapshot(t *testing.T) {
-	requireRoot(t)
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skipf("mkfs.ext4 not installed (apt-get install -y e2fsprogs): %v", err)
-	}
 	ctx := context.Background()
-	data := t.TempDir()
-	s := openStore(t, data)
-	v := mustCreate(t, s, VolumeSpec{Name: "live", SizeBytes: 64 << 20})
-	b, err := NewBackend("loop", BackendConfig{DataDir: data, DevDir: filepath.Join(data, "dev")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev, err := b.Attach(ctx, AttachRequest{VolumeID: v.ID, File: s.VolumeFile(v.ID), SizeBytes: v.SizeBytes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := b.Detach(ctx, v.ID); err != nil {
-			t.Error(err)
-		}
-	})
-	run(t, "mkfs.ext4", "-q", "-F", dev.Link)
-	mnt := t.TempDir()
-	if err := unix.Mount(dev.Path, mnt, "ext4", 0, ""); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Unmount(mnt, 0) })
+	s := openStore(t, t.TempDir())
+	lv := mountVolume(t, s, "live", 64<<20)
+	v, mnt := lv.v, lv.mnt
 	want := []byte("written just before the snapshot, never fsynced\n")
 	if err := os.WriteFile(filepath.Join(mnt, "hello"), want, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	snap, err := s.CreateSnapshot(ctx, "live-snap", v.ID, func(ctx context.Context) (func() error, error) {
-		return FreezeFS(ctx, mnt)
+		return s.FreezeFS(ctx, v.ID, mnt, lv.dev)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -14,10 +14,15 @@ import (
 // same source volume is returned as it is; one of another volume is
 // ErrConflict. A missing source volume is ErrNotFound.
 //
-// When q is not nil the volume is quiesced (q) for the duration of the
-// reflink or copy and resumed right after, so that the snapshot of a volume
-// in use is crash-consistent. The snapshot is a file of its own: deleting the
-// volume later does not touch it.
+// When q is not nil the volume is in use: it is copied live first, then
+// quiesced (q) only while the copy catches up (see copyQuiesced). The
+// snapshot is as consistent as q makes it: with a frozen filesystem or a
+// device whose I/O is held (Quiescer), crash-consistent; with q only
+// flushing the device (a raw block loop volume), crash-consistent when the
+// catch-up is a reflink, which is atomic against the file's writers, and
+// torn across writes made during the catch-up otherwise (the driver refuses
+// that case). The snapshot is a file of its own: deleting the volume later
+// does not touch it.
 func (s *Store) CreateSnapshot(ctx context.Context, name, sourceVolumeID string, q Quiesce) (Snapshot, error) {
 	if err := checkName(name); err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)
@@ -103,19 +108,32 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 }
 
 // copyQuiesced makes file a copy of src (or an empty file when src is "")
-// of size bytes, holding the source steady with q, when set, while it is
-// read: a volume in use is copied crash-consistently.
+// of size bytes. When q is set the source is in use, and q holds it steady
+// only while the copy catches up, not for the whole copy:
+//
+//  1. copy while the source is live: a reflink, or a sparse copy that may
+//     miss writes made meanwhile;
+//  2. quiesce the source (q: freeze its filesystem, or hold its device);
+//  3. make the copy exact (resyncFile): reflink again where the filesystem
+//     can, else compare both files over the source's data and rewrite only
+//     the blocks that differ;
+//  4. make the copy durable, then resume the source.
+//
+// The quiesced window thus costs a reflink, or a read of the source's data
+// and of the copy's (mostly from the page cache the first pass filled) plus
+// the writes made during the first pass, instead of the whole copy.
 func copyQuiesced(ctx context.Context, file, src string, size int64, q Quiesce) (err error) {
-	if q != nil {
-		resume, qerr := q(ctx)
-		if qerr != nil {
-			return fmt.Errorf("quiesce source: %w", qerr)
-		}
-		defer func() {
-			if rerr := resume(); rerr != nil && err == nil {
-				err = fmt.Errorf("resume source: %w", rerr)
-			}
-		}()
+	if err := makeFile(ctx, file, src, size); err != nil || q == nil || src == "" {
+		return err
 	}
-	return makeFile(ctx, file, src, size)
+	resume, err := q(ctx)
+	if err != nil {
+		return fmt.Errorf("quiesce source: %w", err)
+	}
+	defer func() {
+		if rerr := resume(); rerr != nil && err == nil {
+			err = fmt.Errorf("resume source: %w", rerr)
+		}
+	}()
+	return resyncFile(ctx, file, src)
 }

@@ -1,6 +1,7 @@
 package driver
 
 import (
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -197,6 +198,43 @@ func tuningFromParams(p map[string]string) (blockdev.Tuning, error) {
 		t.MaxIOBytes = n
 	}
 	return t, nil
+}
+
+// checkNodeTuning refuses tuning parameters this node can never serve:
+// more ublk queues than it has CPUs (the ublk server's limit, since the
+// kernel clamps a device's hardware queues to the CPU count). Checked at
+// creation on whatever backend the node runs, since a node may move from
+// loop to ublk. What the queue buffers cost (queues × queueDepth ×
+// maxIOSize, at most 256 MiB) depends on whether the node's kernel has zero
+// copy and is checked when the device is made.
+func checkNodeTuning(p map[string]string, cpus int) error {
+	t, err := tuningFromParams(p)
+	if err != nil {
+		return err
+	}
+	if t.Queues > cpus {
+		return fmt.Errorf("parameter %s=%d: this node has %d CPUs, and a ublk device takes at most one queue per CPU", ParamQueues, t.Queues, cpus)
+	}
+	return nil
+}
+
+// tuningError adds to an attach error the tuning parameters the volume
+// asked for when the backend refused them (ErrInvalid), so that the stage
+// error names the StorageClass parameter to fix.
+func tuningError(p map[string]string, err error) error {
+	if !errors.Is(err, blockdev.ErrInvalid) {
+		return err
+	}
+	var set []string
+	for _, k := range []string{ParamQueues, ParamQueueDepth, ParamMaxIOSize} {
+		if v, ok := p[k]; ok {
+			set = append(set, k+"="+v)
+		}
+	}
+	if len(set) == 0 {
+		return err
+	}
+	return fmt.Errorf("StorageClass parameters %s: %w", strings.Join(set, ", "), err)
 }
 
 // ParseMaxIOSize reads a request size (the maxIOSize parameter and the

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -78,8 +79,8 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 			return nil, err
 		}
 		defer unlockSrc()
-		if v, err := s.d.store.Volume(src); err == nil {
-			spec.Quiesce = s.d.quiesceFor(v)
+		if spec.Quiesce, err = s.d.cloneQuiesce(spec.Name, src); err != nil {
+			return nil, err
 		}
 	}
 	if err := s.d.sizeFromSource(&spec, req.GetCapacityRange()); err != nil {
@@ -107,6 +108,9 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSp
 		return spec, invalid("%v", err)
 	}
 	if err := checkParams(req.GetParameters()); err != nil {
+		return spec, invalid("%v", err)
+	}
+	if err := checkNodeTuning(req.GetParameters(), runtime.NumCPU()); err != nil {
 		return spec, invalid("%v", err)
 	}
 	if err := checkMutableParams(req.GetMutableParameters()); err != nil {
@@ -157,7 +161,10 @@ func sizeFor(cr *csi.CapacityRange) (int64, error) {
 			size = lim
 		}
 	}
-	size = roundUp(size)
+	size, err := blockdev.RoundSize(size)
+	if err != nil {
+		return 0, status.Errorf(codes.OutOfRange, "required bytes %d: above the largest volume size, %d bytes", req, int64(blockdev.MaxSize))
+	}
 	if lim > 0 && size > lim {
 		size = lim / sizeAlign * sizeAlign
 		if size < req || size == 0 {
@@ -167,7 +174,20 @@ func sizeFor(cr *csi.CapacityRange) (int64, error) {
 	return size, nil
 }
 
-func roundUp(n int64) int64 { return (n + sizeAlign - 1) / sizeAlign * sizeAlign }
+// cloneQuiesce returns how to hold the volume src while the volume name is
+// cloned from it: nil when the clone exists already (a repeated call
+// copies nothing) or src is not in use; a missing src is left to the store
+// to report.
+func (d *Driver) cloneQuiesce(name, src string) (blockdev.Quiesce, error) {
+	if _, err := d.store.Volume(blockdev.VolumeID(name)); err == nil {
+		return nil, nil
+	}
+	v, err := d.store.Volume(src)
+	if err != nil {
+		return nil, nil
+	}
+	return d.quiesceFor(v)
+}
 
 // sizeFromSource makes a volume created from a source at least as large as
 // the source when the request named no size.

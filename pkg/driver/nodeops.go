@@ -36,7 +36,7 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 	}
 	dev, err := d.backend.Attach(ctx, d.attachRequest(v))
 	if err != nil {
-		return fmt.Errorf("attach: %w", err)
+		return fmt.Errorf("attach: %w", tuningError(v.Params, err))
 	}
 	ns := blockdev.NodeState{
 		StagingPath: staging,
@@ -219,15 +219,27 @@ func (d *Driver) bindMount(ns blockdev.NodeState, target string, c *csi.VolumeCa
 	} else if mounted {
 		return nil
 	}
-	opts := []string{"bind"}
-	if ro {
-		opts = append(opts, "ro")
-	}
-	opts = append(opts, c.GetMount().GetMountFlags()...)
-	if err := d.mounter.Mount(source, target, "", opts); err != nil {
+	if err := d.mounter.Mount(source, target, "", publishOptions(c.GetMount().GetMountFlags(), ro)); err != nil {
 		return fmt.Errorf("bind mount %s at %s: %w", source, target, err)
 	}
 	return nil
+}
+
+// publishOptions are the bind mount's options: the capability's mount flags,
+// and for a read-only publication "ro" last and no "rw", so that read-only
+// wins whatever the flags say.
+func publishOptions(flags []string, ro bool) []string {
+	opts := []string{"bind"}
+	for _, f := range flags {
+		if ro && f == "rw" {
+			continue
+		}
+		opts = append(opts, f)
+	}
+	if ro {
+		opts = append(opts, "ro")
+	}
+	return opts
 }
 
 // unpublish removes the bind mount and the target path it created.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -19,8 +20,16 @@ import (
 	"k8s.io/klog/v2"
 )
 
+// socketMode is the mode of the plugin's unix sockets: owner and group
+// only, whatever the process umask. The CSI socket answers every caller
+// with full power over the node's volumes; sidecars reach it as root or
+// through a shared group.
+const socketMode = 0o660
+
 // Listen opens the endpoint: unix:///path/to.sock or tcp://host:port. A stale
-// socket file left by an earlier process is removed first.
+// socket file left by an earlier process is replaced. A unix socket is
+// bound under a temporary name, given socketMode and only then renamed into
+// place, so that no client ever connects while it has the umask's mode.
 func Listen(endpoint string) (net.Listener, error) {
 	u, err := url.Parse(endpoint)
 	if err != nil {
@@ -32,17 +41,46 @@ func Listen(endpoint string) (net.Listener, error) {
 		if u.Host != "" {
 			path = filepath.Join(u.Host, u.Path)
 		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-			return nil, fmt.Errorf("create socket directory: %w", err)
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("remove stale socket %s: %w", path, err)
-		}
-		return net.Listen("unix", path)
+		return listenUnix(path)
 	case "tcp":
 		return net.Listen("tcp", u.Host)
 	}
 	return nil, fmt.Errorf("endpoint %q: scheme must be unix or tcp", endpoint)
+}
+
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+		return nil, fmt.Errorf("create socket directory: %w", err)
+	}
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".tmp-%s-%d", filepath.Base(path), os.Getpid()))
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove stale socket %s: %w", tmp, err)
+	}
+	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	lis.SetUnlinkOnClose(false) // it is renamed below; Close removes path
+	if err := os.Chmod(tmp, socketMode); err != nil {
+		return nil, errors.Join(fmt.Errorf("chmod socket %s: %w", tmp, err), lis.Close(), os.Remove(tmp))
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return nil, errors.Join(fmt.Errorf("place socket %s: %w", path, err), lis.Close(), os.Remove(tmp))
+	}
+	return &unixListener{Listener: lis, path: path}, nil
+}
+
+// unixListener removes its socket file when closed.
+type unixListener struct {
+	net.Listener
+	path string
+	once sync.Once
+}
+
+func (l *unixListener) Close() error {
+	err := l.Listener.Close()
+	l.once.Do(func() { os.Remove(l.path) })
+	return err
 }
 
 // NewServer returns a gRPC server with Identity, Controller and Node

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -16,6 +17,12 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
 
+// CreateSnapshot copies a volume's file. A volume in use is crash-consistent
+// in its snapshot: a mounted one's filesystem is frozen while the copy
+// catches up with the writes made during a first, live pass; a raw block
+// one is held by the backend's Quiescer, or, on the loop backend, which
+// cannot hold a device's I/O, flushed and reflinked at one point in time,
+// and refused (FailedPrecondition) where the data directory cannot reflink.
 func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
 	name, src := req.GetName(), req.GetSourceVolumeId()
 	if name == "" {
@@ -44,7 +51,14 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("source volume %s: %w", src, err))
 	}
-	snap, err := s.d.store.CreateSnapshot(ctx, name, src, s.d.quiesceFor(v))
+	var q blockdev.Quiesce
+	if _, err := s.d.store.Snapshot(blockdev.SnapshotID(name)); err != nil {
+		// Not taken yet (a repeated call is answered without a copy).
+		if q, err = s.d.quiesceFor(v); err != nil {
+			return nil, err
+		}
+	}
+	snap, err := s.d.store.CreateSnapshot(ctx, name, src, q)
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("create snapshot %q: %w", name, err))
 	}
@@ -52,22 +66,60 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	return &csi.CreateSnapshotResponse{Snapshot: s.d.csiSnapshot(snap)}, nil
 }
 
-// quiesceFor returns how to hold a volume steady while it is copied: freeze
-// its filesystem when it is mounted; a raw block volume in use gets its
-// device flushed by the backend if the backend can hold I/O.
-func (d *Driver) quiesceFor(v blockdev.Volume) blockdev.Quiesce {
+// quiesceFor returns how to hold a volume in use steady while it is copied
+// (nil when it is not in use):
+//   - a mounted volume: its filesystem is frozen, recorded in the data
+//     directory first, so that a plugin killed meanwhile thaws it when it
+//     starts again;
+//   - a raw block volume: the backend's Quiescer holds the device's I/O;
+//     a backend without one (loop) can only flush the device, so the copy
+//     must be one reflink to be crash-consistent, and a data directory that
+//     cannot reflink gets FailedPrecondition rather than a torn copy.
+func (d *Driver) quiesceFor(v blockdev.Volume) (blockdev.Quiesce, error) {
+	id, path, dev := v.ID, v.Node.StagingPath, v.Node.Device
 	switch {
-	case v.Node.StagingPath == "":
-		return nil
+	case path == "":
+		return nil, nil
 	case !v.Node.Block:
-		path := v.Node.StagingPath
-		return func(ctx context.Context) (func() error, error) { return blockdev.FreezeFS(ctx, path) }
+		return func(ctx context.Context) (func() error, error) {
+			thaw, err := d.store.FreezeFS(ctx, id, path, dev)
+			if err != nil {
+				return nil, err
+			}
+			return logHeld(id, "filesystem frozen", thaw), nil
+		}, nil
 	}
 	if q, ok := d.backend.(blockdev.Quiescer); ok {
-		id := v.ID
-		return func(ctx context.Context) (func() error, error) { return q.Quiesce(ctx, id) }
+		return func(ctx context.Context) (func() error, error) {
+			resume, err := q.Quiesce(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return logHeld(id, "device quiesced", resume), nil
+		}, nil
 	}
-	return nil
+	reflink, err := d.store.CanReflink()
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if !reflink {
+		return nil, precondition("volume %s is in use as a raw block device: the %s backend cannot hold its I/O and the data "+
+			"directory's filesystem cannot reflink, so a copy would not be crash-consistent; copy it when no pod uses it, "+
+			"or use a data directory on xfs (reflink=1) or btrfs", id, d.backend.Name())
+	}
+	return func(ctx context.Context) (func() error, error) {
+		return func() error { return nil }, blockdev.FlushDevice(ctx, dev)
+	}, nil
+}
+
+// logHeld wraps resume so that resuming logs how long the volume was held.
+func logHeld(id, what string, resume func() error) func() error {
+	start := time.Now()
+	return func() error {
+		err := resume()
+		klog.V(2).InfoS(what+" for a copy", "volumeID", id, "held", time.Since(start), "resumeErr", err)
+		return err
+	}
 }
 
 // csiSnapshot describes a snapshot. Snapshots live on this node's disk, but

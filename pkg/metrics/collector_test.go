@@ -95,7 +95,7 @@ func TestHealthzFollowsStatus(t *testing.T) {
 		code int
 	}{{attached, http.StatusOK}, {sick, http.StatusServiceUnavailable}} {
 		rec := httptest.NewRecorder()
-		Handler(fixedStatus(tc.st)).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		Handler(fixedStatus(tc.st), false).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
 		if rec.Code != tc.code {
 			t.Errorf("healthy=%v: /healthz = %d, want %d (%s)", tc.st.Healthy, rec.Code, tc.code, rec.Body)
 		}

@@ -14,23 +14,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Handler returns the mux with /metrics, /status and /healthz.
-func Handler(status StatusFunc) http.Handler {
+// Handler returns the mux of the network-facing endpoints, /metrics and
+// /healthz, and /status too when withStatus is set (--expose-status).
+func Handler(status StatusFunc, withStatus bool) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewCollector(status),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/status", func(w http.ResponseWriter, r *http.Request) {
-		st, err := status(r.Context())
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_ = json.NewEncoder(w).Encode(st)
-	})
+	if withStatus {
+		mux.Handle("/status", statusHandler(status))
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		st, err := status(r.Context())
 		switch {
@@ -45,26 +40,55 @@ func Handler(status StatusFunc) http.Handler {
 	return mux
 }
 
-// Server serves Handler on one address until Close.
+// StatusHandler returns the mux with /status alone: the node's volumes,
+// their names, paths and devices, for a local-only listener.
+func StatusHandler(status StatusFunc) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/status", statusHandler(status))
+	return mux
+}
+
+func statusHandler(status StatusFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st, err := status(r.Context())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(st)
+	})
+}
+
+// Timeouts of the HTTP servers: a client that sends its request slowly, or
+// reads the answer slowly, cannot hold a connection (and its goroutine)
+// for long. Writing covers computing the answer: a scrape of a node with
+// many volumes reads every device's counters.
+const (
+	readHeaderTimeout = 10 * time.Second
+	readTimeout       = 30 * time.Second
+	writeTimeout      = 60 * time.Second
+	idleTimeout       = 2 * time.Minute
+	maxHeaderBytes    = 16 << 10
+)
+
+// Server serves one handler on one listener until Close.
 type Server struct {
 	srv  *http.Server
 	lis  net.Listener
 	done chan error
 }
 
-// Start listens on addr and serves in a goroutine the Server owns.
-func Start(addr string, status StatusFunc) (*Server, error) {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("metrics listen %s: %w", addr, err)
-	}
+// Serve serves h on lis in a goroutine the Server owns; Close closes lis.
+func Serve(lis net.Listener, h http.Handler) *Server {
 	s := &Server{
-		srv:  &http.Server{Handler: Handler(status), ReadHeaderTimeout: 10 * time.Second},
+		srv: &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
+			WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes},
 		lis:  lis,
 		done: make(chan error, 1),
 	}
 	go func() { s.done <- s.srv.Serve(lis) }()
-	return s, nil
+	return s
 }
 
 // Addr is the address the server listens on.

@@ -32,10 +32,12 @@ type runningPlugin struct {
 	exited            chan error
 }
 
-func buildBinary(t *testing.T) string {
+// buildBinary builds the plugin with the given build tags (failpoint: see
+// pkg/blockdev/failpoint_on.go).
+func buildBinary(t *testing.T, tags ...string) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "csi-fastblk")
-	out, err := exec.Command("go", "build", "-o", bin, "../../cmd/csi-fastblk").CombinedOutput()
+	out, err := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, "../../cmd/csi-fastblk").CombinedOutput()
 	if err != nil {
 		t.Fatalf("build: %v\n%s", err, out)
 	}
@@ -53,12 +55,21 @@ func freePort(t *testing.T) string {
 
 func startPlugin(t *testing.T) *runningPlugin {
 	t.Helper()
-	p := &runningPlugin{bin: buildBinary(t), metrics: freePort(t), dir: t.TempDir(), exited: make(chan error, 1)}
+	return launch(t, buildBinary(t), t.TempDir())
+}
+
+// launch runs bin's serve on dir (socket, data and device directories, log)
+// with env added to its environment.
+func launch(t *testing.T, bin, dir string, env ...string) *runningPlugin {
+	t.Helper()
+	p := &runningPlugin{bin: bin, metrics: freePort(t), dir: dir, exited: make(chan error, 1)}
 	sock := filepath.Join(p.dir, "csi.sock")
+	os.Remove(sock) // left by a killed predecessor: wait for the new one
 	p.cmd = exec.Command(p.bin, "serve", "--endpoint", "unix://"+sock, "--backend", "loop",
 		"--data-dir", filepath.Join(p.dir, "data"), "--dev-dir", filepath.Join(p.dir, "dev"),
 		"--node-id", "plugin-test", "--metrics-address", p.metrics, "-v=2")
-	logf, err := os.Create(filepath.Join(p.dir, "plugin.log"))
+	p.cmd.Env = append(os.Environ(), env...)
+	logf, err := os.OpenFile(filepath.Join(p.dir, "plugin.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,6 +95,46 @@ func startPlugin(t *testing.T) *runningPlugin {
 	}
 	t.Cleanup(func() { p.conn.Close() })
 	return p
+}
+
+// provision creates a volume of size bytes for capability c, stages it at
+// <dir>/staging and publishes it at <dir>/pod/<targetName>, as kubelet does.
+func (p *runningPlugin) provision(t *testing.T, name string, size int64, c *csi.VolumeCapability, targetName string) (id, staging, target string) {
+	t.Helper()
+	ctx := context.Background()
+	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
+	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{c}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = vol.GetVolume().GetVolumeId()
+	staging, target = filepath.Join(p.dir, "staging"), filepath.Join(p.dir, "pod", targetName)
+	os.MkdirAll(staging, 0o750)
+	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
+		TargetPath: target, VolumeCapability: c}); err != nil {
+		t.Fatal(err)
+	}
+	return id, staging, target
+}
+
+// release unpublishes, unstages and deletes what provision made.
+func (p *runningPlugin) release(t *testing.T, id, staging, target string) {
+	t.Helper()
+	ctx := context.Background()
+	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
+	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func waitFor(t *testing.T, what string, ok func() bool) {
@@ -135,27 +186,11 @@ func TestServeMetricsAndStatus(t *testing.T) {
 		t.Skip("needs root: the plugin attaches loop devices")
 	}
 	p := startPlugin(t)
-	ctx := context.Background()
-	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
 	capBlock := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
-	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "metrics-vol",
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 32 << 20}, VolumeCapabilities: []*csi.VolumeCapability{capBlock}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := vol.GetVolume().GetVolumeId()
-	staging, target := filepath.Join(p.dir, "staging"), filepath.Join(p.dir, "pod", "dev")
-	os.MkdirAll(staging, 0o750)
-	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: capBlock}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodePublishVolume(ctx, &csi.NodePublishVolumeRequest{VolumeId: id, StagingTargetPath: staging,
-		TargetPath: target, VolumeCapability: capBlock}); err != nil {
-		t.Fatal(err)
-	}
+	id, staging, target := p.provision(t, "metrics-vol", 32<<20, capBlock, "dev")
 
 	writes := fmt.Sprintf(`fastblk_volume_ios_total{name="metrics-vol",op="write",volume_id="%s"}`, id)
 	_, body := p.get(t, "/metrics")
@@ -190,8 +225,13 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	if code, _ := p.get(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d, want 200", code)
 	}
+	// The metrics port is reachable from the network; the volume names
+	// and paths of /status are not served there.
+	if code, body := p.get(t, "/status"); code != http.StatusNotFound {
+		t.Errorf("/status on the metrics address = %d, want 404: it discloses %.80q...", code, body)
+	}
 
-	out, err := exec.Command(p.bin, "status", "--address", p.metrics).CombinedOutput()
+	out, err := exec.Command(p.bin, "status", "--address", "unix://"+filepath.Join(p.dir, "status.sock")).CombinedOutput()
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
@@ -204,15 +244,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 		t.Errorf("status output lacks the volume size:\n%s", out)
 	}
 
-	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
-		t.Fatal(err)
-	}
+	p.release(t, id, staging, target)
 	p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case err := <-p.exited:
