@@ -157,6 +157,9 @@ func sizeFor(cr *csi.CapacityRange) (int64, error) {
 			size = lim
 		}
 	}
+	if size > blockdev.MaxSize {
+		return 0, status.Errorf(codes.OutOfRange, "required bytes %d exceed the largest volume, %d", size, int64(blockdev.MaxSize))
+	}
 	size = roundUp(size)
 	if lim > 0 && size > lim {
 		size = lim / sizeAlign * sizeAlign
