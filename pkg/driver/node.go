@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
@@ -212,11 +213,12 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: got}, nil
 }
 
-// checkPaths accepts only absolute, clean paths: kubelet always sends those,
-// and anything else ("../x", "a//b") could reach somewhere it did not mean.
+// checkPaths accepts only absolute, clean paths without NUL bytes: kubelet
+// always sends those, and anything else ("../x", "a//b") could reach
+// somewhere it did not mean (or, with a NUL, fail in a system call).
 func checkPaths(paths ...string) error {
 	for _, p := range paths {
-		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || strings.IndexByte(p, 0) >= 0 {
 			return invalid("path %q must be absolute and clean", p)
 		}
 	}
