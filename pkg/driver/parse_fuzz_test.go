@@ -352,6 +352,42 @@ func FuzzVolumeIDs(f *testing.F) {
 	})
 }
 
+// FuzzSnapshotName snapshots a volume under names from fuzz input: each
+// request is refused with a client error code, or makes a snapshot whose
+// ID is the one derived from the name, whose size is the volume's, and
+// which DeleteSnapshot removes.
+func FuzzSnapshotName(f *testing.F) {
+	for _, name := range []string{"snap-1", "", "../../etc", "\xff\xfe", strings.Repeat("s", 129), "a/b", "\x00"} {
+		f.Add(name)
+	}
+	d, _ := fuzzDriver(f)
+	ctrl := &Controller{d: d}
+	ctx := context.Background()
+	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "source", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{{AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
+			AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER}}}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	src := vol.GetVolume().GetVolumeId()
+	f.Fuzz(func(t *testing.T, name string) {
+		resp, err := ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{SourceVolumeId: src, Name: name})
+		if err != nil {
+			if !clientCodes[status.Code(err)] {
+				t.Fatalf("CreateSnapshot(%q): code %v: %v", name, status.Code(err), err)
+			}
+			return
+		}
+		sn := resp.GetSnapshot()
+		if sn.GetSnapshotId() != blockdev.SnapshotID(name) || sn.GetSourceVolumeId() != src || sn.GetSizeBytes() != 1<<20 {
+			t.Fatalf("CreateSnapshot(%q) = %v", name, sn)
+		}
+		if _, err := ctrl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: sn.GetSnapshotId()}); err != nil {
+			t.Fatalf("DeleteSnapshot(%s): %v", sn.GetSnapshotId(), err)
+		}
+	})
+}
+
 // FuzzNodePaths sends NodeStage, NodePublish, NodeUnpublish and
 // NodeUnstage requests with paths, mount flags and a filesystem type from
 // fuzz input, for a volume that does not exist: each is refused with a
