@@ -20,11 +20,11 @@ import (
 )
 
 // startMetrics serves /metrics, /status and /healthz unless addr is empty.
-func startMetrics(ctx context.Context, addr string, d *driver.Driver) (stop func(), err error) {
+func startMetrics(ctx context.Context, addr string, d *driver.Driver, startup metrics.Startup) (stop func(), err error) {
 	if addr == "" {
 		return func() {}, nil
 	}
-	srv, err := metrics.Start(addr, d.Status)
+	srv, err := metrics.Start(addr, d.Status, startup)
 	if err != nil {
 		return nil, err
 	}

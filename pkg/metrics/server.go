@@ -14,10 +14,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// Handler returns the mux with /metrics, /status and /healthz.
-func Handler(status StatusFunc) http.Handler {
+// Handler returns the mux with /metrics, /status and /healthz. When the
+// backend fell back (startup), /healthz says so after its "ok".
+func Handler(status StatusFunc, startup Startup) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewCollector(status),
+	reg.MustRegister(NewCollector(status, startup),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
@@ -40,6 +41,9 @@ func Handler(status StatusFunc) http.Handler {
 			http.Error(w, st.HealthError, http.StatusServiceUnavailable)
 		default:
 			fmt.Fprintln(w, "ok")
+			if r := startup.BackendFallback; r != "" {
+				fmt.Fprintf(w, "backend %s: fell back from ublk: %s\n", st.Backend, r)
+			}
 		}
 	})
 	return mux
@@ -53,13 +57,13 @@ type Server struct {
 }
 
 // Start listens on addr and serves in a goroutine the Server owns.
-func Start(addr string, status StatusFunc) (*Server, error) {
+func Start(addr string, status StatusFunc, startup Startup) (*Server, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("metrics listen %s: %w", addr, err)
 	}
 	s := &Server{
-		srv:  &http.Server{Handler: Handler(status), ReadHeaderTimeout: 10 * time.Second},
+		srv:  &http.Server{Handler: Handler(status, startup), ReadHeaderTimeout: 10 * time.Second},
 		lis:  lis,
 		done: make(chan error, 1),
 	}

@@ -127,6 +127,32 @@ func TestSubmitRefusedBounded(t *testing.T) {
 	}
 }
 
+// TestSubmitRefusedTimed: under refusal a timed SubmitAndWait (what every
+// ublk control command uses) ends at its own timeout with ETIME, not at
+// the refusal limit, and keeps the SQE for a later call.
+func TestSubmitRefusedTimed(t *testing.T) {
+	f := &refuser{}
+	f.all.Store(int32(unix.EAGAIN))
+	err := onRingThread(t, Config{Entries: 4, Flags: IORING_SETUP_SQE128}, f, func(r *Ring) error {
+		r.GetSQE().PrepNop()
+		const timeout = 200 * time.Millisecond
+		start := time.Now()
+		n, err := r.SubmitAndWait(1, timeout)
+		el := time.Since(start)
+		if !errors.Is(err, unix.ETIME) || n != 0 || r.Unsubmitted() != 1 {
+			return fmt.Errorf("timed wait under refusal: %d, %v, %d unsubmitted; want 0, ETIME, 1", n, err, r.Unsubmitted())
+		}
+		if el < timeout || el > timeout+refusedWaitMax+100*time.Millisecond {
+			return fmt.Errorf("timed wait under refusal returned after %v, timeout %v", el, timeout)
+		}
+		f.all.Store(0)
+		return reapAll(r, 1, nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
 // onRingThread creates a ring on a fresh locked thread, installs f (if
 // any) on that thread, runs fn and returns its error. It fails the test
 // when fn does not return within 10s: the defect this guards against is a
