@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
-.PHONY: all build static deps run test unit sanity integration e2e-vm bench bench-engine bench-vm bench-scale \
+.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm bench bench-engine bench-vm bench-scale \
         chart-test deploy image lint fmt vet clean
 
 all: build
@@ -29,7 +29,7 @@ run: deps build
 	$(BIN)/csi-fastblk serve --endpoint unix:///tmp/csi-fastblk.sock -v=2
 
 # Everything CI runs.
-test: deps vet lint unit sanity integration chart-test e2e-vm
+test: deps vet lint unit fuzz sanity integration chart-test e2e-vm
 
 vet:
 	@test -z "$$(gofmt -l cmd pkg test)" || { gofmt -l cmd pkg test; echo "gofmt needed"; exit 1; }
@@ -37,6 +37,12 @@ vet:
 
 unit:
 	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/)
+
+# Every fuzz target for FUZZTIME (10s) each; a failing input is saved under
+# the package's testdata/fuzz/ and becomes a seed of `make unit`.
+FUZZTIME ?= 10s
+fuzz:
+	FUZZTIME=$(FUZZTIME) GO=$(GO) hack/fuzz.sh
 
 # The binary as operators run it: serve, CSI over its socket, /metrics, status.
 integration:

@@ -13,6 +13,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
+	"github.com/fastblk/csi-fastblk/pkg/metrics"
 )
 
 type serveConfig struct {
@@ -36,7 +37,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.StringVar(&c.store.Dir, "data-dir", "/var/lib/csi-fastblk", "directory holding volume files and metadata")
 	fs.Float64Var(&c.store.OverProvisionRatio, "over-provision-ratio", 1.0, "capacity reported to the scheduler = free space × ratio (≥ 1)")
 	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes this node accepts (0 = no limit)")
-	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk when /dev/ublk-control exists), ublk or loop")
+	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk when /dev/ublk-control exists and works, else loop, saying why), ublk or loop")
 	fs.StringVar(&c.devices.DevDir, "dev-dir", "/dev/fastblk", "directory for stable device links <dev-dir>/<volume-id>")
 	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
 	fs.IntVar(&c.devices.Tuning.QueueDepth, "queue-depth", 0, "default ublk queue depth (0 = from the node's CPUs and memory)")
@@ -95,11 +96,17 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	thawAbandoned(store)
 	cfg.devices.AdoptUnmarked = true // once per data directory: the upgrade
-	backend, err := blockdev.NewBackend(cfg.backend, cfg.devices)
+	backend, fallback, err := blockdev.SelectBackend(cfg.backend, cfg.devices)
 	if err != nil {
-		return fmt.Errorf("backend: %w", err)
+		return fmt.Errorf("backend %s: %w", cfg.backend, err)
 	}
 	defer backend.Close()
+	var startup metrics.Startup
+	if fallback != nil {
+		klog.ErrorS(fallback.Err, "ublk does not work on this node; serving volumes with loop devices",
+			"backend", cfg.backend, "reason", fallback.Reason, "metric", "fastblk_backend_fallback")
+		startup.BackendFallback = fallback.Reason
+	}
 	drv, err := driver.New(cfg.driver, store, backend)
 	if err != nil {
 		return err
@@ -117,7 +124,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	stopMetrics, err := startMetrics(cfg, drv.Status)
+	stopMetrics, err := startMetrics(cfg, drv.Status, startup)
 	if err != nil {
 		lis.Close()
 		return err

@@ -25,7 +25,7 @@ import (
 // startMetrics serves /metrics and /healthz on --metrics-address (unless
 // empty), and /status on --status-address, a local-only listener; /status
 // also goes on the metrics address with --expose-status.
-func startMetrics(cfg *serveConfig, status metrics.StatusFunc) (stop func(), err error) {
+func startMetrics(cfg *serveConfig, status metrics.StatusFunc, startup metrics.Startup) (stop func(), err error) {
 	var servers []*metrics.Server
 	stop = func() {
 		for _, srv := range servers {
@@ -39,7 +39,7 @@ func startMetrics(cfg *serveConfig, status metrics.StatusFunc) (stop func(), err
 		if err != nil {
 			return nil, fmt.Errorf("metrics listen %s: %w", cfg.metricsAddress, err)
 		}
-		servers = append(servers, metrics.Serve(lis, metrics.Handler(status, cfg.exposeStatus)))
+		servers = append(servers, metrics.Serve(lis, metrics.Handler(status, startup, cfg.exposeStatus)))
 		klog.InfoS("serving metrics", "address", lis.Addr(), "status", cfg.exposeStatus)
 	}
 	addr := statusAddress(cfg)

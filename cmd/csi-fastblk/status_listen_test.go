@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"github.com/fastblk/csi-fastblk/pkg/metrics"
 	"net"
 	"net/http"
 	"os"
@@ -44,7 +45,7 @@ func TestStatusStaysLocal(t *testing.T) {
 	for _, expose := range []bool{false, true} {
 		dir := t.TempDir()
 		cfg := &serveConfig{endpoint: "unix://" + filepath.Join(dir, "csi.sock"), metricsAddress: freeAddr(t), exposeStatus: expose}
-		stop, err := startMetrics(cfg, status)
+		stop, err := startMetrics(cfg, status, metrics.Startup{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,9 +1,15 @@
 package blockdev
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
 
 // BackendConfig configures whichever backend is selected.
@@ -43,16 +49,47 @@ type BackendConfig struct {
 	// design before shared threads, for benchmark comparisons.
 	Threads        int
 	ThreadPerQueue bool
+	// UblkControl is the ublk control device whose presence makes "auto"
+	// try ublk ("" = /dev/ublk-control). The ublk backend itself always
+	// opens /dev/ublk-control; tests point this elsewhere to exercise the
+	// fallback on hosts without ublk.
+	UblkControl string
 }
 
 // UblkControl is the ublk control device; its presence selects ublk in "auto".
 const UblkControl = "/dev/ublk-control"
 
+// Reasons "auto" falls back to loop where the ublk control device exists,
+// as Fallback.Reason (a metric label).
+const (
+	FallbackIOUringRefused = "io_uring_refused" // io_uring_setup or io_uring_enter refused: sysctl, seccomp
+	FallbackUblkTimeout    = "ublk_timeout"     // a ublk control command did not answer in time
+	FallbackUblkFailed     = "ublk_failed"      // any other failure to start the ublk backend
+)
+
+// Fallback says why "auto" serves volumes with loop devices on a node
+// whose kernel has ublk_drv.
+type Fallback struct {
+	Reason string // one of the Fallback* reasons
+	Err    error  // what failed
+}
+
 // NewBackend returns the backend named kind: "loop", "ublk", or "auto"
-// (ublk when /dev/ublk-control exists, loop otherwise).
+// (ublk when /dev/ublk-control exists and works, loop otherwise).
 func NewBackend(kind string, cfg BackendConfig) (Backend, error) {
+	b, _, err := SelectBackend(kind, cfg)
+	return b, err
+}
+
+// SelectBackend is NewBackend that also says, for "auto", why it chose loop
+// although the ublk control device exists (nil when it did not fall back).
+// "auto" never fails for ublk's sake: io_uring refused by the kernel
+// (kernel.io_uring_disabled) or a seccomp filter, a ublk control command
+// that times out, or any other ublk start-up error make it fall back to
+// loop. "ublk" fails with that error instead.
+func SelectBackend(kind string, cfg BackendConfig) (Backend, *Fallback, error) {
 	if cfg.DataDir == "" {
-		return nil, fmt.Errorf("%s backend: no data directory: %w", kind, ErrInvalid)
+		return nil, nil, fmt.Errorf("%s backend: no data directory: %w", kind, ErrInvalid)
 	}
 	if cfg.Owner == 0 {
 		err := os.MkdirAll(cfg.DataDir, 0o700)
@@ -60,19 +97,93 @@ func NewBackend(kind string, cfg BackendConfig) (Backend, error) {
 			cfg.Owner, err = OwnerToken(cfg.DataDir)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("%s backend: %w", kind, err)
+			return nil, nil, fmt.Errorf("%s backend: %w", kind, err)
 		}
 	}
 	switch kind {
 	case "auto":
-		if _, err := os.Stat(UblkControl); err == nil {
-			return newUblkBackend(cfg)
+		control := cfg.UblkControl
+		if control == "" {
+			control = UblkControl
 		}
-		return newLoopBackend(cfg)
+		if _, err := os.Stat(control); err != nil {
+			b, err := newLoopBackend(cfg)
+			return b, nil, err
+		}
+		b, err := startUblk(cfg)
+		if err == nil {
+			return b, nil, nil
+		}
+		fb := &Fallback{Reason: fallbackReason(err), Err: err}
+		lb, lerr := newLoopBackend(cfg)
+		if lerr != nil {
+			return nil, nil, fmt.Errorf("%w; loop backend: %w", err, lerr)
+		}
+		return lb, fb, nil
 	case "ublk":
-		return newUblkBackend(cfg)
+		b, err := startUblk(cfg)
+		return b, nil, err
 	case "loop":
-		return newLoopBackend(cfg)
+		b, err := newLoopBackend(cfg)
+		return b, nil, err
 	}
-	return nil, fmt.Errorf("backend %q: %w (want auto, ublk or loop)", kind, ErrInvalid)
+	return nil, nil, fmt.Errorf("backend %q: %w (want auto, ublk or loop)", kind, ErrInvalid)
+}
+
+// startUblk checks that io_uring works, then starts the ublk backend.
+func startUblk(cfg BackendConfig) (Backend, error) {
+	if err := ProbeIOUring(); err != nil {
+		return nil, fmt.Errorf("ublk backend: %w", err)
+	}
+	return newUblkBackend(cfg)
+}
+
+// errIOUringRefused marks ProbeIOUring's errors.
+var errIOUringRefused = errors.New("io_uring refused")
+
+// ProbeIOUring creates a ring and runs one no-op through it, bounded by a
+// second. An error says why io_uring cannot serve here, naming the
+// kernel.io_uring_disabled sysctl when it is set and a seccomp filter
+// otherwise; it wraps the errno.
+func ProbeIOUring() error {
+	r, err := uring.New(uring.Config{Entries: 1})
+	if err == nil {
+		err = probeNop(r)
+		r.Close()
+	}
+	if err == nil {
+		return nil
+	}
+	why := "a seccomp filter or the kernel's configuration"
+	if v, rerr := os.ReadFile("/proc/sys/kernel/io_uring_disabled"); rerr == nil && strings.TrimSpace(string(v)) != "0" {
+		why = "sysctl kernel.io_uring_disabled=" + strings.TrimSpace(string(v))
+	}
+	return fmt.Errorf("%w by %s: %w", errIOUringRefused, why, err)
+}
+
+func probeNop(r *uring.Ring) error {
+	sqe := r.GetSQE()
+	if sqe == nil {
+		return errors.New("no sqe")
+	}
+	sqe.PrepNop()
+	if _, err := r.SubmitAndWait(1, time.Second); err != nil {
+		return err
+	}
+	var cqe [1]uring.CQE
+	if r.Reap(cqe[:]) != 1 || cqe[0].Res < 0 {
+		return fmt.Errorf("io_uring no-op: result %d", cqe[0].Res)
+	}
+	return nil
+}
+
+// fallbackReason classifies a ublk start-up error.
+func fallbackReason(err error) string {
+	switch {
+	case errors.Is(err, errIOUringRefused):
+		return FallbackIOUringRefused
+	case errors.Is(err, unix.ETIME):
+		return FallbackUblkTimeout
+	}
+	return FallbackUblkFailed
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
@@ -212,13 +213,29 @@ func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRe
 	return &csi.NodeExpandVolumeResponse{CapacityBytes: got}, nil
 }
 
-// checkPaths accepts only absolute, clean paths: kubelet always sends those,
-// and anything else ("../x", "a//b") could reach somewhere it did not mean.
+// checkPaths accepts only absolute, clean paths that a system call can
+// take: kubelet always sends those, and anything else ("../x", "a//b")
+// could reach somewhere it did not mean (or, with a NUL or over Linux's
+// length limits, fail in the system call).
 func checkPaths(paths ...string) error {
 	for _, p := range paths {
-		if !filepath.IsAbs(p) || filepath.Clean(p) != p {
-			return invalid("path %q must be absolute and clean", p)
+		if !filepath.IsAbs(p) || filepath.Clean(p) != p || strings.IndexByte(p, 0) >= 0 || !fitsPathMax(p) {
+			return invalid("path %q must be absolute, clean, without NUL and within PATH_MAX and NAME_MAX", p)
 		}
 	}
 	return nil
+}
+
+// fitsPathMax reports whether p fits PATH_MAX (4096 bytes with its NUL)
+// and each of its elements NAME_MAX (255 bytes).
+func fitsPathMax(p string) bool {
+	if len(p) >= 4096 {
+		return false
+	}
+	for el := range strings.SplitSeq(p, "/") {
+		if len(el) > 255 {
+			return false
+		}
+	}
+	return true
 }

@@ -42,20 +42,33 @@ var (
 	descLimBytes  = prometheus.NewDesc(ns+"_volume_limit_bytes_per_second", "The volume's rate limit in bytes read plus written per second (absent without one).", volLabels, nil)
 	descThrottled = prometheus.NewDesc(ns+"_volume_throttled_ios_total", "I/Os the volume's rate limits held back.", volLabels, nil)
 	descThrotTime = prometheus.NewDesc(ns+"_volume_throttled_seconds_total", "Time I/Os waited for the volume's rate limits.", volLabels, nil)
+	descFallback  = prometheus.NewDesc(ns+"_backend_fallback", "1 when --backend auto serves with loop devices although the node has ublk, labelled with why (absent otherwise).", []string{"reason"}, nil)
 )
+
+// Startup holds what the plugin learned at start-up and reports as is.
+type Startup struct {
+	// BackendFallback is why --backend auto serves with loop devices on a
+	// node whose kernel has ublk (blockdev.Fallback.Reason); "" when it
+	// did not fall back.
+	BackendFallback string
+}
 
 // Collector is a prometheus.Collector over a StatusFunc.
 type Collector struct {
-	status StatusFunc
+	status  StatusFunc
+	startup Startup
 }
 
-// NewCollector returns a collector that calls status at every scrape.
-func NewCollector(status StatusFunc) *Collector { return &Collector{status: status} }
+// NewCollector returns a collector that calls status at every scrape and
+// reports startup.
+func NewCollector(status StatusFunc, startup Startup) *Collector {
+	return &Collector{status: status, startup: startup}
+}
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descUp, descCapAvail, descCapTotal, descVolumes, descSnapshots, descQuarant, descPids, descSize,
 		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency,
-		descLimIOPS, descLimBytes, descThrottled, descThrotTime} {
+		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback} {
 		ch <- d
 	}
 }
@@ -74,6 +87,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
 	}
 	gauge(descUp, b2f(st.Healthy), st.Backend, st.Kernel)
+	if r := c.startup.BackendFallback; r != "" {
+		gauge(descFallback, 1, r)
+	}
 	gauge(descCapAvail, float64(st.CapacityAvailable))
 	gauge(descCapTotal, float64(st.CapacityTotal))
 	gauge(descVolumes, float64(len(st.Volumes)))

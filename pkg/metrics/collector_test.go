@@ -38,7 +38,7 @@ var attached = driver.NodeStatus{
 // TestCollectorReportsVolumes checks every per-volume family is derived
 // from the status, and that a detached volume reports only its size.
 func TestCollectorReportsVolumes(t *testing.T) {
-	c := NewCollector(fixedStatus(attached))
+	c := NewCollector(fixedStatus(attached), Startup{})
 	if problems, err := testutil.CollectAndLint(c); err != nil || len(problems) > 0 {
 		t.Errorf("metric lint: %v %v", problems, err)
 	}
@@ -81,7 +81,7 @@ func TestCollectorReportsVolumes(t *testing.T) {
 	}
 	unlimited := attached
 	unlimited.PidsHeadroom = nil
-	if n := testutil.CollectAndCount(NewCollector(fixedStatus(unlimited)), "fastblk_node_pids_headroom"); n != 0 {
+	if n := testutil.CollectAndCount(NewCollector(fixedStatus(unlimited), Startup{}), "fastblk_node_pids_headroom"); n != 0 {
 		t.Errorf("pids headroom gauges without a pids limit = %d, want 0", n)
 	}
 }
@@ -95,9 +95,34 @@ func TestHealthzFollowsStatus(t *testing.T) {
 		code int
 	}{{attached, http.StatusOK}, {sick, http.StatusServiceUnavailable}} {
 		rec := httptest.NewRecorder()
-		Handler(fixedStatus(tc.st), false).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+		Handler(fixedStatus(tc.st), Startup{}, false).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
 		if rec.Code != tc.code {
 			t.Errorf("healthy=%v: /healthz = %d, want %d (%s)", tc.st.Healthy, rec.Code, tc.code, rec.Body)
 		}
+	}
+}
+
+// TestBackendFallbackReported: a backend that fell back from ublk shows as
+// fastblk_backend_fallback{reason} and in /healthz; without a fallback the
+// family is absent.
+func TestBackendFallbackReported(t *testing.T) {
+	loop := attached
+	loop.Backend = "loop"
+	c := NewCollector(fixedStatus(loop), Startup{BackendFallback: "io_uring_refused"})
+	want := `
+# HELP fastblk_backend_fallback 1 when --backend auto serves with loop devices although the node has ublk, labelled with why (absent otherwise).
+# TYPE fastblk_backend_fallback gauge
+fastblk_backend_fallback{reason="io_uring_refused"} 1
+`
+	if err := testutil.CollectAndCompare(c, strings.NewReader(want), "fastblk_backend_fallback"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(NewCollector(fixedStatus(attached), Startup{}), "fastblk_backend_fallback"); n != 0 {
+		t.Errorf("no fallback: %d fastblk_backend_fallback series, want none", n)
+	}
+	rec := httptest.NewRecorder()
+	Handler(fixedStatus(loop), Startup{BackendFallback: "io_uring_refused"}, false).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	if body := rec.Body.String(); rec.Code != http.StatusOK || !strings.Contains(body, "backend loop: fell back from ublk: io_uring_refused") {
+		t.Errorf("/healthz after a fallback = %d %q", rec.Code, body)
 	}
 }

@@ -15,10 +15,11 @@ import (
 )
 
 // Handler returns the mux of the network-facing endpoints, /metrics and
-// /healthz, and /status too when withStatus is set (--expose-status).
-func Handler(status StatusFunc, withStatus bool) http.Handler {
+// /healthz, and /status too when withStatus is set (--expose-status). When
+// the backend fell back (startup), /healthz says so after its "ok".
+func Handler(status StatusFunc, startup Startup, withStatus bool) http.Handler {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(NewCollector(status),
+	reg.MustRegister(NewCollector(status, startup),
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	mux := http.NewServeMux()
@@ -35,6 +36,9 @@ func Handler(status StatusFunc, withStatus bool) http.Handler {
 			http.Error(w, st.HealthError, http.StatusServiceUnavailable)
 		default:
 			fmt.Fprintln(w, "ok")
+			if r := startup.BackendFallback; r != "" {
+				fmt.Fprintf(w, "backend %s: fell back from ublk: %s\n", st.Backend, r)
+			}
 		}
 	})
 	return mux

@@ -19,8 +19,8 @@ func TestHandlerKeepsStatusOff(t *testing.T) {
 		h    http.Handler
 		want map[string]int
 	}{
-		{"network", Handler(st, false), map[string]int{"/metrics": 200, "/healthz": 200, "/status": 404}},
-		{"network exposing status", Handler(st, true), map[string]int{"/metrics": 200, "/healthz": 200, "/status": 200}},
+		{"network", Handler(st, Startup{}, false), map[string]int{"/metrics": 200, "/healthz": 200, "/status": 404}},
+		{"network exposing status", Handler(st, Startup{}, true), map[string]int{"/metrics": 200, "/healthz": 200, "/status": 200}},
 		{"local", StatusHandler(st), map[string]int{"/metrics": 404, "/healthz": 404, "/status": 200}},
 	} {
 		for path, code := range tc.want {

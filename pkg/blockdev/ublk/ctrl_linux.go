@@ -102,9 +102,14 @@ func (c *Control) abandon() {
 	c.page = nil
 }
 
-// submit issues one control command and waits for its result. The header
-// fields are the caller's; name is used in errors. Called with mu held.
+// submit issues one control command and waits for its result, at most
+// timeout (cmdTimeout when not positive: no command waits unbounded). The
+// header fields are the caller's; name is used in errors. Called with mu
+// held.
 func (c *Control) submit(name string, op uint32, h ctrlCmd, timeout time.Duration) (int32, error) {
+	if timeout <= 0 {
+		timeout = cmdTimeout
+	}
 	sqe := c.ring.GetSQE128()
 	if sqe == nil {
 		return 0, fmt.Errorf("ublk %s: control ring full", name)

@@ -1,6 +1,10 @@
 package ublk
 
-import "golang.org/x/sys/unix"
+import (
+	"math"
+
+	"golang.org/x/sys/unix"
+)
 
 // The pure core of the queue: descriptor decoding, the mapping of a ublk
 // request onto one backing-file operation, and the user_data encoding. No
@@ -12,16 +16,28 @@ type request struct {
 	flags uint32 // op_flags >> 8 << 8 (the UBLK_IO_F_* bits)
 	off   int64  // start_sector << 9
 	len   uint32 // nr_sectors << 9
+	// outOfRange marks a descriptor whose bytes do not fit off and len:
+	// an end beyond int64, or more bytes than the int32 result that
+	// commits them can count. planFor fails it.
+	outOfRange bool
 }
+
+// Largest descriptor fields that fit a request: the byte count must fit
+// the commit's int32 result, and the end of the range an int64 offset.
+const (
+	maxReqSectors = math.MaxInt32 >> 9
+	maxEndSector  = math.MaxInt64 >> 9
+)
 
 // decodeDesc turns the raw fields of a ublksrv_io_desc into a request.
 // Sectors are always 512 bytes, whatever the device's logical block size.
 func decodeDesc(opFlags, nrSectors uint32, startSector uint64) request {
 	return request{
-		op:    uint8(opFlags & 0xff),
-		flags: opFlags &^ 0xff,
-		off:   int64(startSector << 9),
-		len:   nrSectors << 9,
+		op:         uint8(opFlags & 0xff),
+		flags:      opFlags &^ 0xff,
+		off:        int64(startSector << 9),
+		len:        nrSectors << 9,
+		outOfRange: nrSectors > maxReqSectors || startSector > maxEndSector-uint64(nrSectors),
 	}
 }
 
@@ -55,9 +71,14 @@ type plan struct {
 //	                PUNCH_HOLE|KEEP_SIZE otherwise (as the loop driver does)
 //	anything else → -EOPNOTSUPP
 //
-// The null target completes every supported op at once.
+// A descriptor out of range (see request) fails with -EINVAL; the kernel
+// sends none, but a wrapped length or offset must not reach the file. The
+// null target completes every supported op at once.
 func planFor(r request, kind TargetKind) plan {
 	var p plan
+	if r.outOfRange && r.op != ioOpFlush {
+		return plan{act: actFail, errno: -int32(unix.EINVAL)}
+	}
 	switch r.op {
 	case ioOpRead:
 		p.act = actRead

@@ -28,10 +28,13 @@
 //     io_uring_enter; [Ring.SubmitAndWait] does the same and waits for
 //     min(minComplete, in-flight) completions, with an optional timeout
 //     (IORING_ENTER_EXT_ARG; a timed-out wait returns an error matching
-//     unix.ETIME). EINTR is retried inside (the timeout keeps its deadline);
-//     EBUSY and EAGAIN (kernel CQ backlog or no request memory) turn the
-//     call into a plain GETEVENTS wait and the SQEs stay queued for the
-//     next call.
+//     unix.ETIME). EINTR is retried inside (the timeout keeps its deadline).
+//     SQEs the kernel does not take stay queued ([Ring.Unsubmitted]) and
+//     are never waited for: after an SQE that fails at submission the rest
+//     go in the next enter; EBUSY and EAGAIN (kernel CQ backlog or no
+//     request memory) return at once when CQEs wait to be reaped, else are
+//     retried after short timed waits, and fail with the errno after two
+//     seconds of refusals with nothing completing.
 //   - [Ring.Reap] copies every available CQE into the caller's []CQE
 //     (up to len) and advances the CQ head once. It also flushes a kernel
 //     CQ overflow list (IORING_SQ_CQ_OVERFLOW) and pending task work

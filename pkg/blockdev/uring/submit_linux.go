@@ -7,6 +7,7 @@
 package uring
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -111,70 +112,157 @@ func (r *Ring) Submit() (int, error) {
 // SubmitAndWait hands every prepared SQE that fits to the kernel and, in the
 // same io_uring_enter, waits until min(minComplete, in-flight) CQEs are
 // available. A timeout > 0 bounds the wait; when it expires the error
-// matches unix.ETIME. EINTR is retried; EBUSY/EAGAIN make it a plain wait
-// and the SQEs are submitted by a later call. It returns how many SQEs the
-// kernel consumed.
+// matches unix.ETIME. EINTR is retried. It returns how many SQEs the kernel
+// consumed; those it did not stay queued (Unsubmitted) for a later call.
+//
+// The kernel may take fewer SQEs than offered. An SQE that fails at
+// submission ends its batch: the SQEs after it are submitted by the next
+// io_uring_enter of the same call. EAGAIN or EBUSY (no memory for requests,
+// or on old kernels a CQ overflow it cannot flush) take none: when CQEs
+// wait in the CQ the call returns at once for the caller to reap, otherwise
+// it waits for a completion for a short, growing while (refusedWaitMin to
+// refusedWaitMax, within the timeout) and tries again. A kernel that
+// refuses for refusedLimit with nothing completing makes the call fail
+// with an error matching the errno. The wait never counts SQEs the kernel
+// has not taken, so it cannot wait for completions that will not come.
 func (r *Ring) SubmitAndWait(minComplete uint32, timeout time.Duration) (int, error) {
 	if r.closed {
 		return 0, ErrClosed
 	}
 	r.movePending()
-	toSubmit := r.unsubmitted()
 	atomic.StoreUint32(r.sqTail, r.sqLocal)
-	want := min(minComplete, r.inflight+toSubmit)
-	var flags uint32
-	if want > 0 || r.needsFlush() {
-		flags |= IORING_ENTER_GETEVENTS
-	}
-	if toSubmit == 0 && flags == 0 {
-		return 0, nil
-	}
 	var deadline time.Time
-	if timeout > 0 && want > 0 {
+	if timeout > 0 && minComplete > 0 {
 		deadline = time.Now().Add(timeout)
 	}
-	return r.enterLoop(toSubmit, want, flags, deadline)
+	return r.enterLoop(minComplete, deadline)
 }
 
-// enterLoop calls io_uring_enter until it succeeds, times out or fails.
-func (r *Ring) enterLoop(toSubmit, want, flags uint32, deadline time.Time) (int, error) {
+// Refused submissions are retried after a timed wait for a completion,
+// starting at refusedWaitMin and doubling up to refusedWaitMax, for at most
+// refusedLimit without any completion.
+const (
+	refusedWaitMin = time.Millisecond
+	refusedWaitMax = 64 * time.Millisecond
+	refusedLimit   = 2 * time.Second
+)
+
+// enterLoop calls io_uring_enter until the SQ is consumed and the wait is
+// satisfied, or the deadline passes, or the kernel keeps refusing, or an
+// error. Each round recomputes what to submit and to wait for from the
+// kernel's SQ head and the in-flight count, so SQEs the kernel did not take
+// are neither counted nor waited for.
+func (r *Ring) enterLoop(minComplete uint32, deadline time.Time) (int, error) {
 	done := 0
+	flush := r.needsFlush()
+	var pause time.Duration // wait before retrying a refused submission
+	var refusedAt time.Time // first refusal since the last progress
 	for {
-		var arg unsafe.Pointer
-		var argSize uintptr
-		f := flags | r.enterFlags
-		if !deadline.IsZero() {
-			left := time.Until(deadline)
-			if left <= 0 {
-				return done, unix.ETIME
-			}
-			r.ts.Sec, r.ts.Nsec = int64(left/time.Second), int64(left%time.Second)
-			arg, argSize = unsafe.Pointer(&r.arg), unsafe.Sizeof(r.arg)
-			f |= IORING_ENTER_EXT_ARG
+		toSubmit := r.unsubmitted()
+		want := min(minComplete, r.inflight+toSubmit)
+		var flags uint32
+		if want > 0 || flush {
+			flags = IORING_ENTER_GETEVENTS
 		}
-		r.enters++
-		n, err := enter(r.enterFD, toSubmit, want, f, arg, argSize)
+		if toSubmit == 0 && flags == 0 {
+			return done, nil
+		}
+		var timed time.Time
+		if want > 0 {
+			timed = deadline
+		}
+		n, err := r.enterUntil(toSubmit, want, flags, timed)
 		switch err {
 		case nil:
 			r.inflight += uint32(n)
 			done += n
-			if toSubmit == 0 || want == 0 || r.Ready() >= int(want) {
+			flush = false
+			if n > 0 {
+				pause, refusedAt = 0, time.Time{}
+			}
+			if uint32(n) < toSubmit {
+				if n == 0 {
+					// Nothing taken and no error: treat it as
+					// a refusal so the loop cannot spin.
+					if err := r.refused(unix.EAGAIN, &pause, &refusedAt, deadline); err != nil {
+						return done, err
+					}
+					if r.Ready() > 0 {
+						return done, nil
+					}
+				}
+				// A failed SQE ended the kernel's batch and
+				// its wait: submit the rest.
+				continue
+			}
+			if want == 0 || r.Ready() >= int(want) {
 				return done, nil
 			}
-			// The kernel returns the submit count even when its wait
-			// was cut short (signal, timeout): keep waiting.
-			toSubmit = 0
+			// The wait was cut short (a signal): keep waiting.
 		case unix.EINTR:
 			r.intrs++
 			// Nothing was consumed (the kernel returns the count when
 			// it consumed any); retry with the same deadline.
 		case unix.EAGAIN, unix.EBUSY:
-			if toSubmit == 0 || want == 0 {
+			if r.Ready() > 0 {
+				// The caller reaps first; the SQEs stay queued.
 				return done, nil
 			}
-			toSubmit = 0 // wait for completions; resubmit next time
+			if err := r.refused(err, &pause, &refusedAt, deadline); err != nil {
+				return done, err
+			}
+			if r.Ready() > 0 {
+				return done, nil
+			}
 		default:
 			return done, err
 		}
 	}
+}
+
+// refused handles a submission the kernel refused with errno: unless the
+// deadline or refusedLimit has passed, it waits up to *pause (doubled from
+// refusedWaitMin) for a completion, which frees what the kernel lacked.
+func (r *Ring) refused(errno error, pause *time.Duration, since *time.Time, deadline time.Time) error {
+	now := time.Now()
+	if since.IsZero() {
+		*since = now
+	} else if now.Sub(*since) >= refusedLimit {
+		return fmt.Errorf("io_uring submit: kernel refused %d sqes for %v: %w", r.unsubmitted(), refusedLimit, errno)
+	}
+	*pause = min(max(2**pause, refusedWaitMin), refusedWaitMax)
+	until := now.Add(*pause)
+	if !deadline.IsZero() {
+		if !now.Before(deadline) {
+			return unix.ETIME
+		}
+		if deadline.Before(until) {
+			until = deadline
+		}
+	}
+	for {
+		_, err := r.enterUntil(0, 1, IORING_ENTER_GETEVENTS, until)
+		if err != unix.EINTR {
+			return nil // a completion, or the pause is over: try again
+		}
+	}
+}
+
+// enterUntil calls io_uring_enter once; a non-zero deadline bounds its wait
+// (IORING_ENTER_EXT_ARG). A deadline already passed returns unix.ETIME.
+func (r *Ring) enterUntil(toSubmit, want, flags uint32, deadline time.Time) (int, error) {
+	var arg unsafe.Pointer
+	var argSize uintptr
+	f := flags | r.enterFlags
+	if !deadline.IsZero() {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return 0, unix.ETIME
+		}
+		r.ts.Sec, r.ts.Nsec = int64(left/time.Second), int64(left%time.Second)
+		arg, argSize = unsafe.Pointer(&r.arg), unsafe.Sizeof(r.arg)
+		f |= IORING_ENTER_EXT_ARG
+	}
+	r.enters++
+	return enter(r.enterFD, toSubmit, want, f, arg, argSize)
 }
