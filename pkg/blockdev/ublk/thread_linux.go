@@ -256,16 +256,18 @@ type ThreadStats struct {
 	// of the loop, and CQEs the completions reaped: CQEs per enter is
 	// the batching the thread achieves.
 	Enters, Rounds, CQEs uint64
+	// Stray counts CQEs for no queue of the thread (a bug if ever seen).
+	Stray uint64
 	// Err is why the thread failed (nil while it serves).
 	Err error
 }
 
 type threadStats struct {
-	enters, rounds, cqes atomic.Uint64
+	enters, rounds, cqes, stray atomic.Uint64
 }
 
 func (s *threadStats) snapshot() ThreadStats {
-	return ThreadStats{Enters: s.enters.Load(), Rounds: s.rounds.Load(), CQEs: s.cqes.Load()}
+	return ThreadStats{Enters: s.enters.Load(), Rounds: s.rounds.Load(), CQEs: s.cqes.Load(), Stray: s.stray.Load()}
 }
 
 // run is the thread's goroutine. It locks its OS thread for its whole life
@@ -392,8 +394,10 @@ type threadLoop struct {
 	round   uint64
 	roundAt int64
 	// gapNs is a moving average of how long the thread waits, after a
-	// round, for the next completion; it sizes the poll (see next).
+	// round, for the next completion; it sizes the poll, at most poll
+	// (see next).
 	gapNs int64
+	poll  time.Duration
 	// offeredAt is when (monoNow) the thread last offered itself to the
 	// Go scheduler (see next and uring.OfferInterval).
 	offeredAt int64
@@ -458,8 +462,8 @@ func (s *threadLoop) handle(c *uring.CQE) {
 	}
 	if int(slot) >= len(s.slots) || s.slots[slot] == nil {
 		// Not a queue of ours: a stale CQE can only be a bug, and
-		// must not take the other queues down.
-		s.t.stats.cqes.Add(0)
+		// must not take the other queues down; it is counted.
+		s.t.stats.stray.Add(1)
 		return
 	}
 	l := s.slots[slot]
@@ -496,7 +500,7 @@ const pollMaxInFlight = 4
 // average of the wait, so a thread whose completions come slower than the
 // window stops polling, and one whose come fast starts.
 func (s *threadLoop) next(busy bool) (int, error) {
-	poll := int64(s.pollWindow())
+	poll := int64(s.poll)
 	start := monoNow()
 	if poll > 0 && busy && s.gapNs <= poll && s.serving <= pollMaxInFlight {
 		if _, err := s.ring.Submit(); err != nil {
@@ -533,16 +537,16 @@ func (s *threadLoop) next(busy bool) (int, error) {
 	return n, err
 }
 
-// pollWindow is the longest poll of the thread's queues' options: the
-// thread polls for any of them.
-func (s *threadLoop) pollWindow() time.Duration {
-	var p time.Duration
+// setPollWindow sets the thread's poll window to the longest of its
+// queues' (Options.Poll): the thread polls for any of them. It runs when a
+// queue comes or goes, not per round.
+func (s *threadLoop) setPollWindow() {
+	s.poll = 0
 	for _, l := range s.slots {
 		if l != nil {
-			p = max(p, l.cfg.Options.Poll)
+			s.poll = max(s.poll, l.cfg.Options.Poll)
 		}
 	}
-	return p
 }
 
 // wait submits the round's SQEs and sleeps in the same io_uring_enter until
@@ -738,6 +742,7 @@ func (s *threadLoop) attach(l *loop) error {
 	s.slots[slot] = l
 	l.attached = true
 	s.attached++
+	s.setPollWindow()
 	if err := l.fetchAll(); err != nil {
 		// The FETCHes that went in complete with the ring; the queue
 		// cannot serve without the others.
@@ -758,6 +763,7 @@ func (s *threadLoop) detach(l *loop, err error) {
 	s.bufSlots.free(int(l.bufBase), int(l.cfg.Depth))
 	s.slots[l.slot] = nil
 	s.free = append(s.free, l.slot)
+	s.setPollWindow()
 	l.end(err)
 }
 
