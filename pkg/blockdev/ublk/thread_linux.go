@@ -650,25 +650,25 @@ func (s *threadLoop) releaseHeld(now int64) {
 // heldWait bounds a sleeping wait so that the thread wakes when the first
 // held request of any queue falls due; 0 means none is held.
 func (s *threadLoop) heldWait(now int64) time.Duration {
-	var bound time.Duration
-	for _, l := range s.held {
-		if w := l.heldWait(now); w > 0 && (bound == 0 || w < bound) {
-			bound = w
-		}
-	}
-	return bound
+	return earliest(s.held, now, (*loop).heldWait)
 }
 
 // reclaimWait bounds a sleeping wait so that the thread wakes when the
 // buffer tails of an idle queue fall due for reclaim; 0 means no bound.
 func (s *threadLoop) reclaimWait(now int64) time.Duration {
-	var bound time.Duration
-	for _, l := range s.tails {
-		if w := l.reclaimWait(now); w > 0 && (bound == 0 || w < bound) {
-			bound = w
+	return earliest(s.tails, now, (*loop).reclaimWait)
+}
+
+// earliest is the shortest of the queues' bounds at now (0 from a queue:
+// none), or 0.
+func earliest(qs []*loop, now int64, bound func(*loop, int64) time.Duration) time.Duration {
+	var first time.Duration
+	for _, l := range qs {
+		if b := bound(l, now); b > 0 && (first == 0 || b < first) {
+			first = b
 		}
 	}
-	return bound
+	return first
 }
 
 // reclaimIdle gives back the buffer tails of the queues idle long enough.
