@@ -319,6 +319,7 @@ func TestStartQueueRejectsBadConfig(t *testing.T) {
 func TestLoopPoll(t *testing.T) {
 	l, _ := hostLoop(t, 2, TargetFile)
 	l.cfg.Options.Poll = time.Second
+	l.s.setPollWindow()
 	l.s.gapNs = int64(100 * time.Millisecond) // completions come within Poll
 	setDesc(l, 0, ioOpRead, 8, 0)
 	if err := l.onCmd(0, ioResOK); err != nil {
@@ -342,6 +343,7 @@ func TestLoopPoll(t *testing.T) {
 		t.Fatalf("wait average %v did not move toward the measured waits", time.Duration(l.s.gapNs))
 	}
 	l.cfg.Options.Poll, l.s.gapNs = 20*time.Millisecond, int64(10*time.Millisecond)
+	l.s.setPollWindow()
 	start := time.Now()
 	if n, err := l.s.next(true); err != nil || n != 0 {
 		t.Fatalf("next with nothing in flight = %d, %v", n, err)

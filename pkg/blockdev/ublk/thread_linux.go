@@ -256,16 +256,18 @@ type ThreadStats struct {
 	// of the loop, and CQEs the completions reaped: CQEs per enter is
 	// the batching the thread achieves.
 	Enters, Rounds, CQEs uint64
+	// Stray counts CQEs for no queue of the thread (a bug if ever seen).
+	Stray uint64
 	// Err is why the thread failed (nil while it serves).
 	Err error
 }
 
 type threadStats struct {
-	enters, rounds, cqes atomic.Uint64
+	enters, rounds, cqes, stray atomic.Uint64
 }
 
 func (s *threadStats) snapshot() ThreadStats {
-	return ThreadStats{Enters: s.enters.Load(), Rounds: s.rounds.Load(), CQEs: s.cqes.Load()}
+	return ThreadStats{Enters: s.enters.Load(), Rounds: s.rounds.Load(), CQEs: s.cqes.Load(), Stray: s.stray.Load()}
 }
 
 // run is the thread's goroutine. It locks its OS thread for its whole life
@@ -392,8 +394,10 @@ type threadLoop struct {
 	round   uint64
 	roundAt int64
 	// gapNs is a moving average of how long the thread waits, after a
-	// round, for the next completion; it sizes the poll (see next).
+	// round, for the next completion; it sizes the poll, at most poll
+	// (see next).
 	gapNs int64
+	poll  time.Duration
 	// offeredAt is when (monoNow) the thread last offered itself to the
 	// Go scheduler (see next and uring.OfferInterval).
 	offeredAt int64
@@ -458,8 +462,8 @@ func (s *threadLoop) handle(c *uring.CQE) {
 	}
 	if int(slot) >= len(s.slots) || s.slots[slot] == nil {
 		// Not a queue of ours: a stale CQE can only be a bug, and
-		// must not take the other queues down.
-		s.t.stats.cqes.Add(0)
+		// must not take the other queues down; it is counted.
+		s.t.stats.stray.Add(1)
 		return
 	}
 	l := s.slots[slot]
@@ -496,7 +500,7 @@ const pollMaxInFlight = 4
 // average of the wait, so a thread whose completions come slower than the
 // window stops polling, and one whose come fast starts.
 func (s *threadLoop) next(busy bool) (int, error) {
-	poll := int64(s.pollWindow())
+	poll := int64(s.poll)
 	start := monoNow()
 	if poll > 0 && busy && s.gapNs <= poll && s.serving <= pollMaxInFlight {
 		if _, err := s.ring.Submit(); err != nil {
@@ -533,16 +537,16 @@ func (s *threadLoop) next(busy bool) (int, error) {
 	return n, err
 }
 
-// pollWindow is the longest poll of the thread's queues' options: the
-// thread polls for any of them.
-func (s *threadLoop) pollWindow() time.Duration {
-	var p time.Duration
+// setPollWindow sets the thread's poll window to the longest of its
+// queues' (Options.Poll): the thread polls for any of them. It runs when a
+// queue comes or goes, not per round.
+func (s *threadLoop) setPollWindow() {
+	s.poll = 0
 	for _, l := range s.slots {
 		if l != nil {
-			p = max(p, l.cfg.Options.Poll)
+			s.poll = max(s.poll, l.cfg.Options.Poll)
 		}
 	}
-	return p
 }
 
 // wait submits the round's SQEs and sleeps in the same io_uring_enter until
@@ -646,25 +650,25 @@ func (s *threadLoop) releaseHeld(now int64) {
 // heldWait bounds a sleeping wait so that the thread wakes when the first
 // held request of any queue falls due; 0 means none is held.
 func (s *threadLoop) heldWait(now int64) time.Duration {
-	var bound time.Duration
-	for _, l := range s.held {
-		if w := l.heldWait(now); w > 0 && (bound == 0 || w < bound) {
-			bound = w
-		}
-	}
-	return bound
+	return earliest(s.held, now, (*loop).heldWait)
 }
 
 // reclaimWait bounds a sleeping wait so that the thread wakes when the
 // buffer tails of an idle queue fall due for reclaim; 0 means no bound.
 func (s *threadLoop) reclaimWait(now int64) time.Duration {
-	var bound time.Duration
-	for _, l := range s.tails {
-		if w := l.reclaimWait(now); w > 0 && (bound == 0 || w < bound) {
-			bound = w
+	return earliest(s.tails, now, (*loop).reclaimWait)
+}
+
+// earliest is the shortest of the queues' bounds at now (0 from a queue:
+// none), or 0.
+func earliest(qs []*loop, now int64, bound func(*loop, int64) time.Duration) time.Duration {
+	var first time.Duration
+	for _, l := range qs {
+		if b := bound(l, now); b > 0 && (first == 0 || b < first) {
+			first = b
 		}
 	}
-	return bound
+	return first
 }
 
 // reclaimIdle gives back the buffer tails of the queues idle long enough.
@@ -738,6 +742,7 @@ func (s *threadLoop) attach(l *loop) error {
 	s.slots[slot] = l
 	l.attached = true
 	s.attached++
+	s.setPollWindow()
 	if err := l.fetchAll(); err != nil {
 		// The FETCHes that went in complete with the ring; the queue
 		// cannot serve without the others.
@@ -758,6 +763,7 @@ func (s *threadLoop) detach(l *loop, err error) {
 	s.bufSlots.free(int(l.bufBase), int(l.cfg.Depth))
 	s.slots[l.slot] = nil
 	s.free = append(s.free, l.slot)
+	s.setPollWindow()
 	l.end(err)
 }
 
