@@ -94,6 +94,10 @@ func TestCrashWhileFrozen(t *testing.T) {
 	requireRoot(t)
 	data := t.TempDir()
 	lv := mountVolume(t, openStore(t, data), "live", 64<<20)
+	// The child is the plugin now: it takes the data directory's lock.
+	if err := lv.s.Close(); err != nil {
+		t.Fatal(err)
+	}
 
 	child := exec.Command(os.Args[0], "-test.run=^TestCrashWhileFrozen$", "-test.v")
 	child.Env = append(os.Environ(), crashChildEnv+"="+strings.Join([]string{data, lv.v.ID, lv.mnt, lv.dev}, "\n"))
