@@ -152,7 +152,7 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 	l.backing--
 	l.s.backing--
 	l.q.stats.backing.Add(-1)
-	if l.backing == 0 && l.inEnding == false && (l.failed || l.aborted > 0) {
+	if l.backing == 0 && (l.failed || l.aborted > 0) {
 		l.mayEnd()
 	}
 	t := &l.tags[tag]
