@@ -111,12 +111,12 @@ func TestServerRecoversDevicesOfFailedThread(t *testing.T) {
 	}
 	writeRead(t, d.Path, 1<<20, 7, true)
 	th := s.Threads().Threads()[0]
-	roundHook = func(l *threadLoop) {
+	setRoundHook(func(l *threadLoop) {
 		if l.t == th {
 			panic("injected failure")
 		}
-	}
-	defer func() { roundHook = nil }()
+	})
+	defer func() { setRoundHook(nil) }()
 	th.waker.Wake()
 	err = poll(ctx, 5*time.Second, func() (bool, error) { return s.Err("vol") != nil, nil })
 	if err != nil {
@@ -125,7 +125,7 @@ func TestServerRecoversDevicesOfFailedThread(t *testing.T) {
 	if err := s.Err("vol"); !errors.Is(err, ErrThreadDead) {
 		t.Fatalf("Server.Err = %v, want ErrThreadDead", err)
 	}
-	roundHook = nil
+	setRoundHook(nil)
 	if err := s.Close(); !errors.Is(err, ErrThreadDead) {
 		t.Fatalf("Close = %v, want the thread's failure reported", err)
 	}

@@ -369,14 +369,14 @@ func (s *threadLoop) register() error {
 
 // roundHook, when set (only ever by tests), runs at the start of every
 // round of every thread: a failpoint for what a thread does when it fails.
-var roundHook func(*threadLoop)
+var roundHook atomic.Pointer[func(*threadLoop)]
 
 // threadLoop is the state of one server thread. Only that thread touches it.
 type threadLoop struct {
 	t        *Thread
 	ring     *uring.Ring
 	cqes     []uring.CQE
-	cur      *loop // the queue handling a CQE now (dispatch)
+	cur      *loop    // the queue handling a CQE now (dispatch)
 	slots    []*loop  // queues by slot (user_data); nil = free
 	free     []uint16 // free slots, a stack
 	bufSlots rangeAlloc
@@ -421,8 +421,8 @@ func (s *threadLoop) serve() error {
 		}
 		s.round++
 		s.t.stats.rounds.Add(1)
-		if roundHook != nil {
-			roundHook(s)
+		if hook := roundHook.Load(); hook != nil {
+			(*hook)(s)
 		}
 		if len(s.held) > 0 {
 			s.releaseHeld(monoNow())
