@@ -325,7 +325,8 @@ func deviceSize(t *testing.T, path string) int64 {
 // TestManyVolumes attaches as many volumes as a node takes by default
 // (--max-volumes-per-node 64) to one plugin, writes and reads back 1 MiB on
 // each, and measures what they cost: the plugin's resident memory and
-// threads. Each volume must stay within its copy-buffer budget (16 MiB)
+// threads (which must not grow with the volumes), then detaches them all
+// (which once panicked the server threads: see TestDetachForgetsQueue). Each volume must stay within its copy-buffer budget (16 MiB)
 // plus 2 MiB for its rings, descriptors and bookkeeping; in copy mode it
 // costs far less, as only the registered heads of its buffers (16 KiB per
 // tag) are resident from the start.
@@ -359,6 +360,11 @@ func TestManyVolumes(t *testing.T) {
 	if perVol > 18<<20 {
 		t.Errorf("each attached volume costs %.1f MiB of plugin memory, want at most 18 MiB (16 MiB buffers + 2 MiB)",
 			float64(perVol)/(1<<20))
+	}
+	// Shared server threads: the threads must not grow with the volumes
+	// (a thread per queue made 64 volumes cost 256 threads).
+	if threads > threads0+16 {
+		t.Errorf("plugin threads %d -> %d with %d volumes, want at most 16 more", threads0, threads, n)
 	}
 	if maxHWSectorsKB(t, p.devLink(vols[0])) == 1024 {
 		return // zero copy: no buffers, nothing to reclaim
@@ -439,131 +445,46 @@ func readDirect(t *testing.T, path string, n int) []byte {
 	return bytes.Clone(buf)
 }
 
-// TestPidsLimitCapsVolumes starts the plugin in a cgroup whose pids.max
-// cannot hold the queue threads of 64 volumes and proves that NodeGetInfo
-// reports the lower count that fits, so the scheduler never places a
-// volume whose threads the kernel would refuse.
-func TestPidsLimitCapsVolumes(t *testing.T) {
+// TestPidsLimitHoldsManyVolumes starts the plugin in a cgroup whose
+// pids.max leaves room for 24 more tasks, where a thread per queue (two
+// threads per queue, 4 per volume) held 6 volumes, and proves that with
+// shared server threads volumes cost no task: 16 volumes stage and serve
+// I/O, the thread count stays flat, NodeGetInfo keeps the configured
+// volume count, and a kill -9 and restart under the same limit re-adopts
+// every volume with its data.
+func TestPidsLimitHoldsManyVolumes(t *testing.T) {
 	requireVM(t)
-	_, fd := pidsCgroup(t, 200)
+	const n = 16
+	dir, fd := pidsCgroup(t, 400)
 	p := newPluginIn(t, fd)
+	idle := readInt(t, filepath.Join(dir, "pids.current"))
+	limit := idle + 24
+	setPidsMax(t, dir, limit)
 	info, err := p.node.NodeGetInfo(context.Background(), &csi.NodeGetInfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := info.GetMaxVolumesPerNode()
-	// 200 tasks, minus the plugin's threads at start and 64 in reserve,
-	// over 2 threads per queue × min(CPUs, 4) queues per volume.
-	if got < 1 || got >= 64 || got > (200-64)/4 {
-		t.Fatalf("max volumes per node = %d under pids.max 200, want 1..%d", got, (200-64)/4)
+	if got := info.GetMaxVolumesPerNode(); got != 64 {
+		t.Errorf("max volumes per node = %d under pids.max %d, want the configured 64: volumes cost no thread", got, limit)
 	}
-	t.Logf("pids.max 200: NodeGetInfo reports %d volumes (default 64)", got)
-}
-
-// TestPidsHeadroomRefusesStage lowers the plugin's pids limit below what a
-// new device's queue threads need and proves that NodeStageVolume is
-// refused with ResourceExhausted, leaving no device behind and the plugin
-// serving, and that the same volume stages once the limit is raised.
-func TestPidsHeadroomRefusesStage(t *testing.T) {
-	requireVM(t)
-	dir, fd := pidsCgroup(t, 400)
-	p := newPluginIn(t, fd)
-	ctx := context.Background()
-	held := p.provision("pids-held", 64<<20, blockCap(), nil)
-	cur := readInt(t, filepath.Join(dir, "pids.current"))
-	if got := p.metric("fastblk_node_pids_headroom "); got <= 0 || got > float64(400-cur) {
-		t.Errorf("fastblk_node_pids_headroom = %v with %d of 400 tasks in use, want 1..%d", got, cur, 400-cur)
+	_, threads0 := p.usage()
+	var vols []*volume
+	for i := range n {
+		v := p.provision(fmt.Sprintf("pids-%d", i), 32<<20, blockCap(), nil)
+		fill(t, p.devLink(v), 1<<20)
+		vols = append(vols, v)
 	}
-	// Room for a few threads: fewer than one queue's plus the reserve.
-	setPidsMax(t, dir, cur+ublk.ThreadReserve/2)
-	if got := p.metric("fastblk_node_pids_headroom "); got > ublk.ThreadReserve/2 {
-		t.Errorf("fastblk_node_pids_headroom = %v after lowering pids.max to %d in use + %d", got, cur, ublk.ThreadReserve/2)
+	_, threads := p.usage()
+	t.Logf("pids.max %d (%d tasks idle): %d volumes staged, plugin threads %d -> %d", limit, idle, n, threads0, threads)
+	if threads > threads0+4 {
+		t.Errorf("plugin threads %d -> %d for %d volumes: volumes must not start threads", threads0, threads, n)
 	}
-	c := blockCap()
-	cr, err := p.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: "pids-refused", VolumeCapabilities: []*csi.VolumeCapability{c},
-		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := cr.GetVolume().GetVolumeId()
-	t.Cleanup(func() { p.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}) })
-	staging := filepath.Join(p.dir, "staging", "pids-refused")
-	if err := os.MkdirAll(staging, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	before := len(ublkDevices(t))
-	stage := &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c,
-		VolumeContext: cr.GetVolume().GetVolumeContext()}
-	_, err = p.node.NodeStageVolume(ctx, stage)
-	if status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("NodeStageVolume with pids.max %d (%d in use) = %v, want ResourceExhausted\n%s", cur+ublk.ThreadReserve/2, cur, err, p.logTail())
-	}
-	t.Logf("refused: %v", err)
-	if n := len(ublkDevices(t)); n != before {
-		t.Fatalf("%d ublk devices after the refused stage, want %d", n, before)
-	}
-	if _, err := p.node.NodeGetInfo(ctx, &csi.NodeGetInfoRequest{}); err != nil {
-		t.Fatalf("plugin not serving after the refusal: %v", err)
-	}
-	// The volume staged before still serves I/O.
-	fill(t, p.devLink(held), 1<<20)
-	if b := readDirect(t, p.devLink(held), 4096); b[2] != 3 { // fill writes byte(i) | 1
-		t.Fatalf("volume staged before the refusal reads back %#x at byte 2, want 3", b[2])
-	}
-	setPidsMax(t, dir, 400)
-	if _, err := p.node.NodeStageVolume(ctx, stage); err != nil {
-		t.Fatalf("NodeStageVolume after raising pids.max: %v\n%s", err, p.logTail())
-	}
-	if _, err := p.node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// TestPidsHeadroomDefersReadoption kills the plugin with a volume staged
-// and restarts it under a pids limit too tight for the volume's queue
-// threads. The plugin must come up instead of crashing on the re-adoption,
-// keep the device with its I/O held, and re-adopt it by itself once the
-// limit is raised, with the data intact.
-func TestPidsHeadroomDefersReadoption(t *testing.T) {
-	requireVM(t)
-	dir, fd := pidsCgroup(t, 400)
-	p := newPluginIn(t, fd)
-	p.args = []string{"--reconcile-retry=1s"}
-	idle := readInt(t, filepath.Join(dir, "pids.current")) // the plugin with no device
-	v := p.provision("pids-adopt", 64<<20, blockCap(), nil)
-	fill(t, p.devLink(v), 1<<20)
 	p.kill9()
-	// The plugin's own tasks fit; the volume's queue threads (2 per queue)
-	// and the reserve do not.
-	limit := idle + ublk.ThreadReserve
-	setPidsMax(t, dir, limit)
 	p.start()
-	if _, err := p.node.NodeGetInfo(context.Background(), &csi.NodeGetInfoRequest{}); err != nil {
-		t.Fatalf("plugin not serving under pids.max %d: %v", limit, err)
-	}
-	held := ""
-	for _, l := range strings.Split(p.logTail(), "\n") {
-		if strings.Contains(l, "no room for queue threads") {
-			held = l
+	for _, v := range vols {
+		if b := readDirect(t, p.devLink(v), 4096); b[2] != 3 { // fill writes byte(i) | 1
+			t.Fatalf("re-adopted volume %s reads back %#x at byte 2, want 3\n%s", v.id, b[2], p.logTail())
 		}
-	}
-	if held == "" {
-		t.Fatalf("no log of the held-back re-adoption under pids.max %d:\n%s", limit, p.logTail())
-	}
-	t.Logf("pids.max %d (%d used with no device): %s", limit, idle, held)
-	if n := len(ublkDevices(t)); n != 1 {
-		t.Fatalf("%d ublk devices while re-adoption is held back, want the volume's 1", n)
-	}
-	setPidsMax(t, dir, 400)
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(p.logTail(), "all staged volumes restored") {
-		if time.Now().After(deadline) {
-			t.Fatalf("volume not re-adopted 30 s after raising pids.max:\n%s", p.logTail())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if b := readDirect(t, p.devLink(v), 4096); b[2] != 3 { // fill writes byte(i) | 1
-		t.Fatalf("re-adopted volume reads back %#x at byte 2, want 3", b[2])
 	}
 }
 

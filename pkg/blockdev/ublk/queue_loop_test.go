@@ -3,6 +3,7 @@ package ublk
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -434,5 +435,44 @@ func TestLoopOffersBeforeSleeping(t *testing.T) {
 		if n, err := l.s.next(true); err != nil || n != 1 { // the failed COMMIT of a regular file
 			t.Fatalf("round %d: next = %d, %v; want the commit's completion", round, n, err)
 		}
+	}
+}
+
+// TestDetachForgetsQueue proves that a queue that leaves its thread is off
+// every list the thread keeps: the idle reclaim once reached the unmapped
+// buffers of a detached copy-mode queue and panicked the thread (seen with
+// 64 volumes in the VM).
+func TestDetachForgetsQueue(t *testing.T) {
+	l, _ := hostLoop(t, 4, TargetFile)
+	s := l.s
+	l.cfg.Options.IdleReclaim = time.Millisecond
+	l.tailsUsed, l.tailsAt = true, monoNow()-int64(time.Hour)
+	l.inTails, s.tails = true, append(s.tails, l)
+	s.detach(l, nil)
+	if len(s.tails)+len(s.held)+len(s.commits)+len(s.ending) != 0 {
+		t.Fatalf("detached queue still listed: tails %d held %d commits %d ending %d", len(s.tails), len(s.held), len(s.commits), len(s.ending))
+	}
+	s.reclaimIdle() // panicked on the unmapped buffers before
+}
+
+// TestPanicFailsOnlyItsQueue proves that a panic while one queue handles a
+// completion fails that queue, with the cause, and the thread goes on with
+// the round's other completions.
+func TestPanicFailsOnlyItsQueue(t *testing.T) {
+	l, _ := hostLoop(t, 4, TargetFile)
+	s := l.s
+	l.bufs.close() // a broken queue: its next read copies into nothing
+	l.bufs = nil
+	l.zc = false
+	setDesc(l, 0, ioOpRead, 8, 0)
+	s.cqes[0] = uring.CQE{UserData: encodeUD(udCmd, l.slot, 0), Res: ioResOK}
+	s.cqes[1] = uring.CQE{UserData: encodeUD(udCmd, 7, 0)} // a stray: handled after
+	before := s.t.stats.stray.Load()
+	s.dispatch(2)
+	if err := l.q.Err(); !errors.Is(err, errQueuePanic) {
+		t.Fatalf("queue error %v, want a panic failure", err)
+	}
+	if s.t.stats.stray.Load() != before+1 {
+		t.Fatal("the round's next completion was not handled after the panic")
 	}
 }

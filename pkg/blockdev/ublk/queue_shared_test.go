@@ -214,12 +214,12 @@ func TestThreadFailureSurfaces(t *testing.T) {
 	f, _ := backingFile(t, 16<<20)
 	d := addTestDev(t, c, 2, 16, 128<<10, FlagUserRecovery|FlagUserRecoveryReissue, 16<<20)
 	qs, _ := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{}, []*Thread{th})
-	roundHook = func(s *threadLoop) {
+	setRoundHook(func(s *threadLoop) {
 		if s.t == th {
 			panic("injected failure")
 		}
-	}
-	t.Cleanup(func() { roundHook = nil })
+	})
+	t.Cleanup(func() { setRoundHook(nil) })
 	th.waker.Wake()
 	for _, q := range qs {
 		select {
@@ -244,7 +244,7 @@ func TestThreadFailureSurfaces(t *testing.T) {
 	if err != nil {
 		t.Fatalf("device not QUIESCED after its thread failed: %v", err)
 	}
-	roundHook = nil
+	setRoundHook(nil)
 	// Close of a failed thread reports its failure (so testThread's
 	// cleanup lets ErrThreadDead pass).
 	if err := th.Close(); !errors.Is(err, ErrThreadDead) {
@@ -265,4 +265,13 @@ func TestThreadsPick(t *testing.T) {
 	if err != nil || ths[0] == ths[1] {
 		t.Fatalf("pick(2 queues) = %v, %v: want two threads", ths, err)
 	}
+}
+
+// setRoundHook sets (nil: clears) the threads' failpoint.
+func setRoundHook(f func(*threadLoop)) {
+	if f == nil {
+		roundHook.Store(nil)
+		return
+	}
+	roundHook.Store(&f)
 }

@@ -3,6 +3,7 @@ package ublk
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -88,4 +89,54 @@ func fileSum(t *testing.T, path string) [32]byte {
 		t.Fatal(err)
 	}
 	return sha256.Sum256(b)
+}
+
+// TestServerRecoversDevicesOfFailedThread proves the recovery path of a
+// server thread that fails: its devices report the failure at once
+// (Server.Err), their I/O is held, not failed, and the next server (the
+// restarted plugin) re-adopts them through user recovery with their data.
+func TestServerRecoversDevicesOfFailedThread(t *testing.T) {
+	needUblk(t)
+	dir := scratchDir(t)
+	file := sparseFile(t, dir, "vol.img", 32<<20)
+	state := filepath.Join(dir, "state")
+	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: state, Threads: 1})
+	if err != nil || len(errs) > 0 {
+		t.Fatal(err, errs)
+	}
+	ctx := context.Background()
+	d, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRead(t, d.Path, 1<<20, 7, true)
+	th := s.Threads().Threads()[0]
+	setRoundHook(func(l *threadLoop) {
+		if l.t == th {
+			panic("injected failure")
+		}
+	})
+	defer func() { setRoundHook(nil) }()
+	th.waker.Wake()
+	err = poll(ctx, 5*time.Second, func() (bool, error) { return s.Err("vol") != nil, nil })
+	if err != nil {
+		t.Fatalf("the device of a failed thread does not report it: %v", err)
+	}
+	if err := s.Err("vol"); !errors.Is(err, ErrThreadDead) {
+		t.Fatalf("Server.Err = %v, want ErrThreadDead", err)
+	}
+	setRoundHook(nil)
+	if err := s.Close(); !errors.Is(err, ErrThreadDead) {
+		t.Fatalf("Close = %v, want the thread's failure reported", err)
+	}
+	s2 := newTestServer(t, state)
+	defer s2.Close()
+	if err := s2.Err("vol"); err != nil {
+		t.Fatalf("re-adopted device: %v", err)
+	}
+	writeRead(t, d.Path, 1<<20, 7, false) // the data written before the failure
+	writeRead(t, d.Path, 2<<20, 8, true)  // and new I/O
+	if err := s2.Detach(ctx, "vol"); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -32,6 +32,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -368,13 +369,14 @@ func (s *threadLoop) register() error {
 
 // roundHook, when set (only ever by tests), runs at the start of every
 // round of every thread: a failpoint for what a thread does when it fails.
-var roundHook func(*threadLoop)
+var roundHook atomic.Pointer[func(*threadLoop)]
 
 // threadLoop is the state of one server thread. Only that thread touches it.
 type threadLoop struct {
 	t        *Thread
 	ring     *uring.Ring
 	cqes     []uring.CQE
+	cur      *loop    // the queue handling a CQE now (dispatch)
 	slots    []*loop  // queues by slot (user_data); nil = free
 	free     []uint16 // free slots, a stack
 	bufSlots rangeAlloc
@@ -419,8 +421,8 @@ func (s *threadLoop) serve() error {
 		}
 		s.round++
 		s.t.stats.rounds.Add(1)
-		if roundHook != nil {
-			roundHook(s)
+		if hook := roundHook.Load(); hook != nil {
+			(*hook)(s)
 		}
 		if len(s.held) > 0 {
 			s.releaseHeld(monoNow())
@@ -437,9 +439,7 @@ func (s *threadLoop) serve() error {
 			return err
 		}
 		s.roundAt = monoNow()
-		for i := range n {
-			s.handle(&s.cqes[i])
-		}
+		s.dispatch(n)
 		if len(s.tails) > 0 {
 			s.reclaimIdle()
 		}
@@ -449,6 +449,41 @@ func (s *threadLoop) serve() error {
 		}
 	}
 }
+
+// dispatch handles the round's CQEs, s.cqes[:n]. A panic while one queue
+// handles its completion fails that queue (its device reports it, its I/O
+// is held) and the thread goes on with the other CQEs: a bug reached by one
+// device's requests must not stop every device of the thread. A panic
+// outside a queue's handling ends the thread (run).
+func (s *threadLoop) dispatch(n int) {
+	for i := 0; i < n; {
+		i = s.dispatchFrom(i, n)
+	}
+}
+
+// dispatchFrom handles s.cqes[i:n] and returns n, or the index after the
+// CQE whose handling panicked.
+func (s *threadLoop) dispatchFrom(i, n int) (next int) {
+	defer func() {
+		if r := recover(); r != nil {
+			l := s.cur
+			s.cur = nil
+			if l == nil {
+				panic(r)
+			}
+			l.fail(fmt.Errorf("%w: %v", errQueuePanic, r))
+			next = i + 1
+		}
+	}()
+	for ; i < n; i++ {
+		s.handle(&s.cqes[i])
+	}
+	s.cur = nil
+	return n
+}
+
+// errQueuePanic is the class of a queue failed by a panic in its handling.
+var errQueuePanic = errors.New("panic serving the queue")
 
 // handle dispatches one CQE to its queue by the slot in its user_data.
 func (s *threadLoop) handle(c *uring.CQE) {
@@ -467,6 +502,7 @@ func (s *threadLoop) handle(c *uring.CQE) {
 		return
 	}
 	l := s.slots[slot]
+	s.cur = l
 	var err error
 	switch kind {
 	case udCmd:
@@ -759,6 +795,13 @@ func (s *threadLoop) attach(l *loop) error {
 // detach ends a queue that has nothing in flight: its slots are cleared,
 // its memory unmapped, and Wait returns err.
 func (s *threadLoop) detach(l *loop, err error) {
+	// Off every list of the thread first: a list that kept it would
+	// touch its unmapped buffers (seen: the idle reclaim of a detached
+	// copy-mode queue).
+	for _, list := range []*[]*loop{&s.held, &s.commits, &s.tails, &s.ending} {
+		*list = slices.DeleteFunc(*list, func(q *loop) bool { return q == l })
+	}
+	l.inHeld, l.inCommits, l.inTails, l.inEnding = false, false, false, false
 	l.teardown()
 	s.bufSlots.free(int(l.bufBase), int(l.cfg.Depth))
 	s.slots[l.slot] = nil
