@@ -19,13 +19,13 @@ const recordsSetAside = true
 // FuzzRecord writes fuzz input as the metadata record of one volume (or
 // snapshot) with its data file, then opens the store on that directory.
 // Properties: nothing panics; OpenStore either fails with an error or
-// serves the object under the record's own ID; a served record encodes and
-// decodes to itself (parse, format, parse); its data file lies in the
-// data directory. With recordsSetAside: a served object is complete
-// (valid name deriving its ID, positive aligned size), and a record not
-// served is set aside (Quarantined) with its data file kept, unless it is
-// a complete half-made object (state "creating"), which OpenStore removes
-// with its data file.
+// serves the object under the record's own ID; a served record encodes
+// and decodes to itself (parse, format, parse); its data file lies in the
+// data directory. With recordsSetAside: no record stops OpenStore; a
+// served object is complete (valid name deriving its ID, positive aligned
+// size); and a record not served is set aside (Quarantined) with its data
+// file kept, unless it is a complete half-made object (state "creating"),
+// which OpenStore removes with its data file.
 func FuzzRecord(f *testing.F) {
 	vol := `{"state":"ready","volume":{"id":"` + VolumeID("pvc-1") + `","name":"pvc-1","sizeBytes":1048576,` +
 		`"params":{"queues":"2"},"createdAt":"2026-01-02T03:04:05Z","node":{"stagingPath":"/var/lib/kubelet/x","device":"/dev/fastblk/x"}}}`
@@ -63,8 +63,12 @@ func FuzzRecord(f *testing.F) {
 		}
 		s, err := OpenStore(StoreConfig{Dir: dir})
 		if err != nil {
+			if recordsSetAside {
+				t.Fatalf("record %q stops the store from opening: %v", data, err)
+			}
 			return // reported, not served
 		}
+		defer s.Close() // else each input keeps the directory's lock open
 		var served any
 		var name string
 		var size int64
