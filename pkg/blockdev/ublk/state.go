@@ -153,9 +153,10 @@ type stateScan struct {
 }
 
 // loadStates reads every state file in dir. With setAside, a file that
-// does not decode, names another volume or is not a valid State (see
-// State.validate) is renamed aside (quarantine) and reported; one that
-// cannot be read is reported. Temp files are left
+// does not decode, names another volume, is not a valid State (see
+// State.validate) or names the device of another file (see dropShared) is
+// renamed aside (quarantine) and reported; one that cannot be read is
+// reported. Temp files are left
 // alone: they may be another volume's state being written (see
 // atomicfile.RemoveStale). The error is for a directory that cannot be
 // read, when nothing is known.
@@ -188,7 +189,38 @@ func loadStates(dir string, setAside bool) (stateScan, error) {
 		}
 		scan.states = append(scan.states, st)
 	}
+	scan.dropShared(dir, setAside)
 	return scan, nil
+}
+
+// dropShared moves the states that name a device another state names too
+// from scan.states to the unreadable ones (set aside with setAside). At
+// most one of them is right, and which is unknown: re-adopting the device
+// from the wrong one would serve one volume from another's file, and
+// deleting it for the wrong one would take a live device away. (The
+// Server writes two only when a state outlives its device, a failed
+// removal, and the kernel gives the id to a new device before the stale
+// state is seen again.)
+func (scan *stateScan) dropShared(dir string, setAside bool) {
+	named := map[uint32]int{}
+	for _, st := range scan.states {
+		named[st.DevID]++
+	}
+	kept := scan.states[:0]
+	for _, st := range scan.states {
+		if named[st.DevID] == 1 {
+			kept = append(kept, st)
+			continue
+		}
+		name := st.VolumeID + stateSuffix
+		err := fmt.Errorf("load state %s: %w: ublk device %d is named by %d state files", name, errCorrupt, st.DevID, named[st.DevID])
+		if setAside {
+			name, err = quarantine(dir, name, err)
+		}
+		scan.unreadable = append(scan.unreadable, name)
+		scan.problems = append(scan.problems, err)
+	}
+	scan.states = kept
 }
 
 // errCorrupt marks a state file that was read but does not describe a

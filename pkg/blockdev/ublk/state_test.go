@@ -247,3 +247,29 @@ func TestSaveStateRefusesInvalid(t *testing.T) {
 		t.Fatalf("state file written: %v", err)
 	}
 }
+
+// TestStateSharedDeviceSetAside proves that two state files naming one
+// device are both set aside, neither returned (re-adopting the device
+// from the wrong one would serve a volume from another's file), while a
+// state of another device still loads.
+func TestStateSharedDeviceSetAside(t *testing.T) {
+	dir := t.TempDir()
+	a, b, other := validState(dir, "a"), validState(dir, "b"), validState(dir, "other")
+	other.DevID = a.DevID + 1
+	for _, st := range []State{a, b, other} {
+		if err := saveState(dir, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sts, err := States(dir); len(sts) != 1 || sts[0] != other || err == nil {
+		t.Fatalf("States = %+v, %v; want only %+v and an error", sts, err, other)
+	}
+	scan, err := loadStates(dir, true)
+	if err != nil || len(scan.states) != 1 || scan.states[0] != other || len(scan.problems) != 2 || len(scan.unreadable) != 2 {
+		t.Fatalf("loadStates = %+v, %v; want only %+v, and a and b reported", scan, err, other)
+	}
+	q, err := Quarantined(dir)
+	if err != nil || len(q) != 2 || !strings.HasPrefix(q[0], "a.json"+corruptMark) || !strings.HasPrefix(q[1], "b.json"+corruptMark) {
+		t.Fatalf("Quarantined = %q, %v; want a.json and b.json set aside", q, err)
+	}
+}
