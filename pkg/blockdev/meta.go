@@ -226,7 +226,7 @@ func checkObject(kind, recorded, id, derived, name string, size int64) error {
 	if derived != id {
 		return fmt.Errorf("%s %s: name %q derives %s", kind, id, name, derived)
 	}
-	if r, err := RoundSize(size); err != nil || r != size || size == 0 {
+	if size <= 0 || size%SizeAlign != 0 {
 		return fmt.Errorf("%s %s: size %d is not a positive multiple of %d", kind, id, size, SizeAlign)
 	}
 	return nil

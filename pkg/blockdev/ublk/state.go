@@ -156,10 +156,9 @@ type stateScan struct {
 // does not decode, names another volume, is not a valid State (see
 // State.validate) or names the device of another file (see dropShared) is
 // renamed aside (quarantine) and reported; one that cannot be read is
-// reported. Temp files are left
-// alone: they may be another volume's state being written (see
-// atomicfile.RemoveStale). The error is for a directory that cannot be
-// read, when nothing is known.
+// reported. Temp files are left alone: they may be another volume's state
+// being written (see atomicfile.RemoveStale). The error is for a directory
+// that cannot be read, when nothing is known.
 func loadStates(dir string, setAside bool) (stateScan, error) {
 	var scan stateScan
 	ents, err := os.ReadDir(dir)
@@ -224,7 +223,8 @@ func (scan *stateScan) dropShared(dir string, setAside bool) {
 }
 
 // errCorrupt marks a state file that was read but does not describe a
-// device: it does not decode, or decodes into a State that is not valid.
+// device: it does not decode, decodes into a State that is not valid, or
+// names a device another file names.
 var errCorrupt = errors.New("corrupt state file")
 
 func readState(dir, name string) (State, error) {
