@@ -20,9 +20,11 @@ import (
 // exists after a crash was acknowledged. Temp files older than
 // atomicfile.StaleAge are removed when the Store opens.
 //
-// A record that cannot be decoded (a disk or filesystem fault, a hand
-// edit) is quarantined: renamed to meta/<id>.json.corrupt-<time>, never
-// deleted. The Store serves every other object, reports the set-aside
+// A record that cannot be decoded, or decodes into something that is not
+// a complete object (see record.validate), is quarantined: renamed to
+// meta/<id>.json.corrupt-<time>, never deleted. Either is a disk or
+// filesystem fault or a hand edit, and which object the bytes meant is
+// unknown. The Store serves every other object, reports the set-aside
 // files (Quarantined), keeps the object's data file, and refuses to make a
 // new object with its ID, until an operator restores or removes the file.
 const (
@@ -31,12 +33,15 @@ const (
 	imgSuffix   = ".img"
 	corruptMark = ".corrupt-"
 
-	stateReady = "ready"
+	stateReady    = "ready"
+	stateCreating = "creating"
 )
 
 // record is the on-disk form of one object. State is "ready" for every
-// record the Store writes today; any other state marks a half-made object
-// that OpenStore removes.
+// record the Store writes today. "creating" marks a half-made object (a
+// record written before its data file is complete) that OpenStore removes
+// with its data file. The Store has never written another state, so any
+// other one is corruption, and the record is quarantined.
 type record struct {
 	State    string    `json:"state"`
 	Volume   *Volume   `json:"volume,omitempty"`
@@ -59,7 +64,8 @@ func (s *Store) writeRecord(id string, r record) error {
 
 // readRecords loads every record in meta/, removing stale temp files and
 // half-made records (with their data files), and quarantining records that
-// do not decode. It returns ready records by ID and fills s.quarantined.
+// do not decode or are not valid. It returns ready records by ID and fills
+// s.quarantined.
 func (s *Store) readRecords() (map[string]record, error) {
 	dir := filepath.Join(s.cfg.Dir, "meta")
 	if err := atomicfile.RemoveStale(dir); err != nil {
@@ -87,7 +93,7 @@ func (s *Store) readRecords() (map[string]record, error) {
 			}
 			continue
 		}
-		if r.State != stateReady {
+		if r.State == stateCreating {
 			if err := s.removeObject(id); err != nil {
 				return nil, err
 			}
@@ -125,13 +131,105 @@ func (s *Store) readRecord(id string) (record, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return r, fmt.Errorf("decode record %s: %w: %w", s.metaPath(id), errCorrupt, err)
 	}
-	switch {
-	case isVolumeID(id) && r.Volume != nil && r.Volume.ID == id && r.Snapshot == nil:
-	case isSnapshotID(id) && r.Snapshot != nil && r.Snapshot.ID == id && r.Volume == nil:
-	default:
-		return r, fmt.Errorf("record %s does not describe %s: %w", s.metaPath(id), id, errCorrupt)
+	if err := r.validate(id); err != nil {
+		return r, fmt.Errorf("record %s: %w: %w", s.metaPath(id), errCorrupt, err)
 	}
 	return r, nil
+}
+
+// validate returns why r is not a complete record of the object id, or
+// nil: a known state, and exactly the object id names, itself valid.
+func (r record) validate(id string) error {
+	if r.State != stateReady && r.State != stateCreating {
+		return fmt.Errorf("unknown state %q", r.State)
+	}
+	switch {
+	case isVolumeID(id) && r.Volume != nil && r.Snapshot == nil:
+		return r.Volume.validate(id)
+	case isSnapshotID(id) && r.Snapshot != nil && r.Volume == nil:
+		return r.Snapshot.validate(id)
+	}
+	return fmt.Errorf("does not describe %s", id)
+}
+
+// validate returns why v is not a complete record of the volume id, or
+// nil. It accepts what CreateVolume and the updates after it write, in
+// this release and the earlier ones (the fields and rules are unchanged
+// since the first):
+//   - ID is id, and Name is a name CreateVolume accepts whose ID is id: a
+//     record under another name's ID would answer for a volume it is not
+//     (a create of its name would not find it, one of the other name
+//     would take its data file);
+//   - SizeBytes is what RoundSize gives, and positive: devices are made of
+//     whole 4 KiB blocks, and no volume is empty;
+//   - at most one source, an ID of its kind (never a path);
+//   - no negative tuning;
+//   - the node paths it was staged and published at are absolute (the
+//     node service unmounts and freezes them; a relative one would act on
+//     whatever the plugin's working directory holds).
+//
+// CreatedAt is not checked: it is only reported, and a record without it
+// still says all that is needed to serve its data.
+func (v Volume) validate(id string) error {
+	if err := checkObject("volume", v.ID, id, VolumeID(v.Name), v.Name, v.SizeBytes); err != nil {
+		return err
+	}
+	switch {
+	case v.SourceSnapshotID != "" && v.SourceVolumeID != "":
+		return fmt.Errorf("volume %s: two sources", id)
+	case v.SourceSnapshotID != "" && !isSnapshotID(v.SourceSnapshotID):
+		return fmt.Errorf("volume %s: source snapshot %q is not a snapshot ID", id, v.SourceSnapshotID)
+	case v.SourceVolumeID != "" && !isVolumeID(v.SourceVolumeID):
+		return fmt.Errorf("volume %s: source volume %q is not a volume ID", id, v.SourceVolumeID)
+	}
+	if t := v.Node.Tuning; t.Queues < 0 || t.QueueDepth < 0 || t.MaxIOBytes < 0 {
+		return fmt.Errorf("volume %s: negative tuning %+v", id, t)
+	}
+	if p := v.Node.StagingPath; p != "" && !absPath(p) {
+		return fmt.Errorf("volume %s: staging path %q is not absolute", id, p)
+	}
+	for p := range v.Node.Targets {
+		if !absPath(p) {
+			return fmt.Errorf("volume %s: target path %q is not absolute", id, p)
+		}
+	}
+	return nil
+}
+
+// absPath reports whether p is an absolute path without NUL bytes.
+func absPath(p string) bool { return filepath.IsAbs(p) && strings.IndexByte(p, 0) < 0 }
+
+// validate returns why sn is not a complete record of the snapshot id, or
+// nil: as for a volume, its name derives its ID and its size is a
+// positive rounded size (the source volume's); and it names the volume it
+// was taken of (which may have been deleted since).
+func (sn Snapshot) validate(id string) error {
+	if err := checkObject("snapshot", sn.ID, id, SnapshotID(sn.Name), sn.Name, sn.SizeBytes); err != nil {
+		return err
+	}
+	if !isVolumeID(sn.SourceVolumeID) {
+		return fmt.Errorf("snapshot %s: source volume %q is not a volume ID", id, sn.SourceVolumeID)
+	}
+	return nil
+}
+
+// checkObject checks what volumes and snapshots share: the recorded ID is
+// the record's (id), the name is valid and derives it (derived), and the
+// size is positive and rounded.
+func checkObject(kind, recorded, id, derived, name string, size int64) error {
+	if recorded != id {
+		return fmt.Errorf("%s %s: recorded as %q", kind, id, recorded)
+	}
+	if err := checkName(name); err != nil {
+		return fmt.Errorf("%s %s: %w", kind, id, err)
+	}
+	if derived != id {
+		return fmt.Errorf("%s %s: name %q derives %s", kind, id, name, derived)
+	}
+	if size <= 0 || size%SizeAlign != 0 {
+		return fmt.Errorf("%s %s: size %d is not a positive multiple of %d", kind, id, size, SizeAlign)
+	}
+	return nil
 }
 
 // Quarantined returns the paths of the records set aside (or unreadable)

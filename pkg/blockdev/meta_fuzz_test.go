@@ -9,21 +9,23 @@ import (
 	"testing"
 )
 
-// recordsSetAside is true once OpenStore sets aside a record it cannot
+// recordsSetAside is true since OpenStore sets aside a record it cannot
 // serve instead of failing or deleting the object (issue 23, defect 2).
-// Until then FuzzRecord leaves out the two properties that need it: a
-// record that is not a complete, valid object is never served, and its
-// data file is never deleted.
-const recordsSetAside = false
+// With it false, FuzzRecord leaves out the properties that need it: a
+// record that is not a complete, valid object is never served, and it is
+// set aside with its data file kept.
+const recordsSetAside = true
 
 // FuzzRecord writes fuzz input as the metadata record of one volume (or
 // snapshot) with its data file, then opens the store on that directory.
 // Properties: nothing panics; OpenStore either fails with an error or
-// serves the object under the record's own ID; a served record encodes and
-// decodes to itself (parse, format, parse); its data file lies in the
-// data directory. With recordsSetAside: a served object is complete
-// (valid name deriving its ID, positive aligned size) and an object not
-// served keeps its data file.
+// serves the object under the record's own ID; a served record encodes
+// and decodes to itself (parse, format, parse); its data file lies in the
+// data directory. With recordsSetAside: no record stops OpenStore; a
+// served object is complete (valid name deriving its ID, positive aligned
+// size); and a record not served is set aside (Quarantined) with its data
+// file kept, unless it is a complete half-made object (state "creating"),
+// which OpenStore removes with its data file.
 func FuzzRecord(f *testing.F) {
 	vol := `{"state":"ready","volume":{"id":"` + VolumeID("pvc-1") + `","name":"pvc-1","sizeBytes":1048576,` +
 		`"params":{"queues":"2"},"createdAt":"2026-01-02T03:04:05Z","node":{"stagingPath":"/var/lib/kubelet/x","device":"/dev/fastblk/x"}}}`
@@ -31,7 +33,9 @@ func FuzzRecord(f *testing.F) {
 		VolumeID("pvc-1") + `","sizeBytes":4096,"createdAt":"2026-01-02T03:04:05Z","readyToUse":true}}`
 	for _, s := range []string{vol, snap, "", "{}", "null", `{"state":"ready"}`, `{"state":"creating","volume":{}}`,
 		vol[:len(vol)/2], strings.Replace(vol, "1048576", "-1", 1), strings.Replace(vol, `"pvc-1"`, `"../../x"`, 1),
-		`{"state":"ready","volume":{"id":"` + VolumeID("pvc-1") + `"}}`} {
+		`{"state":"ready","volume":{"id":"` + VolumeID("pvc-1") + `"}}`,
+		strings.Replace(vol, `"ready"`, `"creating"`, 1), strings.Replace(vol, `"ready"`, `""`, 1),
+		strings.Replace(snap, `"sourceVolumeID":"v`, `"sourceVolumeID":"../v`, 1), strings.Replace(snap, "4096", "4095", 1)} {
 		f.Add([]byte(s), strings.Contains(s, `"snapshot"`))
 	}
 	base := memDir(f)
@@ -59,8 +63,12 @@ func FuzzRecord(f *testing.F) {
 		}
 		s, err := OpenStore(StoreConfig{Dir: dir})
 		if err != nil {
+			if recordsSetAside {
+				t.Fatalf("record %q stops the store from opening: %v", data, err)
+			}
 			return // reported, not served
 		}
+		defer s.Close() // else each input keeps the directory's lock open
 		var served any
 		var name string
 		var size int64
@@ -81,19 +89,48 @@ func FuzzRecord(f *testing.F) {
 			return
 		}
 		if served == nil {
+			if halfMade(data, id, snapshot) {
+				return
+			}
 			if _, err := os.Stat(img); err != nil {
 				t.Fatalf("record %q was not served and its data file is gone: %v", data, err)
 			}
+			if q := s.Quarantined(); len(q) != 1 {
+				t.Fatalf("record %q was neither served nor set aside (Quarantined %q)", data, q)
+			}
 			return
 		}
-		want := VolumeID(name)
-		if snapshot {
-			want = SnapshotID(name)
-		}
-		if checkName(name) != nil || want != id || size <= 0 || size%SizeAlign != 0 {
+		if !complete(id, name, size, snapshot) {
 			t.Fatalf("record %q served as %+v: not a complete object", data, served)
 		}
 	})
+}
+
+// complete reports whether an object named name of size bytes may be
+// served as id: a valid name that derives id, a positive aligned size.
+func complete(id, name string, size int64, snapshot bool) bool {
+	want := VolumeID(name)
+	if snapshot {
+		want = SnapshotID(name)
+	}
+	return checkName(name) == nil && want == id && size > 0 && size%SizeAlign == 0
+}
+
+// halfMade reports whether data is the record of a half-made object id:
+// state "creating", otherwise complete. OpenStore removes such an object
+// with its data file.
+func halfMade(data []byte, id string, snapshot bool) bool {
+	var r record
+	if json.Unmarshal(data, &r) != nil || r.State != stateCreating {
+		return false
+	}
+	switch {
+	case !snapshot && r.Volume != nil && r.Snapshot == nil && r.Volume.ID == id:
+		return complete(id, r.Volume.Name, r.Volume.SizeBytes, false)
+	case snapshot && r.Snapshot != nil && r.Volume == nil && r.Snapshot.ID == id:
+		return complete(id, r.Snapshot.Name, r.Snapshot.SizeBytes, true)
+	}
+	return false
 }
 
 // memDir returns a directory in /dev/shm where there is one, else in

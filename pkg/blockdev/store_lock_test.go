@@ -46,7 +46,8 @@ func TestOwnerTokenAdoptsLegacyToken(t *testing.T) {
 	base := t.TempDir()
 	dir := filepath.Join(base, "data")
 	legacy := ublk.OwnerToken(filepath.Join(dir, UblkStateDir))
-	st, _ := json.Marshal(ublk.State{VolumeID: "v1", DevID: 3, File: filepath.Join(dir, "volumes/v1.img"), Owner: legacy})
+	st, _ := json.Marshal(ublk.State{VolumeID: "v1", DevID: 3, File: filepath.Join(dir, "volumes/v1.img"), SizeBytes: 1 << 20,
+		Tuning: ublk.Tuning{Queues: 1, Depth: 64, MaxIOBytes: 128 << 10, BufferBytes: 8 << 20}, Flags: ublk.FlagUserRecovery, Owner: legacy})
 	if err := os.MkdirAll(filepath.Join(dir, UblkStateDir), 0o700); err != nil {
 		t.Fatal(err)
 	}

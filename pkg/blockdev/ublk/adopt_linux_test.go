@@ -2,6 +2,7 @@ package ublk
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
@@ -10,51 +11,79 @@ import (
 )
 
 // TestServerSweepKeepsDeviceOfCorruptState proves that a state file the
-// plugin cannot decode does not get its live device deleted at start: the
-// file is set aside and reported, the device stays quiesced with its I/O
-// held, and Attach of that volume refuses rather than making a second
-// device for the same file.
+// plugin cannot decode, or that decodes into a State that is not valid,
+// does not get its live device deleted at start: the file is set aside
+// and reported, the device stays quiesced with its I/O held, and Attach of
+// that volume refuses rather than making a second device for the same
+// file.
 func TestServerSweepKeepsDeviceOfCorruptState(t *testing.T) {
 	needUblk(t)
-	dir := scratchDir(t)
-	state := filepath.Join(dir, "state")
-	file := sparseFile(t, dir, "vol.img", 16<<20)
-	ctx := context.Background()
-	s := newTestServer(t, state)
-	d, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Close(); err != nil {
-		t.Fatal(err)
-	}
-	ctl := openTestCtl(t)
-	t.Cleanup(func() { DeleteOwned(ctl, d.DevID, OwnerToken(state)) })
-	if err := os.WriteFile(statePath(state, "vol"), []byte(`{"volumeID": "vol", "devID": `), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	for _, c := range []struct {
+		name    string
+		corrupt func(t *testing.T, saved []byte) []byte
+	}{
+		{"undecodable", func(*testing.T, []byte) []byte { return []byte(`{"volumeID": "vol", "devID": `) }},
+		// Read as it is, the empty file would be a volume file that is
+		// gone, and its device would be deleted.
+		{"no-backing-file", func(t *testing.T, saved []byte) []byte {
+			var m map[string]any
+			if err := json.Unmarshal(saved, &m); err != nil {
+				t.Fatal(err)
+			}
+			m["file"] = ""
+			data, err := json.Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return data
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := scratchDir(t)
+			state := filepath.Join(dir, "state")
+			file := sparseFile(t, dir, "vol.img", 16<<20)
+			ctx := context.Background()
+			s := newTestServer(t, state)
+			d, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			ctl := openTestCtl(t)
+			t.Cleanup(func() { DeleteOwned(ctl, d.DevID, OwnerToken(state)) })
+			saved, err := os.ReadFile(statePath(state, "vol"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(statePath(state, "vol"), c.corrupt(t, saved), 0o600); err != nil {
+				t.Fatal(err)
+			}
 
-	s2, errs, err := NewServer(ctx, ServerConfig{StateDir: state})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s2.Close()
-	t.Logf("start-up reported %v", errs)
-	if info, err := ctl.GetDevInfo(d.DevID); err != nil || info.State != StateQuiesced {
-		t.Fatalf("device %d of the unreadable state: %+v, %v; want it kept, quiesced", d.DevID, info, err)
-	}
-	if len(errs) == 0 {
-		t.Error("start-up reported nothing about the unreadable state")
-	}
-	if q := s2.Quarantined(); len(q) != 1 {
-		t.Errorf("Quarantined = %q, want the state file of vol", q)
-	}
-	_, err = s2.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
-	if !errors.Is(err, os.ErrExist) {
-		t.Fatalf("attach of the volume whose state was set aside = %v, want an error wrapping os.ErrExist", err)
-	}
-	if l := s2.List(); len(l) != 0 {
-		t.Fatalf("server serves %+v, want nothing", l)
+			s2, errs, err := NewServer(ctx, ServerConfig{StateDir: state})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s2.Close()
+			t.Logf("start-up reported %v", errs)
+			if info, err := ctl.GetDevInfo(d.DevID); err != nil || info.State != StateQuiesced {
+				t.Fatalf("device %d of the unreadable state: %+v, %v; want it kept, quiesced", d.DevID, info, err)
+			}
+			if len(errs) == 0 {
+				t.Error("start-up reported nothing about the unreadable state")
+			}
+			if q := s2.Quarantined(); len(q) != 1 {
+				t.Errorf("Quarantined = %q, want the state file of vol", q)
+			}
+			_, err = s2.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
+			if !errors.Is(err, os.ErrExist) {
+				t.Fatalf("attach of the volume whose state was set aside = %v, want an error wrapping os.ErrExist", err)
+			}
+			if l := s2.List(); len(l) != 0 {
+				t.Fatalf("server serves %+v, want nothing", l)
+			}
+		})
 	}
 }
 

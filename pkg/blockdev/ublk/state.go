@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"math/bits"
 	"os"
 	"path/filepath"
 	"slices"
@@ -68,8 +69,63 @@ func validName(id string) error {
 
 func statePath(dir, id string) string { return filepath.Join(dir, id+stateSuffix) }
 
-// saveState writes st durably: temp file, fsync, rename, fsync dir.
+// validate returns why st is not a complete record of a device, or nil.
+// It accepts every State the Server writes (create, Resize, SetLimits), in
+// this release and the earlier ones, and refuses what re-adoption could
+// act on wrongly:
+//   - VolumeID is a name validName accepts (readState also checks that it
+//     names the file);
+//   - File is an absolute path: re-adoption opens it, and deletes the
+//     device when it does not exist, so an empty or relative one could get
+//     a live device deleted;
+//   - SizeBytes is a positive multiple of 4096, as CreateDevice and
+//     Device.Resize require;
+//   - Tuning is one ChooseTuning can give: 1 to maxNrQueues queues, a
+//     power of two depth up to maxQueueDepth, a request size that is a
+//     positive multiple of 4096 up to ZeroCopyMaxIOBytes;
+//   - Limits are valid (qos.Limits.Validate);
+//   - Flags carry USER_RECOVERY, which every device the Server makes
+//     negotiates (addFlags), and without which there is nothing to adopt;
+//   - Owner has its top bit set, as every owner token has (OwnerToken and
+//     the blockdev layer's token).
+//
+// DevID has no invalid value (0 is the first device); readState checks
+// that the file holds one.
+func (st State) validate() error {
+	if err := validName(st.VolumeID); err != nil {
+		return err
+	}
+	t := st.Tuning
+	switch {
+	case !filepath.IsAbs(st.File) || strings.IndexByte(st.File, 0) >= 0:
+		return fmt.Errorf("backing file %q is not an absolute path", st.File)
+	case st.SizeBytes <= 0 || st.SizeBytes%4096 != 0:
+		return fmt.Errorf("size %d is not a positive multiple of 4096", st.SizeBytes)
+	case t.Queues < 1 || t.Queues > maxNrQueues:
+		return fmt.Errorf("queues %d not in 1..%d", t.Queues, maxNrQueues)
+	case t.Depth < 1 || t.Depth > maxQueueDepth || bits.OnesCount(uint(t.Depth)) != 1:
+		return fmt.Errorf("queue depth %d is not a power of two in 1..%d", t.Depth, maxQueueDepth)
+	case t.MaxIOBytes == 0 || t.MaxIOBytes%4096 != 0 || t.MaxIOBytes > ZeroCopyMaxIOBytes:
+		return fmt.Errorf("max i/o bytes %d is not a positive multiple of 4096 up to %d", t.MaxIOBytes, ZeroCopyMaxIOBytes)
+	case t.BufferBytes < 0:
+		return fmt.Errorf("buffer bytes %d below 0", t.BufferBytes)
+	case st.Flags&FlagUserRecovery == 0:
+		return fmt.Errorf("flags %#x lack USER_RECOVERY", st.Flags)
+	case st.Owner>>63 != 1:
+		return fmt.Errorf("owner %#x is not an owner token", st.Owner)
+	}
+	if err := st.Limits.Validate(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// saveState writes st durably: temp file, fsync, rename, fsync dir. It
+// refuses a State that is not valid: one would be set aside when read.
 func saveState(dir string, st State) error {
+	if err := st.validate(); err != nil {
+		return fmt.Errorf("save state %s: %w: %w", st.VolumeID, err, errInvalid)
+	}
 	data, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return fmt.Errorf("encode state %s: %w", st.VolumeID, err)
@@ -97,11 +153,12 @@ type stateScan struct {
 }
 
 // loadStates reads every state file in dir. With setAside, a file that
-// does not decode, or names another volume, is renamed aside (quarantine)
-// and reported; one that cannot be read is reported. Temp files are left
-// alone: they may be another volume's state being written (see
-// atomicfile.RemoveStale). The error is for a directory that cannot be
-// read, when nothing is known.
+// does not decode, names another volume, is not a valid State (see
+// State.validate) or names the device of another file (see dropShared) is
+// renamed aside (quarantine) and reported; one that cannot be read is
+// reported. Temp files are left alone: they may be another volume's state
+// being written (see atomicfile.RemoveStale). The error is for a directory
+// that cannot be read, when nothing is known.
 func loadStates(dir string, setAside bool) (stateScan, error) {
 	var scan stateScan
 	ents, err := os.ReadDir(dir)
@@ -131,11 +188,43 @@ func loadStates(dir string, setAside bool) (stateScan, error) {
 		}
 		scan.states = append(scan.states, st)
 	}
+	scan.dropShared(dir, setAside)
 	return scan, nil
 }
 
+// dropShared moves the states that name a device another state names too
+// from scan.states to the unreadable ones (set aside with setAside). At
+// most one of them is right, and which is unknown: re-adopting the device
+// from the wrong one would serve one volume from another's file, and
+// deleting it for the wrong one would take a live device away. (The
+// Server writes two only when a state outlives its device, a failed
+// removal, and the kernel gives the id to a new device before the stale
+// state is seen again.)
+func (scan *stateScan) dropShared(dir string, setAside bool) {
+	named := map[uint32]int{}
+	for _, st := range scan.states {
+		named[st.DevID]++
+	}
+	kept := scan.states[:0]
+	for _, st := range scan.states {
+		if named[st.DevID] == 1 {
+			kept = append(kept, st)
+			continue
+		}
+		name := st.VolumeID + stateSuffix
+		err := fmt.Errorf("load state %s: %w: ublk device %d is named by %d state files", name, errCorrupt, st.DevID, named[st.DevID])
+		if setAside {
+			name, err = quarantine(dir, name, err)
+		}
+		scan.unreadable = append(scan.unreadable, name)
+		scan.problems = append(scan.problems, err)
+	}
+	scan.states = kept
+}
+
 // errCorrupt marks a state file that was read but does not describe a
-// device.
+// device: it does not decode, decodes into a State that is not valid, or
+// names a device another file names.
 var errCorrupt = errors.New("corrupt state file")
 
 func readState(dir, name string) (State, error) {
@@ -149,6 +238,17 @@ func readState(dir, name string) (State, error) {
 	}
 	if st.VolumeID+stateSuffix != name {
 		return st, fmt.Errorf("load state %s: %w: volume id %q does not match the file name", name, errCorrupt, st.VolumeID)
+	}
+	// A missing devID decodes as 0, a device id like any other: the State
+	// would name whichever device is 0.
+	var devID struct {
+		DevID *uint32 `json:"devID"`
+	}
+	if err := json.Unmarshal(data, &devID); err != nil || devID.DevID == nil {
+		return st, fmt.Errorf("load state %s: %w: no device id", name, errCorrupt)
+	}
+	if err := st.validate(); err != nil {
+		return st, fmt.Errorf("load state %s: %w: %w", name, errCorrupt, err)
 	}
 	return st, nil
 }

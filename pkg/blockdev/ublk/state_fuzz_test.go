@@ -7,12 +7,12 @@ import (
 	"testing"
 )
 
-// statesComplete is true once loadStates refuses a State that cannot
-// describe a device of ours (issue 23, defect 1, which rewrites
-// state.go). Until then FuzzState leaves out that property: a returned
-// State has an absolute backing file, a positive size and an owner token
-// (whose top bit OwnerToken always sets).
-const statesComplete = false
+// statesComplete is true since loadStates refuses a State that cannot
+// describe a device of ours (issue 23, defect 1; State.validate). With it
+// false, FuzzState leaves out that property: a returned State has an
+// absolute backing file, a positive size and an owner token (whose top bit
+// OwnerToken always sets), and is one saveState writes.
+const statesComplete = true
 
 // FuzzState writes fuzz input as a state file named by fuzz input and loads
 // the state directory. Properties: nothing panics; a file that does not
@@ -25,7 +25,8 @@ func FuzzState(f *testing.F) {
 	good := `{"volumeID":"v1","devID":3,"file":"/data/volumes/v1.img","sizeBytes":1073741824,` +
 		`"tuning":{"queues":2,"depth":32,"maxIOBytes":131072,"bufferBytes":8388608},"flags":8,"owner":9223372036854775809}`
 	for _, s := range []string{good, "", "{}", "null", "[]", good[:40], `{"volumeID":"v2"}`, `{"volumeID":"v1","devID":-1}`,
-		`{"volumeID":"v1","sizeBytes":1e400}`, `{"volumeID":"v1","limits":{"iops":-5}}`} {
+		`{"volumeID":"v1","sizeBytes":1e400}`, `{"volumeID":"v1","limits":{"iops":-5}}`, `{"volumeID":"v1"}`,
+		strings.Replace(good, `"devID":3,`, "", 1), strings.Replace(good, `"depth":32`, `"depth":48`, 1)} {
 		f.Add("v1", []byte(s))
 	}
 	f.Add(".x", []byte(`{"volumeID":".x"}`))
