@@ -78,6 +78,14 @@ func ublkServe(ctx context.Context, args []string) error {
 	if (*file == "") == !*null {
 		return errors.New("ublk serve: give exactly one of --file or --null")
 	}
+	if *file != "" {
+		// The device's state records the backing file by absolute path.
+		abs, err := filepath.Abs(*file)
+		if err != nil {
+			return fmt.Errorf("ublk serve: --file: %w", err)
+		}
+		*file = abs
+	}
 	size, err := parseSize(*sizeStr)
 	if err != nil {
 		return err
