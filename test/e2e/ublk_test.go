@@ -476,7 +476,10 @@ func TestPidsLimitHoldsManyVolumes(t *testing.T) {
 	}
 	_, threads := p.usage()
 	t.Logf("pids.max %d (%d tasks idle): %d volumes staged, plugin threads %d -> %d", limit, idle, n, threads0, threads)
-	if threads > threads0+4 {
+	// The Go runtime's threads and the server threads' io-wq workers
+	// (which belong to the process) come and go; a thread per queue would
+	// have added 64.
+	if threads > threads0+16 {
 		t.Errorf("plugin threads %d -> %d for %d volumes: volumes must not start threads", threads0, threads, n)
 	}
 	p.kill9()
