@@ -476,3 +476,34 @@ func TestPanicFailsOnlyItsQueue(t *testing.T) {
 		t.Fatal("the round's next completion was not handled after the panic")
 	}
 }
+
+// TestReclaimBacksOffWhileRingBusy proves that an idle queue's reclaim,
+// refused because other completions are waiting in the shared ring, is
+// tried again only after reclaimRetry: before, every round retried it with
+// an extra system call and every wait was cut to a millisecond, which cost
+// the plugin more CPU per I/O with 64 busy volumes than with 16.
+func TestReclaimBacksOffWhileRingBusy(t *testing.T) {
+	l, _ := hostLoop(t, 4, TargetFile)
+	s := l.s
+	l.cfg.Options.IdleReclaim = time.Millisecond
+	l.tailsUsed, l.tailsAt = true, monoNow()-int64(time.Hour)
+	l.inTails, s.tails = true, append(s.tails, l)
+	sqe := s.ring.GetSQE() // another queue's completion, waiting in the ring
+	sqe.PrepNop()
+	if _, err := s.ring.SubmitAndWait(1, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	s.reclaimIdle()
+	if !l.tailsUsed || len(s.tails) != 1 {
+		t.Fatal("reclaimed while a completion was waiting in the ring")
+	}
+	if w := s.reclaimWait(monoNow()); w < reclaimRetry/2 {
+		t.Fatalf("after a refused reclaim the wait is bounded to %v, want about %v", w, reclaimRetry)
+	}
+	s.ring.Reap(s.cqes)
+	s.reclaimRetryAt = 0
+	s.reclaimIdle()
+	if l.tailsUsed || len(s.tails) != 0 {
+		t.Fatal("not reclaimed once the ring was quiet")
+	}
+}

@@ -403,6 +403,9 @@ type threadLoop struct {
 	// offeredAt is when (monoNow) the thread last offered itself to the
 	// Go scheduler (see next and uring.OfferInterval).
 	offeredAt int64
+	// reclaimRetryAt is when (monoNow) the idle reclaim may be tried
+	// again after the ring was too busy for it.
+	reclaimRetryAt int64
 }
 
 // serve is the event loop: one io_uring_enter per round submits every ready
@@ -690,10 +693,19 @@ func (s *threadLoop) heldWait(now int64) time.Duration {
 }
 
 // reclaimWait bounds a sleeping wait so that the thread wakes when the
-// buffer tails of an idle queue fall due for reclaim; 0 means no bound.
+// buffer tails of an idle queue fall due for reclaim, and not before a
+// failed attempt may be retried; 0 means no bound.
 func (s *threadLoop) reclaimWait(now int64) time.Duration {
-	return earliest(s.tails, now, (*loop).reclaimWait)
+	b := earliest(s.tails, now, (*loop).reclaimWait)
+	if b > 0 && now+int64(b) < s.reclaimRetryAt {
+		b = time.Duration(s.reclaimRetryAt - now)
+	}
+	return b
 }
+
+// reclaimRetry is how long a thread waits to try the idle reclaim again
+// after its ring was too busy for it (reclaimIdle).
+const reclaimRetry = 100 * time.Millisecond
 
 // earliest is the shortest of the queues' bounds at now (0 from a queue:
 // none), or 0.
@@ -715,6 +727,9 @@ func earliest(qs []*loop, now int64, bound func(*loop, int64) time.Duration) tim
 // madvise (DEFER_TASKRUN runs task work only inside this thread's waits).
 func (s *threadLoop) reclaimIdle() {
 	now := monoNow()
+	if now < s.reclaimRetryAt {
+		return
+	}
 	due := false
 	for _, l := range s.tails {
 		due = due || l.reclaimDue(now)
@@ -723,6 +738,10 @@ func (s *threadLoop) reclaimIdle() {
 		return
 	}
 	if _, err := s.ring.Submit(); err != nil || s.ring.Unsubmitted() > 0 || s.ring.Ready() > 0 {
+		// Other queues keep the ring busy: try again a little later,
+		// not every round (an attempt costs a system call, and the
+		// due tails would bound every wait to a millisecond).
+		s.reclaimRetryAt = now + int64(reclaimRetry)
 		return
 	}
 	for i := 0; i < len(s.tails); {
