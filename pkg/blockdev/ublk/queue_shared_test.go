@@ -234,6 +234,7 @@ func TestThreadFailureSurfaces(t *testing.T) {
 			t.Fatalf("Queue.Err = %v, want ErrThreadDead", err)
 		}
 	}
+	<-th.Done() // it ends its queues first, then itself
 	if err := th.Err(); !errors.Is(err, ErrThreadDead) {
 		t.Fatalf("Thread.Err = %v, want ErrThreadDead", err)
 	}
