@@ -205,8 +205,8 @@ func TestSharedThreadIsFair(t *testing.T) {
 // TestThreadFailureSurfaces proves that a server thread that fails (a
 // panic, injected here) is noticed at once: every queue it served ends with
 // ErrThreadDead, Queue.Err and the thread's Err say why, and the ring's
-// close leaves a device with user recovery QUIESCED, its I/O held, not
-// failed.
+// close, with /dev/ublkcN released, leaves a device with user recovery
+// QUIESCED, its I/O held, not failed.
 func TestThreadFailureSurfaces(t *testing.T) {
 	requireUblk(t)
 	c := openTestCtl(t)
@@ -238,6 +238,10 @@ func TestThreadFailureSurfaces(t *testing.T) {
 	if err := th.Err(); !errors.Is(err, ErrThreadDead) {
 		t.Fatalf("Thread.Err = %v, want ErrThreadDead", err)
 	}
+	// The server releases the device's /dev/ublkcN once its queues are
+	// gone (Device.Release); Linux 7.x quiesces the device only then.
+	unix.Close(d.charFD)
+	d.charFD = -1
 	err := poll(t.Context(), 5*time.Second, func() (bool, error) {
 		info, err := c.GetDevInfo(d.info.DevID)
 		return err == nil && info.State == StateQuiesced, err
