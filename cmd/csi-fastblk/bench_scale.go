@@ -165,9 +165,13 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	line += fmt.Sprintf(" attach_ms_median=%.1f attach_ms_max=%.1f threads=%d rss_mib=%.1f", ms(median(attach)), ms(slices.Max(attach)),
 		after.threads, float64(after.rssKiB)/1024)
 	if ios.total > 0 {
-		line += fmt.Sprintf(" cpu_us_per_io=%.2f ctxsw_per_io=%.3f",
-			float64(after.cpuTicks-before.cpuTicks)*1e6/clockTicks/float64(ios.total),
-			float64(after.ctxsw-before.ctxsw)/float64(ios.total))
+		line += fmt.Sprintf(" cpu_us_per_io=%.2f", float64(after.cpuTicks-before.cpuTicks)*1e6/clockTicks/float64(ios.total))
+		// Context switches are summed over the threads alive at each
+		// sample: a thread that ended in between takes its count along,
+		// so a drop says nothing and is left out.
+		if d := after.ctxsw - before.ctxsw; d >= 0 {
+			line += fmt.Sprintf(" ctxsw_per_io=%.3f", float64(d)/float64(ios.total))
+		}
 	}
 	// Stage time with the first mkfs, on a few more volumes.
 	var staged []time.Duration
