@@ -9,7 +9,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
 .PHONY: all build static deps run test unit sanity integration e2e-vm bench-engine bench-vm \
-        chart-test deploy image lint fmt vet clean
+        chart-test deploy image lint fmt vet clean e2e-k8s e2e-k8s-down
 
 all: build
 
@@ -48,6 +48,17 @@ sanity:
 # Real-kernel ublk tests in qemu on Debian's 6.12 and 7.3 kernels.
 e2e-vm: static
 	hack/vm/e2e.sh
+
+# The user's path on a real two-node Kubernetes built from source
+# (hack/k8s): installs and builds what it needs (cached in
+# /var/cache/csi-fastblk-k8s), starts the cluster, runs test/k8s, prints the
+# time of each phase and tears everything down with a leak check.
+e2e-k8s:
+	hack/k8s/e2e.sh
+
+# Tear down a cluster left by E2E_K8S_KEEP=1 or an interrupted run.
+e2e-k8s-down:
+	hack/k8s/cluster.sh down
 
 bench-engine: build
 	hack/bench/engine.sh
