@@ -211,6 +211,16 @@ spec:
 	return b.String()
 }
 
+// startPod creates p and deletes it when the test ends, so that a failed
+// test leaves no pod holding a volume for the next ones.
+func (c *cluster) startPod(t *testing.T, p pod) {
+	t.Helper()
+	c.apply(t, p.manifest())
+	t.Cleanup(func() {
+		_, _ = c.kubectl("-n", testNS, "delete", "pod", p.name, "--ignore-not-found", "--wait=true", "--timeout=120s")
+	})
+}
+
 // pvc is a PersistentVolumeClaim manifest in testNS; class "" means the
 // default StorageClass, extra is appended to spec (a dataSource, ...).
 func pvc(name, size, extra string) string {
