@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// TestHelmInstall installs the chart with its defaults, plus the snapshot
-// CRDs and controller (the cluster has none) and the StorageClass as the
+// TestHelmInstall installs the chart with its defaults, plus the
+// snapshot-controller (the cluster has none) and the StorageClass as the
 // default class: the images are the locally built ones under the chart's own
 // references.
 func TestHelmInstall(t *testing.T) {
@@ -22,22 +22,13 @@ func TestHelmInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The cluster has no snapshot API: the README's way is to apply
-	// deploy/snapshot-controller.yaml (namespace, CRDs, controller) first.
-	// (The chart's snapshotCRDs.install=true fails on a real API server:
-	// TestHelmInstallSnapshotCRDs.)
-	crds, err := os.ReadFile(filepath.Join(chart, "..", "..", "deploy", "snapshot-controller.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out, err := c.run(string(crds), "kubectl", "apply", "--validate=strict", "-f", "-"); err != nil {
-		t.Fatalf("kubectl apply -f deploy/snapshot-controller.yaml: %v\n%s", err, out)
-	}
-	c.k(t, "wait", "--for=condition=Established", "--timeout=60s",
-		"crd/volumesnapshots.snapshot.storage.k8s.io", "crd/volumesnapshotcontents.snapshot.storage.k8s.io",
-		"crd/volumesnapshotclasses.snapshot.storage.k8s.io")
+	// As the chart README says: a namespace that admits privileged pods,
+	// then the chart, with the snapshot-controller the cluster lacks (the
+	// CRDs come from the chart's crds/) and its class as the default.
+	c.k(t, "create", "namespace", pluginNS)
+	c.k(t, "label", "namespace", pluginNS, "pod-security.kubernetes.io/enforce=privileged")
 	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS,
-		"--set", "storageClass.isDefault=true")
+		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
 	if err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
@@ -48,12 +39,11 @@ func TestHelmInstall(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// The VolumeSnapshotClass comes as a post-install hook.
-		hooks, err := c.run("", "helm", "get", "hooks", release, "--namespace", pluginNS)
+		crds, err := c.run("", "helm", "show", "crds", chart)
 		if err != nil {
 			t.Fatal(err)
 		}
-		manifest += "\n---\n" + hooks
+		manifest += "\n---\n" + crds
 		out, err := c.run(manifest, "kubectl", "apply", "--dry-run=server", "--validate=strict", "-f", "-")
 		if err != nil {
 			t.Fatalf("the API server rejects the release's manifest: %v\n%s", err, out)
@@ -425,6 +415,40 @@ echo "r $(sha256sum < /tmp/r)"`})
 		t.Fatalf("data read from the block device differs from what was written:\n%s", logs)
 	}
 	c.delete(t, "pod", "block")
+}
+
+// TestCapacityTracksVolumes: the CSIStorageCapacity of a node drops by about
+// a new volume's size (a sparse volume still reserves what it may fill) and
+// comes back when the volume is deleted. The other node's does not move.
+func TestCapacityTracksVolumes(t *testing.T) {
+	c := requireChart(t)
+	const size, slack = 20 << 30, 5 << 30 // slack: the shared disk's own churn
+	before, err := c.capacities()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.apply(t, pvc("cap", "20Gi", ""))
+	c.startPod(t, pod{name: "cap", claim: "cap", node: "n2", restartNever: true, script: "true"})
+	c.waitPodPhase(t, "cap", "Succeeded", 2*time.Minute)
+	eventually(t, 3*time.Minute, "n2's capacity to drop by the volume's 20Gi", func() (bool, string) {
+		now, err := c.capacities()
+		if err != nil {
+			return false, err.Error()
+		}
+		return now["n2"] < before["n2"]-size+slack, fmt.Sprintf("before %v, now %v", before, now)
+	})
+	if now, _ := c.capacities(); now["n1"] < before["n1"]-slack {
+		t.Errorf("n1's capacity dropped for a volume on n2: before %v, now %v", before, now)
+	}
+	c.delete(t, "pod", "cap")
+	c.delete(t, "pvc", "cap")
+	eventually(t, 3*time.Minute, "n2's capacity to come back", func() (bool, string) {
+		now, err := c.capacities()
+		if err != nil {
+			return false, err.Error()
+		}
+		return now["n2"] > before["n2"]-slack, fmt.Sprintf("before %v, now %v", before, now)
+	})
 }
 
 // TestVolumeStats compares kubelet's kubelet_volume_stats_* for PVC data
