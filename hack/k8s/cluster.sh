@@ -266,6 +266,8 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 1%, imagefs.available: 1%, nodefs.inodesFree: 1%}
 volumeStatsAggPeriod: 10s
+# Pods are resynced (and online filesystem growth noticed) this often.
+syncFrequency: 10s
 EOF
 	cat >"$conf/kube-proxy.yaml" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
