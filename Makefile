@@ -8,8 +8,8 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
-.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm bench bench-engine bench-vm bench-scale \
-        chart-test deploy image lint fmt vet clean
+.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-down bench bench-engine bench-vm \
+        bench-scale chart-test deploy image lint fmt vet clean
 
 all: build
 
@@ -54,6 +54,17 @@ sanity:
 # Real-kernel ublk tests in qemu on Debian's 6.12 and 7.3 kernels.
 e2e-vm: static
 	hack/vm/e2e.sh
+
+# The user's path on a real two-node Kubernetes built from source
+# (hack/k8s): installs and builds what it needs (cached in
+# /var/cache/csi-fastblk-k8s), starts the cluster, runs test/k8s, prints the
+# time of each phase and tears everything down with a leak check.
+e2e-k8s:
+	hack/k8s/e2e.sh
+
+# Tear down a cluster left by E2E_K8S_KEEP=1 or an interrupted run.
+e2e-k8s-down:
+	hack/k8s/cluster.sh down
 
 # Every benchmark, one markdown report (bin/benchmarks.md; UPDATE_DOCS=1
 # also writes docs/benchmarks.md). Hours under TCG; not part of test.

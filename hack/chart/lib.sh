@@ -47,8 +47,9 @@ render_deploy() {
 		echo "# The snapshot.storage.k8s.io/v1 CRDs and a snapshot-controller with distributed"
 		echo "# snapshotting, for clusters without them. Apply before csi-fastblk.yaml."
 		namespace_doc "$ns"
+		"$HELM" show crds "$chart"
+		echo "---"
 		"$HELM" template csi-fastblk "$chart" --namespace "$ns" --kube-version "$KUBE_VERSION" \
-			--set snapshotCRDs.install=true --set snapshotController.install=true \
-			--show-only templates/snapshot-crds.yaml --show-only templates/snapshot-controller.yaml
+			--set snapshotController.install=true --show-only templates/snapshot-controller.yaml
 	} >"$out/snapshot-controller.yaml"
 }

@@ -24,7 +24,7 @@ declare -A sets=(
 	[microk8s]="--set kubeletDir=/var/snap/microk8s/common/var/lib/kubelet"
 	[custom-images]="--set plugin.image.repository=registry.local/csi-fastblk --set plugin.image.tag=test --set provisioner.image.repository=registry.local/csi-provisioner --set resizer.image.tag=v0.0.1"
 	[metrics-off]="--set metrics.enabled=false"
-	[snapshot-crds]="--set snapshotCRDs.install=true --set snapshotController.install=true"
+	[snapshot-controller]="--set snapshotController.install=true"
 )
 for name in "${!sets[@]}"; do
 	# shellcheck disable=SC2086 # the value sets are word lists on purpose

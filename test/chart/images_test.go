@@ -15,7 +15,7 @@ var imageValues = []string{
 // policy per image value and asserts that every container of every workload
 // uses one of them, and every sentinel is used.
 func TestImagesComeFromValues(t *testing.T) {
-	set := []string{"snapshotController.install=true", "snapshotCRDs.install=true"}
+	set := []string{"snapshotController.install=true"}
 	want := map[string]bool{}
 	for i, v := range imageValues {
 		repo := fmt.Sprintf("sentinel.example/img%d", i)

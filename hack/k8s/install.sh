@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# Installs and builds everything the two-node Kubernetes harness needs, once:
+#   1. Debian packages (bookworm): containerd, runc, CNI plugins, iptables,
+#      conntrack, openssl, umoci, busybox-static;
+#   2. etcd 3.5 from trixie (a static binary, unpacked into the cache; the
+#      machine's own apt state is not touched);
+#   3. kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
+#      kube-proxy and kubectl from the k8s.io/kubernetes Go module through a
+#      wrapper module that replaces the staging modules by their releases;
+#   4. helm as hack/chart builds it;
+#   5. the CSI sidecars and the snapshot-controller at the chart's versions,
+#      and the OCI image archives of every image the cluster runs.
+# Safe to run repeatedly: each step is skipped when its result is cached in
+# $K8S_CACHE (a warm run takes seconds). Usage: install.sh [step...]
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source=hack/k8s/lib.sh
+. "$ROOT/hack/k8s/lib.sh"
+
+mkdir -p "$K8S_CACHE"/{bin,stamps,src,images}
+stamp() { [[ -e "$K8S_CACHE/stamps/$1" ]]; }
+mark() { touch "$K8S_CACHE/stamps/$1"; }
+
+# packages installs the bookworm packages the nodes run. A machine without
+# an init system (or with a policy-rc.d refusing starts) does not start the
+# packaged containerd service; the harness runs one containerd per node.
+packages() {
+	local pkgs=(containerd runc containernetworking-plugins iptables conntrack iproute2 util-linux
+		openssl umoci busybox-static e2fsprogs xfsprogs curl git) missing=() p
+	for p in "${pkgs[@]}"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+	done
+	((${#missing[@]})) || return 0
+	log "installing ${missing[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+# etcd unpacks trixie's etcd-server (3.5: Kubernetes 1.36 needs etcd 3.5 or
+# newer, bookworm has 3.4) into the cache through a private apt
+# configuration pointing at the machine's own Debian mirror.
+etcd() {
+	local id=etcd-trixie apt=$K8S_CACHE/apt-trixie mirror deb
+	stamp "$id" && [[ -x $K8S_BIN/etcd ]] && return 0
+	mirror=$(sed -n 's/^URIs: *\(http[^ ]*debian\)\/*$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n1)
+	[[ -n $mirror ]] || mirror=$(awk '$1 == "deb" && $2 ~ /debian\/?$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null)
+	[[ -n $mirror ]] || die "no Debian mirror in /etc/apt/sources.list*"
+	mkdir -p "$apt"/{lists/partial,cache/archives/partial,parts,debs}
+	echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] ${mirror%/} trixie main" >"$apt/sources.list"
+	local opts=(-o "Dir::Etc::SourceList=$apt/sources.list" -o "Dir::Etc::SourceParts=$apt/parts"
+		-o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o APT::Sandbox::User=root)
+	log "fetching etcd-server from trixie ($mirror)"
+	apt-get "${opts[@]}" update -qq
+	(cd "$apt/debs" && apt-get "${opts[@]}" download -qq etcd-server)
+	deb=$(ls -t "$apt"/debs/etcd-server_*.deb | head -n1)
+	rm -rf "$apt/root" && mkdir -p "$apt/root"
+	dpkg-deb -x "$deb" "$apt/root"
+	install -m 0755 "$apt/root/usr/bin/etcd" "$K8S_BIN/etcd"
+	"$K8S_BIN/etcd" --version | grep -q 'etcd Version: 3\.[5-9]' || die "etcd: $("$K8S_BIN/etcd" --version | head -n1)"
+	mark "$id"
+}
+
+# kube builds the Kubernetes binaries from k8s.io/kubernetes $KUBE_VERSION.
+kube() {
+	local id="kube-$KUBE_VERSION" mod dir=$K8S_CACHE/src/kube-$KUBE_VERSION ver=${KUBE_VERSION#v}
+	local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+	stamp "$id" && return 0
+	log "building Kubernetes $KUBE_VERSION (${cmds[*]}); 10-20 min on 2 cores with a cold cache"
+	mkdir -p "$dir"
+	mod=$(cd "$dir" && GOFLAGS=-mod=mod go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p')
+	[[ -s $mod ]] || die "no go.mod for k8s.io/kubernetes@$KUBE_VERSION"
+	{
+		echo "module csi-fastblk.local/kube"
+		echo
+		echo "go $(sed -n 's/^go //p' "$mod")"
+		echo
+		echo "require k8s.io/kubernetes $KUBE_VERSION"
+		echo
+		# Every staging module k8s.io/kubernetes replaces by a local path.
+		sed -n 's#^\t\(k8s.io/[a-z0-9-]*\) => ./staging/.*#replace \1 => \1 v0.'"${ver#1.}"'#p' "$mod"
+	} >"$dir/go.mod"
+	{
+		echo "//go:build tools"
+		echo
+		echo "// Package kube records the commands built from k8s.io/kubernetes."
+		echo "package kube"
+		echo
+		echo "import ("
+		for c in "${cmds[@]}"; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done
+		echo ")"
+	} >"$dir/tools.go"
+	(cd "$dir" && go mod tidy)
+	local pkg=k8s.io/component-base/version major=${ver%%.*} minor
+	minor=${ver#*.}; minor=${minor%%.*}
+	local ld="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+	ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+	ld+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION"
+	local pkgs=()
+	for c in "${cmds[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
+	(cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "$ld" -o "$K8S_BIN/" "${pkgs[@]}")
+	"$K8S_BIN/kubelet" --version | grep -qx "Kubernetes $KUBE_VERSION" || die "kubelet reports $("$K8S_BIN/kubelet" --version)"
+	mark "$id"
+}
+
+# Each sidecar: image reference (the chart's value), git repository under
+# $SIDECAR_GIT, tag, command. The tags are read from the chart's values.yaml.
+sidecar_list() {
+	local v=$ROOT/charts/csi-fastblk/values.yaml
+	val() { awk -v s="$1:" '$1 == s {f = 1} f && $1 == "tag:" {print $2; exit}' "$v"; }
+	echo "registry.k8s.io/sig-storage/csi-provisioner external-provisioner $(val provisioner) csi-provisioner"
+	echo "registry.k8s.io/sig-storage/csi-resizer external-resizer $(val resizer) csi-resizer"
+	echo "registry.k8s.io/sig-storage/csi-snapshotter external-snapshotter $(val snapshotter) csi-snapshotter"
+	echo "registry.k8s.io/sig-storage/snapshot-controller external-snapshotter $(val snapshotController) snapshot-controller"
+	echo "registry.k8s.io/sig-storage/csi-node-driver-registrar node-driver-registrar $(val registrar) csi-node-driver-registrar"
+	echo "registry.k8s.io/sig-storage/livenessprobe livenessprobe $(val livenessProbe) livenessprobe"
+}
+
+# sidecars builds each sidecar's static binary from its repository at the
+# chart's tag, with the repository's vendored dependencies.
+sidecars() {
+	local ref repo tag cmd git src
+	while read -r ref repo tag cmd; do
+		[[ -n $tag ]] || die "no tag for $ref in values.yaml"
+		[[ -x $K8S_BIN/sidecars/$cmd-$tag ]] && continue
+		git=$SIDECAR_GIT/kubernetes-csi+$repo/repo
+		[[ -d $git ]] || die "no git repository of kubernetes-csi/$repo at $git (set SIDECAR_GIT)"
+		src=$K8S_CACHE/src/$repo-$tag
+		if [[ ! -d $src ]]; then
+			mkdir -p "$src.tmp"
+			git -C "$git" archive "$tag" | tar -x -C "$src.tmp"
+			mv "$src.tmp" "$src"
+		fi
+		log "building $cmd $tag"
+		(cd "$src" && CGO_ENABLED=0 go build -mod=vendor -trimpath -ldflags "-s -w -X main.version=$tag" \
+			-o "$K8S_BIN/sidecars/$cmd-$tag" "./cmd/$cmd")
+	done < <(sidecar_list)
+}
+
+# oci_image REF ROOTFS entrypoint|cmd ARGS... writes $K8S_CACHE/images/<name>-<tag>.oci.tar,
+# an OCI layout with one layer, as hack/image/build.sh assembles the plugin's.
+oci_image() {
+	local ref=$1 rootfs=$2 kind=$3 name tag layout out
+	shift 3
+	name=${ref%:*}; tag=${ref##*:}
+	out=$K8S_CACHE/images/${name##*/}-$tag.oci.tar
+	layout=$(mktemp -d)/oci
+	mkdir -p "$rootfs"/{etc,tmp,dev,proc,sys}
+	chmod 1777 "$rootfs/tmp"
+	[[ -e $rootfs/etc/passwd ]] || printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n' >"$rootfs/etc/passwd"
+	[[ -e $rootfs/etc/group ]] || printf 'root:x:0:\nnogroup:x:65534:\n' >"$rootfs/etc/group"
+	local ep=() a
+	for a in "$@"; do ep+=("--config.$kind" "$a"); done
+	umoci init --layout "$layout" >/dev/null
+	umoci new --image "$layout:$tag" >/dev/null
+	umoci insert --rootless --image "$layout:$tag" --history.created_by hack/k8s/install.sh "$rootfs" / >/dev/null
+	umoci config --image "$layout:$tag" --os linux --architecture amd64 "${ep[@]}" \
+		--config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+		--history.created_by "umoci config" >/dev/null
+	umoci gc --layout "$layout"
+	chmod -R a+rX "$layout"
+	tar -C "$layout" --sort=name --owner=0 --group=0 --numeric-owner -cf "$out.tmp" .
+	mv "$out.tmp" "$out"
+	rm -rf "$(dirname "$layout")"
+	echo "$ref $out" >"$out.ref"
+}
+
+# images assembles the sidecar, sandbox and test images.
+images() {
+	local ref repo tag cmd root
+	root=$(mktemp -d)
+	if [[ ! -s $K8S_CACHE/images/pause-$PAUSE_TAG.oci.tar ]]; then
+		rm -rf "$root/fs" && mkdir -p "$root/fs"
+		(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$root/fs/pause" ./hack/k8s/pause)
+		oci_image "$PAUSE_IMAGE" "$root/fs" entrypoint /pause
+	fi
+	if [[ ! -s $K8S_CACHE/images/busybox-$BUSYBOX_TAG.oci.tar ]]; then
+		rm -rf "$root/fs" && mkdir -p "$root/fs/bin"
+		install -m 0755 /bin/busybox "$root/fs/bin/busybox"
+		local app
+		for app in $(/bin/busybox --list); do
+			[[ $app == busybox ]] || ln -s busybox "$root/fs/bin/$app"
+		done
+		mkdir -p "$root/fs/usr/bin" "$root/fs/sbin" "$root/fs/usr/sbin"
+		oci_image "$BUSYBOX_IMAGE" "$root/fs" cmd sh
+	fi
+	while read -r ref repo tag cmd; do
+		[[ -s $K8S_CACHE/images/${ref##*/}-$tag.oci.tar ]] && continue
+		rm -rf "$root/fs" && mkdir -p "$root/fs"
+		install -m 0755 "$K8S_BIN/sidecars/$cmd-$tag" "$root/fs/$cmd"
+		oci_image "$ref:$tag" "$root/fs" entrypoint "/$cmd"
+	done < <(sidecar_list)
+	rm -rf "$root"
+}
+
+# helm builds the pinned helm exactly as hack/chart does (its own cache).
+helm() {
+	(
+		# shellcheck source=hack/chart/lib.sh
+		. "$ROOT/hack/chart/lib.sh"
+		ensure_helm
+		ln -sfn "$HELM" "$K8S_BIN/helm"
+	)
+}
+
+main() {
+	local steps=("$@")
+	((${#steps[@]})) || steps=(packages etcd kube helm sidecars images)
+	for s in "${steps[@]}"; do "$s"; done
+}
+main "$@"

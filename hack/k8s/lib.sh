@@ -1,0 +1,26 @@
+# Shared by hack/k8s/*.sh: versions, paths and helpers of the two-node
+# Kubernetes harness (issue 22). Everything built or downloaded lives under
+# $K8S_CACHE; everything a running cluster writes lives under $K8S_WORK.
+# shellcheck shell=bash
+
+KUBE_VERSION=v1.36.3
+K8S_CACHE="${K8S_CACHE:-/var/cache/csi-fastblk-k8s}"
+K8S_WORK="${K8S_WORK:-/var/lib/csi-fastblk-k8s}"
+K8S_BIN="$K8S_CACHE/bin"
+# Git repositories of the CSI sidecars (kubernetes-csi/<repo>), read with
+# `git archive <tag>`: node-driver-registrar and livenessprobe are not
+# fetchable as Go modules at v2 tags (their module paths lack /v2), and the
+# others replace their own submodules with local paths. Each repository
+# vendors its dependencies, so a build needs no network.
+SIDECAR_GIT="${SIDECAR_GIT:-/work/.mirror}"
+
+log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# Images the cluster runs besides the chart's: the sandbox image containerd
+# is told to use, and the test workload image (the references Kubernetes'
+# own e2e suite uses, from test/utils/image/manifest.go of $KUBE_VERSION).
+PAUSE_TAG=3.10.2
+PAUSE_IMAGE=registry.k8s.io/pause:$PAUSE_TAG
+BUSYBOX_TAG=1.37.0-1
+BUSYBOX_IMAGE=registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG

@@ -1,0 +1,249 @@
+package k8s
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const (
+	release   = "csi-fastblk"
+	pluginNS  = "csi-fastblk"
+	testNS    = "e2e"
+	driver    = "fastblk.csi.io"
+	topoKey   = "topology.fastblk.csi.io/node"
+	busybox   = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
+	chartPath = "../../charts/csi-fastblk"
+)
+
+var nodes = []string{"n1", "n2"}
+
+// cluster runs kubectl and helm against the harness's cluster through
+// hack/k8s/cluster.sh (the API server lives in a network namespace).
+type cluster struct {
+	script string // hack/k8s/cluster.sh
+	work   string // $K8S_WORK: nodes' directories, pids
+}
+
+// installed is set once TestHelmInstall has installed the chart; later
+// tests fail at once without it rather than time out one by one.
+var installed bool
+
+func requireCluster(t *testing.T) *cluster {
+	t.Helper()
+	script := os.Getenv("FASTBLK_K8S")
+	if script == "" {
+		t.Skip("FASTBLK_K8S is not set: these tests run on the cluster of hack/k8s/e2e.sh (make e2e-k8s)")
+	}
+	work := os.Getenv("K8S_WORK")
+	if work == "" {
+		work = "/var/lib/csi-fastblk-k8s"
+	}
+	return &cluster{script: script, work: work}
+}
+
+// requireChart is requireCluster for the tests that need the chart installed.
+func requireChart(t *testing.T) *cluster {
+	t.Helper()
+	c := requireCluster(t)
+	if !installed {
+		t.Fatal("the chart is not installed (TestHelmInstall failed or did not run)")
+	}
+	return c
+}
+
+// run runs cluster.sh TOOL ARGS with stdin, returning stdout; the error
+// carries stderr.
+func (c *cluster) run(stdin, tool string, args ...string) (string, error) {
+	cmd := exec.Command(c.script, append([]string{tool}, args...)...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("%s %s: %w: %s", tool, strings.Join(args, " "), err, strings.TrimSpace(errb.String()))
+	}
+	return out.String(), nil
+}
+
+func (c *cluster) kubectl(args ...string) (string, error) { return c.run("", "kubectl", args...) }
+
+// k runs kubectl and fails the test on error.
+func (c *cluster) k(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := c.kubectl(args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// apply creates or updates the objects of a manifest, failing on unknown or
+// duplicate fields (the API server's strict field validation).
+func (c *cluster) apply(t *testing.T, manifest string) {
+	t.Helper()
+	if out, err := c.run(manifest, "kubectl", "apply", "--validate=strict", "-f", "-"); err != nil {
+		t.Fatalf("%v\n%s\nmanifest:\n%s", err, out, manifest)
+	}
+}
+
+// jsonpath reads one field of an object ("" when it is absent).
+func (c *cluster) jsonpath(t *testing.T, path string, args ...string) string {
+	t.Helper()
+	return strings.TrimSpace(c.k(t, append(args, "-o", "jsonpath="+path)...))
+}
+
+// eventually polls check every second until it reports done or timeout
+// passes, then fails with what the last check said.
+func eventually(t *testing.T, timeout time.Duration, what string, check func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		done, detail := check()
+		if done {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s: %s", timeout, what, detail)
+		}
+		time.Sleep(time.Second)
+	}
+}
+
+// waitPodPhase waits for a pod in testNS to reach phase, failing at once
+// when it reaches the other terminal phase.
+func (c *cluster) waitPodPhase(t *testing.T, pod, phase string, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, "pod "+pod+" "+phase, func() (bool, string) {
+		out, err := c.kubectl("-n", testNS, "get", "pod", pod, "-o", "jsonpath={.status.phase}")
+		if err != nil {
+			return false, err.Error()
+		}
+		got := strings.TrimSpace(out)
+		if got != phase && (got == "Failed" || got == "Succeeded") {
+			t.Fatalf("pod %s is %s, want %s:\n%s", pod, got, phase, c.describe(pod))
+		}
+		return got == phase, "phase " + got + "\n" + c.describe(pod)
+	})
+}
+
+// describe is a pod's events and logs, for failure messages.
+func (c *cluster) describe(pod string) string {
+	ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.name="+pod,
+		"-o", "custom-columns=REASON:.reason,MESSAGE:.message", "--no-headers")
+	logs, _ := c.kubectl("-n", testNS, "logs", pod, "--tail=20")
+	return "events:\n" + ev + "logs:\n" + logs
+}
+
+// logs is a pod's output.
+func (c *cluster) logs(t *testing.T, pod string) string {
+	t.Helper()
+	return c.k(t, "-n", testNS, "logs", pod)
+}
+
+// deletePods deletes pods in testNS and waits until they are gone.
+func (c *cluster) delete(t *testing.T, kind string, names ...string) {
+	t.Helper()
+	args := append([]string{"-n", testNS, "delete", kind, "--ignore-not-found", "--wait=true", "--timeout=180s"}, names...)
+	c.k(t, args...)
+}
+
+// nodeDir is a node's directory on the host (its /var/lib/csi-fastblk is
+// nodeDir/data).
+func (c *cluster) nodeDir(node string) string { return filepath.Join(c.work, node) }
+
+// nodeMounts is the mount table of a node's mount namespace.
+func (c *cluster) nodeMounts(t *testing.T, node string) string {
+	t.Helper()
+	pid, err := os.ReadFile(filepath.Join(c.work, "pids", "node-"+node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("nsenter", "-t", strings.TrimSpace(string(pid)), "-m", "cat", "/proc/self/mountinfo").Output()
+	if err != nil {
+		t.Fatalf("mounts of node %s: %v", node, err)
+	}
+	return string(out)
+}
+
+// pod is a busybox pod in testNS running script with the PVC claim at
+// /data (or, with block, as the device /dev/xvda).
+type pod struct {
+	name, claim, script, node string
+	block                     bool
+	fsGroup                   int
+	restartNever              bool
+}
+
+func (p pod) manifest() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, `apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: %s}
+spec:
+  terminationGracePeriodSeconds: 1
+  restartPolicy: %s
+`, p.name, testNS, map[bool]string{true: "Never", false: "Always"}[p.restartNever])
+	if p.node != "" {
+		fmt.Fprintf(&b, "  nodeSelector: {kubernetes.io/hostname: %s}\n", p.node)
+	}
+	if p.fsGroup != 0 {
+		fmt.Fprintf(&b, "  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: %d}\n", p.fsGroup)
+	}
+	fmt.Fprintf(&b, `  containers:
+  - name: c
+    image: %s
+    imagePullPolicy: Never
+    command: ["sh", "-c", %q]
+`, busybox, p.script)
+	if p.block {
+		b.WriteString("    volumeDevices: [{name: v, devicePath: /dev/xvda}]\n")
+	} else {
+		b.WriteString("    volumeMounts: [{name: v, mountPath: /data}]\n")
+	}
+	fmt.Fprintf(&b, "  volumes: [{name: v, persistentVolumeClaim: {claimName: %s}}]\n", p.claim)
+	return b.String()
+}
+
+// startPod creates p and deletes it when the test ends, so that a failed
+// test leaves no pod holding a volume for the next ones.
+func (c *cluster) startPod(t *testing.T, p pod) {
+	t.Helper()
+	c.apply(t, p.manifest())
+	t.Cleanup(func() {
+		_, _ = c.kubectl("-n", testNS, "delete", "pod", p.name, "--ignore-not-found", "--wait=true", "--timeout=120s")
+	})
+}
+
+// pvc is a PersistentVolumeClaim manifest in testNS; class "" means the
+// default StorageClass, extra is appended to spec (a dataSource, ...).
+func pvc(name, size, extra string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: {name: %s, namespace: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  resources: {requests: {storage: %s}}
+%s`, name, testNS, size, extra)
+}
+
+// volumeNode is the node a bound PVC's volume lives on (the PV's node
+// affinity on the driver's topology key).
+func (c *cluster) volumeNode(t *testing.T, claim string) string {
+	t.Helper()
+	pv := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", claim)
+	if pv == "" {
+		t.Fatalf("PVC %s is not bound", claim)
+	}
+	n := c.jsonpath(t, "{.spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}", "get", "pv", pv)
+	if n == "" {
+		t.Fatalf("PV %s of PVC %s has no node affinity", pv, claim)
+	}
+	return n
+}

@@ -1,0 +1,9 @@
+// Package k8s holds the user's path on a real two-node Kubernetes (issue 22):
+// helm install of charts/csi-fastblk with locally built images, then PVCs,
+// pods, expansion, snapshots, clones, raw block volumes, kubelet's volume
+// stats, a plugin restart under I/O, and cleanup that leaves nothing on the
+// nodes. hack/k8s/e2e.sh (`make e2e-k8s`) builds and starts the cluster and
+// runs these tests with FASTBLK_K8S set to hack/k8s/cluster.sh; without it
+// they skip. The tests run in source order and share the cluster: each later
+// test needs the chart the first installs.
+package k8s

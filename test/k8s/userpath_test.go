@@ -1,0 +1,635 @@
+package k8s
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestHelmInstall installs the chart with its defaults, plus the
+// snapshot-controller (the cluster has none) and the StorageClass as the
+// default class: the images are the locally built ones under the chart's own
+// references.
+func TestHelmInstall(t *testing.T) {
+	c := requireCluster(t)
+	chart, err := filepath.Abs(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// As the chart README says: a namespace that admits privileged pods,
+	// then the chart, with the snapshot-controller the cluster lacks (the
+	// CRDs come from the chart's crds/) and its class as the default.
+	c.k(t, "create", "namespace", pluginNS)
+	c.k(t, "label", "namespace", pluginNS, "pod-security.kubernetes.io/enforce=privileged")
+	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS,
+		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
+	if err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	t.Logf("helm install:\n%s", firstLines(out, 8))
+
+	t.Run("server-side validation", func(t *testing.T) {
+		manifest, err := c.run("", "helm", "get", "manifest", release, "--namespace", pluginNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		crds, err := c.run("", "helm", "show", "crds", chart)
+		if err != nil {
+			t.Fatal(err)
+		}
+		manifest += "\n---\n" + crds
+		out, err := c.run(manifest, "kubectl", "apply", "--dry-run=server", "--validate=strict", "-f", "-")
+		if err != nil {
+			t.Fatalf("the API server rejects the release's manifest: %v\n%s", err, out)
+		}
+		t.Logf("%d objects accepted with strict field validation", strings.Count(out, "\n"))
+	})
+
+	t.Run("DaemonSet ready on both nodes", func(t *testing.T) {
+		eventually(t, 4*time.Minute, "a Ready plugin pod on each node", func() (bool, string) {
+			ready, detail := c.pluginPods(t)
+			for _, n := range nodes {
+				if ready[n] == "" {
+					return false, detail
+				}
+			}
+			return true, ""
+		})
+	})
+
+	t.Run("snapshot-controller ready", func(t *testing.T) {
+		out := c.k(t, "-n", pluginNS, "get", "deployments", "-o", "name")
+		for _, d := range strings.Fields(out) {
+			t.Log(strings.TrimSpace(c.k(t, "-n", pluginNS, "rollout", "status", d, "--timeout=180s")))
+		}
+	})
+
+	t.Run("CSINode lists the driver", func(t *testing.T) {
+		for _, n := range nodes {
+			eventually(t, time.Minute, "CSINode "+n+" with "+driver, func() (bool, string) {
+				out, err := c.kubectl("get", "csinode", n, "-o", "json")
+				if err != nil {
+					return false, err.Error()
+				}
+				var cn struct {
+					Spec struct {
+						Drivers []struct {
+							Name         string   `json:"name"`
+							NodeID       string   `json:"nodeID"`
+							TopologyKeys []string `json:"topologyKeys"`
+							Allocatable  *struct {
+								Count int `json:"count"`
+							} `json:"allocatable"`
+						} `json:"drivers"`
+					} `json:"spec"`
+				}
+				if err := json.Unmarshal([]byte(out), &cn); err != nil {
+					return false, err.Error()
+				}
+				for _, d := range cn.Spec.Drivers {
+					if d.Name != driver {
+						continue
+					}
+					if d.NodeID != n || len(d.TopologyKeys) != 1 || d.TopologyKeys[0] != topoKey || d.Allocatable == nil || d.Allocatable.Count != 64 {
+						t.Fatalf("CSINode %s: driver entry %+v, want nodeID %s, topologyKeys [%s], allocatable 64", n, d, n, topoKey)
+					}
+					return true, ""
+				}
+				return false, out
+			})
+			if got := c.jsonpath(t, "{.metadata.labels.topology\\.fastblk\\.csi\\.io/node}", "get", "node", n); got != n {
+				t.Errorf("node %s has topology label %q, want %q", n, got, n)
+			}
+		}
+	})
+
+	t.Run("CSIStorageCapacity per node", func(t *testing.T) {
+		eventually(t, 2*time.Minute, "a CSIStorageCapacity of class fastblk for each node", func() (bool, string) {
+			caps, err := c.capacities()
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, n := range nodes {
+				if caps[n] <= 0 {
+					return false, fmt.Sprintf("capacities %v", caps)
+				}
+			}
+			t.Logf("capacity per node: %v", caps)
+			return true, ""
+		})
+	})
+	installed = !t.Failed()
+}
+
+// pluginPods maps each node to its plugin pod when all of that pod's
+// containers are ready, and describes every pod.
+func (c *cluster) pluginPods(t *testing.T) (map[string]string, string) {
+	t.Helper()
+	out, err := c.kubectl("-n", pluginNS, "get", "pods", "-l", "app.kubernetes.io/component=node", "-o", "json")
+	if err != nil {
+		return nil, err.Error()
+	}
+	var list struct {
+		Items []struct {
+			Metadata struct {
+				Name              string  `json:"name"`
+				DeletionTimestamp *string `json:"deletionTimestamp"`
+			} `json:"metadata"`
+			Spec struct {
+				NodeName string `json:"nodeName"`
+			} `json:"spec"`
+			Status struct {
+				Phase             string `json:"phase"`
+				ContainerStatuses []struct {
+					Name         string `json:"name"`
+					Ready        bool   `json:"ready"`
+					RestartCount int    `json:"restartCount"`
+				} `json:"containerStatuses"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		return nil, err.Error()
+	}
+	ready := map[string]string{}
+	var detail strings.Builder
+	for _, p := range list.Items {
+		ok := p.Status.Phase == "Running" && len(p.Status.ContainerStatuses) > 0 && p.Metadata.DeletionTimestamp == nil
+		fmt.Fprintf(&detail, "\n%s on %s: %s", p.Metadata.Name, p.Spec.NodeName, p.Status.Phase)
+		for _, s := range p.Status.ContainerStatuses {
+			ok = ok && s.Ready
+			fmt.Fprintf(&detail, " %s ready=%v restarts=%d", s.Name, s.Ready, s.RestartCount)
+		}
+		if ok {
+			ready[p.Spec.NodeName] = p.Metadata.Name
+		}
+	}
+	return ready, detail.String()
+}
+
+// capacities is the available capacity of StorageClass fastblk per node,
+// from the CSIStorageCapacity objects the provisioners publish.
+func (c *cluster) capacities() (map[string]int64, error) {
+	out, err := c.kubectl("-n", pluginNS, "get", "csistoragecapacities", "-o", "json")
+	if err != nil {
+		return nil, err
+	}
+	var list struct {
+		Items []struct {
+			StorageClassName string `json:"storageClassName"`
+			Capacity         string `json:"capacity"`
+			NodeTopology     struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"nodeTopology"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(out), &list); err != nil {
+		return nil, err
+	}
+	caps := map[string]int64{}
+	for _, it := range list.Items {
+		if it.StorageClassName != "fastblk" {
+			continue
+		}
+		n, err := parseQuantity(it.Capacity)
+		if err != nil {
+			return nil, err
+		}
+		caps[it.NodeTopology.MatchLabels[topoKey]] = n
+	}
+	return caps, nil
+}
+
+// parseQuantity parses the integer quantities the API server prints for
+// capacities ("123456", "10Gi", "3500Mi", "12G").
+func parseQuantity(q string) (int64, error) {
+	m := regexp.MustCompile(`^([0-9]+)([KMGTE]i?|k)?$`).FindStringSubmatch(q)
+	if m == nil {
+		return 0, fmt.Errorf("quantity %q", q)
+	}
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	mult := map[string]int64{"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "E": 1e18,
+		"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Ei": 1 << 60}[m[2]]
+	return n * mult, nil
+}
+
+func firstLines(s string, n int) string {
+	l := strings.SplitN(s, "\n", n+1)
+	if len(l) > n {
+		l = l[:n]
+	}
+	return strings.Join(l, "\n")
+}
+
+// TestWriteRead: a PVC from the default StorageClass waits for its first
+// consumer, a pod writes a file and its checksum with fsGroup applied, and a
+// second pod reads the same data.
+func TestWriteRead(t *testing.T) {
+	c := requireChart(t)
+	c.k(t, "create", "namespace", testNS)
+	c.apply(t, pvc("data", "1Gi", ""))
+	time.Sleep(2 * time.Second)
+	if phase := c.jsonpath(t, "{.status.phase}", "-n", testNS, "get", "pvc", "data"); phase != "Pending" {
+		t.Fatalf("PVC data is %s before any pod uses it, want Pending (WaitForFirstConsumer)", phase)
+	}
+	if sc := c.jsonpath(t, "{.spec.storageClassName}", "-n", testNS, "get", "pvc", "data"); sc != "fastblk" {
+		t.Fatalf("PVC without a class got class %q, want the default fastblk", sc)
+	}
+	c.startPod(t, pod{name: "writer", claim: "data", restartNever: true, fsGroup: 2000, script: `set -e
+dd if=/dev/urandom of=/data/file bs=1M count=16 2>/dev/null
+sha256sum /data/file > /data/file.sha256
+sync
+echo "group $(stat -c %g /data) $(stat -c %g /data/file)"
+cat /data/file.sha256`})
+	c.waitPodPhase(t, "writer", "Succeeded", 3*time.Minute)
+	if logs := c.logs(t, "writer"); !strings.Contains(logs, "group 2000 2000") {
+		t.Errorf("fsGroup 2000 not applied to the volume or new files:\n%s", logs)
+	}
+	node := c.volumeNode(t, "data")
+	if on := c.jsonpath(t, "{.spec.nodeName}", "-n", testNS, "get", "pod", "writer"); on != node {
+		t.Errorf("writer ran on %s, its volume lives on %s", on, node)
+	}
+	t.Logf("volume of PVC data on node %s", node)
+	c.delete(t, "pod", "writer")
+
+	c.startPod(t, pod{name: "reader", claim: "data", restartNever: true, script: "sha256sum -c /data/file.sha256"})
+	c.waitPodPhase(t, "reader", "Succeeded", 3*time.Minute)
+	if logs := c.logs(t, "reader"); !strings.Contains(logs, "/data/file: OK") {
+		t.Fatalf("second pod read different data:\n%s", logs)
+	}
+	c.delete(t, "pod", "reader")
+}
+
+// dfSize is the size in bytes of the filesystem at /data in a running pod.
+func (c *cluster) dfSize(t *testing.T, podName string) int64 {
+	t.Helper()
+	out := c.k(t, "-n", testNS, "exec", podName, "--", "df", "-k", "/data")
+	f := strings.Fields(lastLine(out))
+	if len(f) < 2 {
+		t.Fatalf("df in %s: %q", podName, out)
+	}
+	kb, err := strconv.ParseInt(f[1], 10, 64)
+	if err != nil {
+		t.Fatalf("df in %s: %q", podName, out)
+	}
+	return kb << 10
+}
+
+func lastLine(s string) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	return l[len(l)-1]
+}
+
+// TestExpandOnline grows a PVC while a pod has it mounted: the pod sees the
+// new size without a restart. Online ext4 growth (resize2fs on a mounted
+// filesystem) needs CAP_SYS_RESOURCE, which this machine withholds even from
+// root, so the claim is xfs (xfs_growfs needs CAP_SYS_ADMIN) from a second
+// StorageClass; the ext4 default class is grown where the host allows it.
+func TestExpandOnline(t *testing.T) {
+	c := requireChart(t)
+	c.apply(t, `apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: fastblk-xfs}
+provisioner: `+driver+`
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+parameters: {csi.storage.k8s.io/fstype: xfs}
+`)
+	classes := []string{"fastblk-xfs"}
+	if hostHasCap(t, capSysResource) {
+		classes = append(classes, "fastblk")
+	} else {
+		t.Log("this host withholds CAP_SYS_RESOURCE: online ext4 growth not tested")
+	}
+	for _, class := range classes {
+		t.Run(class, func(t *testing.T) {
+			claim, name := "grow-"+class, "expander-"+class
+			c.apply(t, pvc(claim, "1Gi", "  storageClassName: "+class+"\n"))
+			c.startPod(t, pod{name: name, claim: claim, script: "sleep 3600"})
+			c.waitPodPhase(t, name, "Running", 2*time.Minute)
+			before := c.dfSize(t, name)
+			c.k(t, "-n", testNS, "patch", "pvc", claim, "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`)
+			eventually(t, 3*time.Minute, "PVC "+claim+" at 2Gi", func() (bool, string) {
+				out, _ := c.kubectl("-n", testNS, "get", "pvc", claim, "-o", "jsonpath={.status.capacity.storage} {.status.conditions}")
+				return strings.HasPrefix(out, "2Gi "), out
+			})
+			eventually(t, time.Minute, "the pod to see the grown filesystem", func() (bool, string) {
+				now := c.dfSize(t, name)
+				return now > before+(800<<20), fmt.Sprintf("df size %d, was %d", now, before)
+			})
+			if rc := c.jsonpath(t, "{.status.containerStatuses[0].restartCount}", "-n", testNS, "get", "pod", name); rc != "0" {
+				t.Errorf("pod restarted %s times during expansion", rc)
+			}
+			c.delete(t, "pod", name)
+			c.delete(t, "pvc", claim)
+		})
+	}
+}
+
+const capSysResource = 24
+
+// hostHasCap reports whether this process has capability bit cap in its
+// bounding set (and so can give it to containers).
+func hostHasCap(t *testing.T, bit uint) bool {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^CapBnd:\s*([0-9a-f]+)$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatal("no CapBnd in /proc/self/status")
+	}
+	v, err := strconv.ParseUint(string(m[1]), 16, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v&(1<<bit) != 0
+}
+
+// TestSnapshotRestoreAndClone restores a VolumeSnapshot of PVC data into a
+// new PVC and clones PVC data: both hold the same file.
+func TestSnapshotRestoreAndClone(t *testing.T) {
+	c := requireChart(t)
+	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: snap, namespace: %s}
+spec:
+  volumeSnapshotClassName: fastblk
+  source: {persistentVolumeClaimName: data}
+`, testNS))
+	eventually(t, 2*time.Minute, "VolumeSnapshot snap ready", func() (bool, string) {
+		out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", "snap", "-o", "jsonpath={.status.readyToUse} {.status.error}")
+		return strings.HasPrefix(out, "true"), out
+	})
+	c.apply(t, pvc("restored", "1Gi", "  dataSource: {name: snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
+	c.apply(t, pvc("clone", "1Gi", "  dataSource: {name: data, kind: PersistentVolumeClaim}\n"))
+	source := c.volumeNode(t, "data")
+	for _, claim := range []string{"restored", "clone"} {
+		name := "check-" + claim
+		c.startPod(t, pod{name: name, claim: claim, restartNever: true, script: "sha256sum -c /data/file.sha256"})
+		c.waitPodPhase(t, name, "Succeeded", 4*time.Minute)
+		if logs := c.logs(t, name); !strings.Contains(logs, "/data/file: OK") {
+			t.Errorf("PVC %s holds different data:\n%s", claim, logs)
+		}
+		t.Logf("PVC %s on node %s (source on %s)", claim, c.volumeNode(t, claim), source)
+		c.delete(t, "pod", name)
+	}
+}
+
+// TestRawBlock writes and reads a raw block PVC in a pod.
+func TestRawBlock(t *testing.T) {
+	c := requireChart(t)
+	c.apply(t, pvc("blk", "256Mi", "  volumeMode: Block\n"))
+	c.startPod(t, pod{name: "block", claim: "blk", block: true, restartNever: true, script: `set -e
+echo "size $(blockdev --getsize64 /dev/xvda)"
+dd if=/dev/urandom of=/tmp/w bs=1M count=8 2>/dev/null
+dd if=/tmp/w of=/dev/xvda bs=1M seek=4 conv=fsync 2>/dev/null
+echo 3 > /proc/sys/vm/drop_caches 2>/dev/null || true
+dd if=/dev/xvda of=/tmp/r bs=1M skip=4 count=8 iflag=direct 2>/dev/null
+echo "w $(sha256sum < /tmp/w)"
+echo "r $(sha256sum < /tmp/r)"`})
+	c.waitPodPhase(t, "block", "Succeeded", 3*time.Minute)
+	logs := c.logs(t, "block")
+	if !strings.Contains(logs, fmt.Sprintf("size %d", 256<<20)) {
+		t.Errorf("device size wrong:\n%s", logs)
+	}
+	var w, r string
+	for _, l := range strings.Split(logs, "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "w" {
+			w = f[1]
+		} else if len(f) >= 2 && f[0] == "r" {
+			r = f[1]
+		}
+	}
+	if w == "" || w != r {
+		t.Fatalf("data read from the block device differs from what was written:\n%s", logs)
+	}
+	c.delete(t, "pod", "block")
+}
+
+// TestCapacityTracksVolumes: the CSIStorageCapacity of a node drops by about
+// a new volume's size (a sparse volume still reserves what it may fill) and
+// comes back when the volume is deleted. The other node's does not move.
+func TestCapacityTracksVolumes(t *testing.T) {
+	c := requireChart(t)
+	const size, slack = 20 << 30, 5 << 30 // slack: the shared disk's own churn
+	before, err := c.capacities()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.apply(t, pvc("cap", "20Gi", ""))
+	c.startPod(t, pod{name: "cap", claim: "cap", node: "n2", restartNever: true, script: "true"})
+	c.waitPodPhase(t, "cap", "Succeeded", 2*time.Minute)
+	eventually(t, 3*time.Minute, "n2's capacity to drop by the volume's 20Gi", func() (bool, string) {
+		now, err := c.capacities()
+		if err != nil {
+			return false, err.Error()
+		}
+		return now["n2"] < before["n2"]-size+slack, fmt.Sprintf("before %v, now %v", before, now)
+	})
+	if now, _ := c.capacities(); now["n1"] < before["n1"]-slack {
+		t.Errorf("n1's capacity dropped for a volume on n2: before %v, now %v", before, now)
+	}
+	c.delete(t, "pod", "cap")
+	c.delete(t, "pvc", "cap")
+	eventually(t, 3*time.Minute, "n2's capacity to come back", func() (bool, string) {
+		now, err := c.capacities()
+		if err != nil {
+			return false, err.Error()
+		}
+		return now["n2"] > before["n2"]-slack, fmt.Sprintf("before %v, now %v", before, now)
+	})
+}
+
+// TestVolumeStats compares kubelet's kubelet_volume_stats_* for PVC data
+// with what df sees in a pod.
+func TestVolumeStats(t *testing.T) {
+	c := requireChart(t)
+	c.startPod(t, pod{name: "stats", claim: "data", script: "dd if=/dev/zero of=/data/fill bs=1M count=64 2>/dev/null; sync; sleep 3600"})
+	c.waitPodPhase(t, "stats", "Running", 2*time.Minute)
+	node := c.volumeNode(t, "data")
+	out := c.k(t, "-n", testNS, "exec", "stats", "--", "sh", "-c", "sleep 2; df -k /data")
+	f := strings.Fields(lastLine(out))
+	size, _ := strconv.ParseInt(f[1], 10, 64)
+	used, _ := strconv.ParseInt(f[2], 10, 64)
+	size, used = size<<10, used<<10
+	series := regexp.MustCompile(`(?m)^kubelet_volume_stats_(capacity|used|available)_bytes\{([^}]*)\} (\S+)$`)
+	eventually(t, 90*time.Second, "kubelet volume stats of PVC data on "+node, func() (bool, string) {
+		m, err := c.kubectl("get", "--raw", "/api/v1/nodes/"+node+"/proxy/metrics")
+		if err != nil {
+			return false, err.Error()
+		}
+		got := map[string]float64{}
+		for _, s := range series.FindAllStringSubmatch(m, -1) {
+			if strings.Contains(s[2], `namespace="`+testNS+`"`) && strings.Contains(s[2], `persistentvolumeclaim="data"`) {
+				got[s[1]], _ = strconv.ParseFloat(s[3], 64)
+			}
+		}
+		if len(got) < 3 {
+			return false, fmt.Sprintf("series %v", got)
+		}
+		if int64(got["capacity"]) != size {
+			t.Fatalf("kubelet_volume_stats_capacity_bytes %v, df says %d", got["capacity"], size)
+		}
+		if d := got["used"] - float64(used); d < -(8<<20) || d > 8<<20 {
+			t.Fatalf("kubelet_volume_stats_used_bytes %v, df says %d", got["used"], used)
+		}
+		if got["used"] < 64<<20 {
+			t.Fatalf("kubelet_volume_stats_used_bytes %v after writing 64 MiB", got["used"])
+		}
+		t.Logf("kubelet volume stats %v (df: size %d used %d)", got, size, used)
+		return true, ""
+	})
+	c.delete(t, "pod", "stats")
+}
+
+// TestPluginRestartUnderIO deletes the plugin pod of the volume's node while
+// a pod writes and verifies data: the DaemonSet brings it back and the I/O
+// goes on without error; the volume can still be unpublished afterwards.
+func TestPluginRestartUnderIO(t *testing.T) {
+	c := requireChart(t)
+	c.startPod(t, pod{name: "io", claim: "data", script: `i=0
+while true; do
+  i=$((i+1))
+  if dd if=/dev/urandom of=/tmp/src bs=1M count=4 2>/dev/null &&
+     dd if=/tmp/src of=/data/io bs=1M conv=fsync 2>/dev/null && cmp /tmp/src /data/io; then
+    echo "ok $i"
+  else
+    echo "IOERROR $i"
+  fi
+  sleep 0.2
+done`})
+	c.waitPodPhase(t, "io", "Running", 2*time.Minute)
+	node := c.volumeNode(t, "data")
+	iterations := func() int {
+		out, _ := c.kubectl("-n", testNS, "logs", "io", "--tail=1")
+		f := strings.Fields(out)
+		if len(f) != 2 {
+			return 0
+		}
+		n, _ := strconv.Atoi(f[1])
+		return n
+	}
+	eventually(t, time.Minute, "I/O running", func() (bool, string) { return iterations() >= 3, "" })
+	ready, detail := c.pluginPods(t)
+	old := ready[node]
+	if old == "" {
+		t.Fatalf("no ready plugin pod on %s:%s", node, detail)
+	}
+	c.k(t, "-n", pluginNS, "delete", "pod", old, "--wait=true", "--timeout=120s")
+	eventually(t, 3*time.Minute, "a new ready plugin pod on "+node, func() (bool, string) {
+		ready, detail := c.pluginPods(t)
+		return ready[node] != "" && ready[node] != old, detail
+	})
+	after := iterations()
+	eventually(t, time.Minute, "I/O to go on after the plugin restart", func() (bool, string) {
+		n := iterations()
+		return n >= after+5, fmt.Sprintf("iterations %d, at restart %d", n, after)
+	})
+	if logs := c.logs(t, "io"); strings.Contains(logs, "IOERROR") {
+		t.Errorf("the workload saw I/O errors:\n%s", logs)
+	}
+	c.delete(t, "pod", "io")
+}
+
+// TestUpgradeModifyVolume: helm upgrade to a changed value (a rate-limit
+// tier, a VolumeAttributesClass), then an in-use PVC is moved to the tier.
+// The external-resizer's one elected instance sends ModifyVolume: where it
+// lands on the volume's node and the backend has rate limits (ublk) the
+// tier applies; on the loop backend, or from the other node, the refusal
+// must be a clear event on the PVC.
+func TestUpgradeModifyVolume(t *testing.T) {
+	c := requireChart(t)
+	chart, err := filepath.Abs(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.run("", "helm", "upgrade", release, chart, "--namespace", pluginNS, "--reuse-values",
+		"--set", "volumeAttributesClasses[0].name=gold", "--set", "volumeAttributesClasses[0].maxIOPS=1000",
+		"--set-string", "volumeAttributesClasses[0].maxBandwidth=100Mi")
+	if err != nil {
+		t.Fatalf("helm upgrade: %v\n%s", err, out)
+	}
+	if d := c.jsonpath(t, "{.driverName} {.parameters.maxIOPS}", "get", "volumeattributesclass", "gold"); d != driver+" 1000" {
+		t.Fatalf("VolumeAttributesClass gold after the upgrade: %q", d)
+	}
+	ready, detail := c.pluginPods(t)
+	for _, n := range nodes {
+		if ready[n] == "" {
+			t.Fatalf("plugin pods not ready after the upgrade:%s", detail)
+		}
+	}
+	c.startPod(t, pod{name: "vac", claim: "data", script: "sleep 3600"})
+	c.waitPodPhase(t, "vac", "Running", 2*time.Minute)
+	node := c.volumeNode(t, "data")
+	leader, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
+	if err != nil {
+		t.Logf("no external-resizer lease: %v", err)
+	}
+	t.Logf("volume on %s, external-resizer leader %q", node, leader)
+	c.k(t, "-n", testNS, "patch", "pvc", "data", "--type=merge", "-p", `{"spec":{"volumeAttributesClassName":"gold"}}`)
+	eventually(t, 2*time.Minute, "the tier applied or a clear refusal on PVC data", func() (bool, string) {
+		cur := c.jsonpath(t, "{.status.currentVolumeAttributesClassName} {.status.modifyVolumeStatus}", "-n", testNS, "get", "pvc", "data")
+		if strings.HasPrefix(cur, "gold ") {
+			t.Logf("ModifyVolume applied: %s", cur)
+			return true, ""
+		}
+		ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name=data",
+			"-o", "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message", "--no-headers")
+		for _, l := range strings.Split(ev, "\n") {
+			if strings.HasPrefix(l, "Warning") && strings.Contains(l, "Modify") {
+				t.Logf("ModifyVolume refused with an event: %s (status %s)", strings.Join(strings.Fields(l), " "), cur)
+				return true, ""
+			}
+		}
+		return false, "status " + cur + "\nevents:\n" + ev + "\n(no ModifyVolume was attempted: the external-resizer " +
+			"runs ModifyVolume only for a driver advertising MODIFY_VOLUME, which csi-fastblk does not on the loop backend)"
+	})
+	c.delete(t, "pod", "vac")
+}
+
+// TestCleanup deletes every pod, snapshot and PVC: no PV, snapshot content,
+// volume file, mount or loop device may remain on the nodes.
+func TestCleanup(t *testing.T) {
+	c := requireChart(t)
+	c.k(t, "-n", testNS, "delete", "pods", "--all", "--wait=true", "--timeout=180s")
+	c.k(t, "-n", testNS, "delete", "volumesnapshots", "--all", "--wait=true", "--timeout=180s")
+	c.k(t, "-n", testNS, "delete", "pvc", "--all", "--wait=true", "--timeout=180s")
+	eventually(t, 3*time.Minute, "every PV and VolumeSnapshotContent of the driver to go", func() (bool, string) {
+		pvs, _ := c.kubectl("get", "pv", "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.phase}{\"\\n\"}{end}")
+		vscs, _ := c.kubectl("get", "volumesnapshotcontents", "-o", "name")
+		return strings.TrimSpace(pvs+vscs) == "", "left: " + pvs + vscs
+	})
+	for _, n := range nodes {
+		for _, sub := range []string{"volumes", "snapshots"} {
+			dir := filepath.Join(c.nodeDir(n), "data", sub)
+			ents, err := os.ReadDir(dir)
+			if err != nil {
+				t.Errorf("node %s: %v", n, err)
+				continue
+			}
+			for _, e := range ents {
+				t.Errorf("node %s: %s/%s left behind", n, sub, e.Name())
+			}
+		}
+		for _, l := range strings.Split(c.nodeMounts(t, n), "\n") {
+			if strings.Contains(l, "kubernetes.io~csi") || strings.Contains(l, "/plugins/kubernetes.io/csi/") {
+				t.Errorf("node %s: CSI mount left: %s", n, l)
+			}
+		}
+	}
+	if devs := loopDevicesUnder(t, c.work); len(devs) > 0 {
+		t.Errorf("loop devices still attached to volume files: %v", devs)
+	}
+	c.k(t, "delete", "namespace", testNS, "--wait=true", "--timeout=120s")
+}
