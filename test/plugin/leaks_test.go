@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -84,6 +86,11 @@ func TestLifecycleLeaks(t *testing.T) {
 		cycles = n
 	}
 	p := startPlugin(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			p.undoLeftovers(t)
+		}
+	})
 	for k := range leakWarmup {
 		p.lifecycle(t, k)
 	}
@@ -146,6 +153,26 @@ func linesNotIn(a, b string) string {
 		}
 	}
 	return out.String()
+}
+
+// undoLeftovers unmounts what is mounted below the test's directory and
+// detaches the loop devices of its data directory, so that a failed run
+// leaves the host as it found it.
+func (p *runningPlugin) undoLeftovers(t *testing.T) {
+	b, _ := os.ReadFile("/proc/self/mountinfo")
+	lines := strings.Split(string(b), "\n")
+	for i := len(lines) - 1; i >= 0; i-- { // the last mounted is on top
+		if f := strings.Fields(lines[i]); len(f) > 4 && strings.HasPrefix(f[4], p.dir+"/") {
+			if err := unix.Unmount(f[4], 0); err != nil {
+				t.Logf("clean up: unmount %s: %v", f[4], err)
+			}
+		}
+	}
+	for _, dev := range p.loopDeviceList(t) {
+		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
+			t.Logf("clean up: losetup -d %s: %v %s", dev, err, out)
+		}
+	}
 }
 
 // fsCycles counts the ext4 lifecycles among [from, to).
@@ -421,6 +448,12 @@ func countFiles(t *testing.T, dir string) int64 {
 // plugin's data directory, whatever the plugin itself thinks it owns.
 func (p *runningPlugin) loopDevices(t *testing.T) int64 {
 	t.Helper()
+	return int64(len(p.loopDeviceList(t)))
+}
+
+// loopDeviceList returns the paths of the devices loopDevices counts.
+func (p *runningPlugin) loopDeviceList(t *testing.T) []string {
+	t.Helper()
 	data, err := filepath.EvalSymlinks(filepath.Join(p.dir, "data"))
 	if err != nil {
 		t.Fatal(err)
@@ -429,15 +462,15 @@ func (p *runningPlugin) loopDevices(t *testing.T) int64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n int64
+	var devs []string
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
 			continue // unbound since the glob
 		}
 		if strings.HasPrefix(string(b), data+"/") {
-			n++
+			devs = append(devs, "/dev/"+strings.Split(f, "/")[3])
 		}
 	}
-	return n
+	return devs
 }
