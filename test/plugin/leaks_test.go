@@ -268,7 +268,7 @@ func checkFileIO(t *testing.T, dir string, k int) {
 		t.Fatalf("cycle %d: %v", k, err)
 	}
 	want := pattern(k)
-	if _, err := f.Write(want); err == nil {
+	if _, err = f.Write(want); err == nil {
 		err = f.Sync()
 	}
 	if cerr := f.Close(); err == nil {
