@@ -144,7 +144,12 @@ func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 	v, err := s.d.store.Volume(id)
 	if errors.Is(err, blockdev.ErrNotFound) {
 		// The record is gone; still remove whatever is at the target
-		// so that nothing leaks, then report the missing volume.
+		// so that nothing leaks, then report the missing volume. A
+		// path another volume is staged or published at belongs to
+		// that volume's pod, and stays.
+		if other, ok := s.d.volumeUsedAt(target); ok {
+			return nil, notFound("volume %s not found; %s is volume %s's, left alone", id, target, other)
+		}
 		if cerr := s.d.cleanupTarget(target); cerr != nil {
 			return nil, toStatus(cerr)
 		}

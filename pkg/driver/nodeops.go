@@ -270,6 +270,16 @@ func (d *Driver) cleanupTarget(target string) error {
 	return nil
 }
 
+// volumeUsedAt returns the ID of a volume staged or published at path.
+func (d *Driver) volumeUsedAt(path string) (string, bool) {
+	for _, v := range d.store.Volumes() {
+		if usedAt(v.Node, path) {
+			return v.ID, true
+		}
+	}
+	return "", false
+}
+
 // usedAt reports whether the volume is staged or published at path.
 func usedAt(ns blockdev.NodeState, path string) bool {
 	if path == ns.StagingPath {
