@@ -688,5 +688,8 @@ func TestCleanup(t *testing.T) {
 	if devs := loopDevicesUnder(t, c.work); len(devs) > 0 {
 		t.Errorf("loop devices still attached to volume files: %v", devs)
 	}
+	if devs := staleLoopDevices(t, c.work); len(devs) > 0 {
+		t.Errorf("loop devices left attached to deleted volume files (the plugin deleted the file, not the device): %v", devs)
+	}
 	c.k(t, "delete", "namespace", testNS, "--wait=true", "--timeout=120s")
 }
