@@ -345,6 +345,7 @@ up() {
 	[[ -s $K8S_WORK/images.list ]] || die "$K8S_WORK/images.list missing (REF ARCHIVE lines)"
 	mkdir -p "$K8S_WORK"/{pids,logs}
 	host_state >"$K8S_WORK/host-state.before"
+	losetup -l -n -O NAME >"$K8S_WORK/loop.before" 2>/dev/null || true
 	local d
 	: >"$K8S_WORK/created"
 	for d in "${HOST_DIRS[@]}"; do
@@ -404,6 +405,23 @@ loop_devices() {
 	return 0
 }
 
+# stale_loop_devices prints loop devices attached since up to a deleted
+# volume file of a node: the kernel shows such a file as
+# /volumes/<id>.img (deleted), relative to the nodes' data directory mount,
+# on the filesystem of $K8S_WORK. The plugin deleted the file and left the
+# device attached.
+stale_loop_devices() {
+	local dev name majmin file
+	dev=$(stat -c %d "$K8S_WORK")
+	while read -r name majmin file; do
+		[[ $file =~ ^/volumes/v[0-9a-f]+\.img\ \(deleted\)$ ]] || continue
+		grep -qx "$name" "$K8S_WORK/loop.before" 2>/dev/null && continue
+		local maj=${majmin%%:*} min=${majmin##*:}
+		(((maj << 8 | (min & 0xff) | (min & ~0xff) << 12) == dev)) && echo "$name"
+	done < <(losetup -l -n -O NAME,BACK-MAJ:MIN,BACK-FILE 2>/dev/null)
+	return 0
+}
+
 down() {
 	local n p pids d fail=0
 	[[ -d $K8S_WORK ]] || { log "nothing to tear down"; return 0; }
@@ -433,6 +451,11 @@ down() {
 	for d in $(loop_devices); do
 		log "detaching $d (backing file under $K8S_WORK)"
 		losetup -d "$d" || true
+	done
+	for d in $(stale_loop_devices); do
+		log "leak: the plugin left $d attached to a deleted volume file ($(losetup -n -O BACK-FILE "$d")); detaching"
+		losetup -d "$d" || true
+		fail=1
 	done
 	# 4. cgroups, deepest first.
 	for d in /sys/fs/cgroup/*/"$NS_PREFIX"-*; do
@@ -465,6 +488,8 @@ leak_check() {
 	# A device busy when detached goes when its last mount does.
 	for _ in $(seq 20); do x=$(loop_devices); [[ -z $x ]] && break; sleep 0.5; done
 	[[ -z $x ]] || { log "leak: loop devices $x"; fail=1; }
+	x=$(stale_loop_devices)
+	[[ -z $x ]] || { log "leak: loop devices of deleted volume files $x"; fail=1; }
 	x=$(ip netns list | grep "^$NS_PREFIX-" || true)
 	[[ -z $x ]] || { log "leak: network namespaces $x"; fail=1; }
 	x=$(ls -d /sys/fs/cgroup/*/"$NS_PREFIX"-* 2>/dev/null || true)

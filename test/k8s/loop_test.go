@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -54,6 +55,43 @@ func loopDevicesUnder(t *testing.T, dir string) []string {
 		dev := (minor & 0xff) | (maj << 8) | ((minor &^ 0xff) << 12)
 		if files[fileID{dev, ino}] {
 			devs = append(devs, f[0])
+		}
+	}
+	return devs
+}
+
+// staleLoopDevices lists loop devices attached to a deleted volume file of
+// a node: the kernel shows it as /volumes/<id>.img (deleted), relative to
+// the node's data directory mount, on the filesystem of dir.
+func staleLoopDevices(t *testing.T, dir string) []string {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command("losetup", "-l", "-n", "-O", "NAME,BACK-MAJ:MIN,BACK-FILE").Output()
+	if err != nil {
+		t.Fatalf("losetup: %v", err)
+	}
+	deleted := regexp.MustCompile(`^/volumes/v[0-9a-f]+\.img \(deleted\)$`)
+	var devs []string
+	for _, l := range strings.Split(string(out), "\n") {
+		f := strings.SplitN(strings.TrimSpace(l), " ", 2)
+		if len(f) != 2 {
+			continue
+		}
+		rest := strings.SplitN(strings.TrimSpace(f[1]), " ", 2)
+		if len(rest) != 2 || !deleted.MatchString(strings.TrimSpace(rest[1])) {
+			continue
+		}
+		majMin := strings.SplitN(rest[0], ":", 2)
+		if len(majMin) != 2 {
+			continue
+		}
+		maj, _ := strconv.ParseUint(majMin[0], 10, 32)
+		minor, _ := strconv.ParseUint(majMin[1], 10, 32)
+		if (minor&0xff)|(maj<<8)|((minor&^0xff)<<12) == st.Dev {
+			devs = append(devs, f[0]+" "+strings.TrimSpace(rest[1]))
 		}
 	}
 	return devs

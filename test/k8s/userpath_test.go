@@ -124,6 +124,9 @@ func TestHelmInstall(t *testing.T) {
 			return true, ""
 		})
 	})
+	if !t.Failed() {
+		c.k(t, "create", "namespace", testNS)
+	}
 	installed = !t.Failed()
 }
 
@@ -235,7 +238,6 @@ func firstLines(s string, n int) string {
 // second pod reads the same data.
 func TestWriteRead(t *testing.T) {
 	c := requireChart(t)
-	c.k(t, "create", "namespace", testNS)
 	c.apply(t, pvc("data", "1Gi", ""))
 	time.Sleep(2 * time.Second)
 	if phase := c.jsonpath(t, "{.status.phase}", "-n", testNS, "get", "pvc", "data"); phase != "Pending" {
@@ -384,6 +386,59 @@ spec:
 		t.Logf("PVC %s on node %s (source on %s)", claim, c.volumeNode(t, claim), source)
 		c.delete(t, "pod", name)
 	}
+}
+
+// TestRestoreFollowsSource restores snapshots of a volume on each node into
+// unpinned pods: a node-local snapshot can only be restored on its node, so
+// the restore must end there (the scheduler knows nothing of snapshots; a
+// provisioner on the other node must send it back, e.g. ResourceExhausted,
+// the one code the external-provisioner reschedules on).
+func TestRestoreFollowsSource(t *testing.T) {
+	c := requireChart(t)
+	for _, n := range nodes {
+		t.Run(n, func(t *testing.T) {
+			src, snap := "src-"+n, "snap-"+n
+			c.apply(t, pvc(src, "256Mi", ""))
+			c.startPod(t, pod{name: "w-" + n, claim: src, node: n, restartNever: true,
+				script: "echo " + n + " > /data/f; sha256sum /data/f > /data/f.sha256; sync"})
+			c.waitPodPhase(t, "w-"+n, "Succeeded", 2*time.Minute)
+			c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: %s, namespace: %s}
+spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}}
+`, snap, testNS, src))
+			eventually(t, 2*time.Minute, "VolumeSnapshot "+snap+" ready", func() (bool, string) {
+				out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", snap, "-o", "jsonpath={.status.readyToUse}")
+				return out == "true", out
+			})
+			for i := 1; i <= 2; i++ {
+				name := fmt.Sprintf("r%d-%s", i, n)
+				c.apply(t, pvc(name, "256Mi", "  dataSource: {name: "+snap+", kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
+				c.startPod(t, pod{name: name, claim: name, restartNever: true, script: "sha256sum -c /data/f.sha256"})
+			}
+			for i := 1; i <= 2; i++ {
+				name := fmt.Sprintf("r%d-%s", i, n)
+				eventually(t, 2*time.Minute, "restore "+name+" of a snapshot on "+n, func() (bool, string) {
+					phase, _ := c.kubectl("-n", testNS, "get", "pod", name, "-o", "jsonpath={.status.phase} {.spec.nodeName}")
+					if strings.HasPrefix(phase, "Failed") {
+						t.Fatalf("pod %s failed:\n%s", name, c.describe(name))
+					}
+					ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name="+name,
+						"-o", "custom-columns=REASON:.reason,MESSAGE:.message,COUNT:.count", "--no-headers")
+					node, _ := c.kubectl("-n", testNS, "get", "pvc", name, "-o", "jsonpath={.metadata.annotations.volume\\.kubernetes\\.io/selected-node}")
+					return strings.HasPrefix(phase, "Succeeded"), "pod " + phase + ", PVC for node " + node + ", PVC events:\n" + lastLines(ev, 2)
+				})
+			}
+		})
+	}
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimSpace(s), "\n")
+	if len(l) > n {
+		l = l[len(l)-n:]
+	}
+	return strings.Join(l, "\n")
 }
 
 // TestRawBlock writes and reads a raw block PVC in a pod.
@@ -603,12 +658,14 @@ func TestUpgradeModifyVolume(t *testing.T) {
 func TestCleanup(t *testing.T) {
 	c := requireChart(t)
 	c.k(t, "-n", testNS, "delete", "pods", "--all", "--wait=true", "--timeout=180s")
+	// PVCs first: one still being restored holds its snapshot.
+	c.k(t, "-n", testNS, "delete", "pvc", "--all", "--wait=false")
 	c.k(t, "-n", testNS, "delete", "volumesnapshots", "--all", "--wait=true", "--timeout=180s")
-	c.k(t, "-n", testNS, "delete", "pvc", "--all", "--wait=true", "--timeout=180s")
-	eventually(t, 3*time.Minute, "every PV and VolumeSnapshotContent of the driver to go", func() (bool, string) {
+	eventually(t, 3*time.Minute, "every PVC, PV and VolumeSnapshotContent to go", func() (bool, string) {
+		pvcs, _ := c.kubectl("-n", testNS, "get", "pvc", "-o", "name")
 		pvs, _ := c.kubectl("get", "pv", "-o", "jsonpath={range .items[*]}{.metadata.name} {.status.phase}{\"\\n\"}{end}")
 		vscs, _ := c.kubectl("get", "volumesnapshotcontents", "-o", "name")
-		return strings.TrimSpace(pvs+vscs) == "", "left: " + pvs + vscs
+		return strings.TrimSpace(pvcs+pvs+vscs) == "", "left: " + pvcs + pvs + vscs
 	})
 	for _, n := range nodes {
 		for _, sub := range []string{"volumes", "snapshots"} {
@@ -630,6 +687,9 @@ func TestCleanup(t *testing.T) {
 	}
 	if devs := loopDevicesUnder(t, c.work); len(devs) > 0 {
 		t.Errorf("loop devices still attached to volume files: %v", devs)
+	}
+	if devs := staleLoopDevices(t, c.work); len(devs) > 0 {
+		t.Errorf("loop devices left attached to deleted volume files (the plugin deleted the file, not the device): %v", devs)
 	}
 	c.k(t, "delete", "namespace", testNS, "--wait=true", "--timeout=120s")
 }
