@@ -103,8 +103,8 @@ kube() {
 	mark "$id"
 }
 
-# Each sidecar: image reference (the chart's value), git repository under
-# $SIDECAR_GIT, tag, command. The tags are read from the chart's values.yaml.
+# Each sidecar: image reference (the chart's value), repository, tag,
+# command. The tags are read from the chart's values.yaml.
 sidecar_list() {
 	local v=$ROOT/charts/csi-fastblk/values.yaml
 	val() { awk -v s="$1:" '$1 == s {f = 1} f && $1 == "tag:" {print $2; exit}' "$v"; }
@@ -116,25 +116,21 @@ sidecar_list() {
 	echo "registry.k8s.io/sig-storage/livenessprobe livenessprobe $(val livenessProbe) livenessprobe"
 }
 
-# sidecars builds each sidecar's static binary from its repository at the
-# chart's tag, with the repository's vendored dependencies.
+# sidecars checks that each sidecar's static binary, at the chart's tag, is
+# in $K8S_BIN/sidecars. Building them is an open problem: the Go module
+# proxy this project may use serves external-provisioner/v6 and
+# external-snapshotter/v8 only, and those replace their own submodules with
+# local paths (no `go install`), while external-resizer, node-driver-
+# registrar and livenessprobe are not served at all at these tags (their v2
+# module paths lack /v2). Until that is solved, whoever runs e2e-k8s puts
+# the six binaries there.
 sidecars() {
-	local ref repo tag cmd git src
+	local ref repo tag cmd missing=()
 	while read -r ref repo tag cmd; do
 		[[ -n $tag ]] || die "no tag for $ref in values.yaml"
-		[[ -x $K8S_BIN/sidecars/$cmd-$tag ]] && continue
-		git=$SIDECAR_GIT/kubernetes-csi+$repo/repo
-		[[ -d $git ]] || die "no git repository of kubernetes-csi/$repo at $git (set SIDECAR_GIT)"
-		src=$K8S_CACHE/src/$repo-$tag
-		if [[ ! -d $src ]]; then
-			mkdir -p "$src.tmp"
-			git -C "$git" archive "$tag" | tar -x -C "$src.tmp"
-			mv "$src.tmp" "$src"
-		fi
-		log "building $cmd $tag"
-		(cd "$src" && CGO_ENABLED=0 go build -mod=vendor -trimpath -ldflags "-s -w -X main.version=$tag" \
-			-o "$K8S_BIN/sidecars/$cmd-$tag" "./cmd/$cmd")
+		[[ -x $K8S_BIN/sidecars/$cmd-$tag ]] || missing+=("$cmd-$tag (kubernetes-csi/$repo)")
 	done < <(sidecar_list)
+	((${#missing[@]} == 0)) || die "CSI sidecar binaries missing from $K8S_BIN/sidecars: ${missing[*]}; the Go module proxy does not serve them buildable (see sidecars in hack/k8s/install.sh)"
 }
 
 # oci_image REF ROOTFS entrypoint|cmd ARGS... writes $K8S_CACHE/images/<name>-<tag>.oci.tar,

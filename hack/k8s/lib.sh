@@ -7,12 +7,8 @@ KUBE_VERSION=v1.36.3
 K8S_CACHE="${K8S_CACHE:-/var/cache/csi-fastblk-k8s}"
 K8S_WORK="${K8S_WORK:-/var/lib/csi-fastblk-k8s}"
 K8S_BIN="$K8S_CACHE/bin"
-# Git repositories of the CSI sidecars (kubernetes-csi/<repo>), read with
-# `git archive <tag>`: node-driver-registrar and livenessprobe are not
-# fetchable as Go modules at v2 tags (their module paths lack /v2), and the
-# others replace their own submodules with local paths. Each repository
-# vendors its dependencies, so a build needs no network.
-SIDECAR_GIT="${SIDECAR_GIT:-/work/.mirror}"
+# The CSI sidecars' binaries, one per chart tag, as
+# $K8S_BIN/sidecars/<command>-<tag> (see sidecars in install.sh).
 
 log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
