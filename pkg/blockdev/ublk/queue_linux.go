@@ -265,9 +265,6 @@ func (q *Queue) Stop() {
 	}
 }
 
-// Private reports whether the queue has a server thread of its own.
-func (q *Queue) Private() bool { return q.private }
-
 // Thread returns the server thread serving the queue.
 func (q *Queue) Thread() *Thread { return q.thread }
 
