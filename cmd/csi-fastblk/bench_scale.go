@@ -35,6 +35,9 @@ type scaleConfig struct {
 	dir        string // work directory on the data disk
 	params     string // csi: StorageClass parameters, k=v,k=v
 	mkfsSample int    // csi: volumes staged with ext4 to time stage + mkfs
+	// latProbe runs the first device at iodepth 1 on its own and
+	// reports its latency percentiles (the others run as configured).
+	latProbe bool
 }
 
 // runBenchScale runs fio (4k random at a small depth on every device at
@@ -46,7 +49,7 @@ func runBenchScale(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench scale", flag.ContinueOnError)
 	var c scaleConfig
 	var size string
-	fs.StringVar(&c.mode, "mode", "csi", "csi (volumes through the plugin) or loop (kernel loop devices with direct I/O)")
+	fs.StringVar(&c.mode, "mode", "csi", "csi (volumes through the plugin), loop (kernel loop devices with direct I/O) or file (fio on the files themselves, direct I/O: the data disk's own figures)")
 	fs.StringVar(&c.endpoint, "endpoint", "unix:///tmp/csi-fastblk.sock", "the plugin's CSI endpoint (mode csi)")
 	fs.IntVar(&c.pid, "pid", 0, "the plugin's pid, for its threads, RSS and CPU (mode csi)")
 	fs.IntVar(&c.volumes, "volumes", 16, "volumes (devices) busy at once")
@@ -61,6 +64,7 @@ func runBenchScale(ctx context.Context, args []string) error {
 	fs.StringVar(&c.dir, "dir", "/data/scale", "work directory (backing files, staging and target paths)")
 	fs.StringVar(&c.params, "params", "", "StorageClass parameters of the volumes, k=v,k=v (mode csi)")
 	fs.IntVar(&c.mkfsSample, "mkfs-sample", 4, "volumes also staged with ext4, to time stage with its first mkfs (mode csi)")
+	fs.BoolVar(&c.latProbe, "lat-probe", false, "run the first device at iodepth 1 and print a LAT line of its latency percentiles (the others run as --iodepth says)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -77,10 +81,10 @@ func runBenchScale(ctx context.Context, args []string) error {
 	switch c.mode {
 	case "csi":
 		return scaleCSI(ctx, c)
-	case "loop":
+	case "loop", "file":
 		return scaleLoop(ctx, c)
 	}
-	return fmt.Errorf("bench scale: --mode %q: want csi or loop", c.mode)
+	return fmt.Errorf("bench scale: --mode %q: want csi, loop or file", c.mode)
 }
 
 // scaleCSI measures csi-fastblk volumes through the plugin.
@@ -190,12 +194,14 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 }
 
 // scaleLoop measures kernel loop devices with direct I/O on files of the
-// same size.
+// same size, or (mode file) the files themselves.
 func scaleLoop(ctx context.Context, c scaleConfig) error {
 	var devs []string
 	defer func() {
 		for _, d := range devs {
-			exec.Command(c.losetup, "-d", d).Run()
+			if c.mode == "loop" {
+				exec.Command(c.losetup, "-d", d).Run()
+			}
 		}
 	}()
 	for i := range c.volumes {
@@ -207,6 +213,10 @@ func scaleLoop(ctx context.Context, c scaleConfig) error {
 			return err
 		}
 		defer os.Remove(file)
+		if c.mode == "file" {
+			devs = append(devs, file)
+			continue
+		}
 		out, err := exec.CommandContext(ctx, c.losetup, "--direct-io=on", "--find", "--show", file).Output()
 		if err != nil {
 			return fmt.Errorf("losetup %s: %w", file, err)
@@ -228,7 +238,16 @@ func scaleLoop(ctx context.Context, c scaleConfig) error {
 type fioResult struct {
 	iops  float64
 	total uint64 // I/Os completed
+	// With latProbe: the probe's IOPS and its completion latency
+	// percentiles (50, 99, 99.9) in microseconds; iops and total are then
+	// the other devices'.
+	probeIOPS float64
+	lat       [3]float64
 }
+
+// latPercentiles are the keys of fio's clat_ns percentiles the LAT line
+// reports (fio's default list has all three).
+var latPercentiles = [3]string{"50.000000", "99.000000", "99.900000"}
 
 // fill writes every device once, so that reads hit real blocks and writes
 // overwrite, in both modes alike.
@@ -250,18 +269,27 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 		"--norandommap", "--randrepeat=0", "--group_reporting", "--output-format=json"}
 	for i, d := range devs {
 		args = append(args, fmt.Sprintf("--name=v%d", i), "--filename="+d)
+		if c.latProbe && i == 0 {
+			// A group of its own, at depth 1: fio reports it apart.
+			args = append(args, "--iodepth=1", "--numjobs=1")
+		}
+		if c.latProbe && i == 1 {
+			args = append(args, "--new_group")
+		}
 	}
 	out, err := exec.CommandContext(ctx, c.fio, args...).Output()
 	if err != nil {
 		return fioResult{}, fmt.Errorf("fio: %w", err)
 	}
+	type side struct {
+		IOPS     float64 `json:"iops"`
+		TotalIOs uint64  `json:"total_ios"`
+		Clat     struct {
+			Percentile map[string]float64 `json:"percentile"`
+		} `json:"clat_ns"`
+	}
 	var res struct {
-		Jobs []struct {
-			Read, Write struct {
-				IOPS     float64 `json:"iops"`
-				TotalIOs uint64  `json:"total_ios"`
-			}
-		} `json:"jobs"`
+		Jobs []struct{ Read, Write side } `json:"jobs"`
 	}
 	if i := strings.IndexByte(string(out), '{'); i > 0 {
 		out = out[i:] // fio may print notes before the JSON
@@ -270,14 +298,39 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 		return fioResult{}, fmt.Errorf("fio output: %w", err)
 	}
 	var r fioResult
-	for _, j := range res.Jobs {
+	jobs := res.Jobs
+	if c.latProbe {
+		if len(jobs) == 0 {
+			return r, fmt.Errorf("fio output: no jobs")
+		}
+		p := jobs[0].Read
+		if jobs[0].Write.TotalIOs > p.TotalIOs {
+			p = jobs[0].Write
+		}
+		r.probeIOPS = p.IOPS
+		for i, k := range latPercentiles {
+			ns, ok := p.Clat.Percentile[k]
+			if !ok {
+				return r, fmt.Errorf("fio output: no %s percentile", k)
+			}
+			r.lat[i] = ns / 1e3
+		}
+		jobs = jobs[1:]
+	}
+	for _, j := range jobs {
 		r.iops += j.Read.IOPS + j.Write.IOPS
 		r.total += j.Read.TotalIOs + j.Write.TotalIOs
 	}
 	return r, nil
 }
 
+// describe prints the run's figures: a SCALE line, or with latProbe a LAT
+// line of the probe's latency (busy: how many other devices ran).
 func (c scaleConfig) describe(r fioResult) string {
+	if c.latProbe {
+		return fmt.Sprintf("LAT mode=%s volumes=%d rw=%s bs=%s busy=%d probe_iops=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f iops=%.0f",
+			c.mode, c.volumes, c.rw, c.bs, c.volumes-1, r.probeIOPS, r.lat[0], r.lat[1], r.lat[2], r.iops)
+	}
 	return fmt.Sprintf("SCALE mode=%s volumes=%d rw=%s bs=%s iodepth=%d jobs=%d iops=%.0f", c.mode, c.volumes, c.rw, c.bs, c.iodepth, c.jobs, r.iops)
 }
 

@@ -11,15 +11,24 @@
 #
 # Usage: hack/vm/bench-scale.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                               [--volumes 'N...'] [--rw 'randread randwrite']
-#                               [--compare]
+#                               [--compare] [--variants 'LABEL[=FLAGS]...'] [--no-loop]
 #   --compare   also measure the thread-per-queue design (--ublk-thread-per-queue)
+#   --variants  the plugin set-ups to measure (default shared, or shared and
+#               perqueue with --compare): LABEL=FLAGS runs the plugin with
+#               serve FLAGS joined by '+' (hidden benchmark flags such as
+#               --ublk-ablate=reap-one or --ublk-thread-tags=1024)
+#   --no-loop   leave out the kernel loop devices
+#   --lat       also the latency probe: 4k at iodepth 1 on one device, alone and
+#               with 15 others busy at iodepth 4 (p50/p99/p99.9), for each
+#               design, loop, and the backing files themselves ("file")
+#   --lat-only  only the latency probe
 # Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
 #   (default bin/vm).
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0 variants="" loop=1 lat=0 noscale=0
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -28,6 +37,10 @@ while (($#)); do
 	--volumes) volumes=${2:?}; shift 2 ;;
 	--rw) rws=${2:?}; shift 2 ;;
 	--compare) compare=1; shift ;;
+	--variants) variants=${2:?}; shift 2 ;;
+	--no-loop) loop=0; shift ;;
+	--lat) lat=1; shift ;;
+	--lat-only) lat=1 noscale=1; shift ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
@@ -38,10 +51,15 @@ if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
 	"$VM_DIR/kernels.sh"
 	"$VM_DIR/initramfs.sh"
 fi
-nlabels=$((2 + compare))
+nlabels=$((1 + compare + loop))
+[[ -n $variants ]] && nlabels=$(($(wc -w <<<"$variants") + loop))
+[[ $variants != *\'* && $variants != *'"'* ]] || die "--variants: no quotes"
+
 nruns=$((nlabels * $(wc -w <<<"$rws") * (1 + $(wc -w <<<"$volumes"))))
+nruns=$((nruns * (1 - noscale) + lat * (nlabels + loop) * $(wc -w <<<"$rws") * 2))
 timeout=$((reps * nruns * (runtime + 60) + 600))
 guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SCALE_VOLUMES='$volumes' BENCH_SCALE_RW='$rws' BENCH_SCALE_COMPARE=$compare"
+guest+=" BENCH_SCALE_VARIANTS='$variants' BENCH_SCALE_LOOP=$loop BENCH_SCALE_LAT=$lat BENCH_SCALE_NOSCALE=$noscale"
 guest+=" /opt/fastblk/vm/bench-scale.sh"
 
 # table LOG prints, per workload, device kind and volume count, the median
@@ -69,7 +87,7 @@ table() {
 	/^SCALE / && $4 == "failed" { failed++ }
 	END {
 		for (i = 2; i <= nv; i++) for (j = i; j > 1 && vols[j-1] > vols[j]; j--) { t = vols[j]; vols[j] = vols[j-1]; vols[j-1] = t }
-		printf "  %-9s %-8s %7s %9s %6s %6s %7s %7s %8s %8s %11s %11s\n", "rw", "design", "volumes", "iops", "share", "/loop",
+		printf "  %-9s %-14s %7s %9s %6s %6s %7s %7s %8s %8s %11s %11s\n", "rw", "design", "volumes", "iops", "share", "/loop",
 			"threads", "rss_mib", "cpu_us/io", "ctxsw/io", "attach_ms", "stage+mkfs"
 		for (a = 1; a <= nrw; a++) for (b = 1; b <= nl; b++) for (c = 1; c <= nv; c++) {
 			r = rw[a]; l = labels[b]; v = vols[c]; key = r SUBSEP l SUBSEP v
@@ -79,13 +97,50 @@ table() {
 			vsloop = (l != "loop" && lp > 0) ? sprintf("%.2f", m / lp) : "-"
 			att = ((key, "attach_ms_median") in fig) ? sprintf("%s/%s", median(fig[key, "attach_ms_median"]), median(fig[key, "attach_ms_max"])) : "-"
 			stg = ((key, "stage_mkfs_ms_median") in fig) ? sprintf("%s/%s", median(fig[key, "stage_mkfs_ms_median"]), median(fig[key, "stage_mkfs_ms_max"])) : "-"
-			printf "  %-9s %-8s %7d %9.0f %6s %6s %7s %7s %8s %8s %11s %11s\n", r, l, v, m, share, vsloop,
+			printf "  %-9s %-14s %7d %9.0f %6s %6s %7s %7s %8s %8s %11s %11s\n", r, l, v, m, share, vsloop,
 				median(fig[key, "threads"]) == "" ? "-" : median(fig[key, "threads"]),
 				median(fig[key, "rss_mib"]) == "" ? "-" : median(fig[key, "rss_mib"]),
 				median(fig[key, "cpu_us_per_io"]) == "" ? "-" : median(fig[key, "cpu_us_per_io"]),
 				median(fig[key, "ctxsw_per_io"]) == "" ? "-" : median(fig[key, "ctxsw_per_io"]), att, stg
 		}
 		if (failed) printf "  (%d runs failed: see the log)\n", failed
+	}' "$1"
+}
+
+# lattable LOG prints, per workload, design and busy count, the probe's
+# median p50/p99/p99.9 completion latency (us) and its p50 and p99 as a
+# ratio of loop's in the same run.
+lattable() {
+	awk '
+	function median(list,   n, v, i, j, t) {
+		n = split(list, v, " ")
+		for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j-1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j-1]; v[j-1] = t }
+		if (n == 0) return ""
+		return n % 2 ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
+	}
+	/^LAT / && $4 != "failed" {
+		label = $3; delete kv
+		for (i = 4; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] }
+		key = kv["rw"] SUBSEP label SUBSEP kv["busy"]
+		if (!(kv["rw"] in seenrw)) { seenrw[kv["rw"]] = 1; rw[++nrw] = kv["rw"] }
+		if (!(label in seenl)) { seenl[label] = 1; labels[++nl] = label }
+		if (!(kv["busy"] in seenb)) { seenb[kv["busy"]] = 1; busy[++nb] = kv["busy"] + 0 }
+		for (f in kv) if (f ~ /^p[0-9]+_us$/) fig[key, f] = fig[key, f] " " kv[f]
+	}
+	END {
+		if (nl == 0) exit
+		printf "\n  latency of one device at iodepth 1 (us), alone (busy 0) and with others at iodepth 4\n"
+		printf "  %-9s %-14s %5s %9s %9s %9s %9s %9s\n", "rw", "design", "busy", "p50", "p99", "p99.9", "p50/loop", "p99/loop"
+		for (a = 1; a <= nrw; a++) for (b = 1; b <= nl; b++) for (c = 1; c <= nb; c++) {
+			key = rw[a] SUBSEP labels[b] SUBSEP busy[c]
+			if (!((key, "p50_us") in fig)) continue
+			lk = rw[a] SUBSEP "loop" SUBSEP busy[c]
+			p50 = median(fig[key, "p50_us"]); p99 = median(fig[key, "p99_us"]); p999 = median(fig[key, "p999_us"])
+			l50 = ((lk, "p50_us") in fig) ? median(fig[lk, "p50_us"]) : 0
+			l99 = ((lk, "p99_us") in fig) ? median(fig[lk, "p99_us"]) : 0
+			printf "  %-9s %-14s %5d %9.1f %9.1f %9.1f %9s %9s\n", rw[a], labels[b], busy[c], p50, p99, p999,
+				(l50 > 0) ? sprintf("%.2f", p50 / l50) : "-", (l99 > 0) ? sprintf("%.2f", p99 / l99) : "-"
+		}
 	}' "$1"
 }
 
@@ -107,6 +162,7 @@ for k in "${kernels[@]}"; do
 	((status[$k] == 0)) || failed=1
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
 	grep -a -E '^bench-scale: ' "$log" | sed 's/^/  /' | head -20 || true
-	table "$log"
+	((noscale)) || table "$log"
+	lattable "$log"
 done
 exit "$failed"

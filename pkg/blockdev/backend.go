@@ -49,6 +49,13 @@ type BackendConfig struct {
 	// design before shared threads, for benchmark comparisons.
 	Threads        int
 	ThreadPerQueue bool
+	// Benchmark knobs (ublk only; zero: the product's defaults):
+	// ThreadTags sizes each server thread (ublk.ThreadConfig.Tags),
+	// ZeroCopy is "auto", "on" or "off", and Ablate lists techniques to
+	// switch off (ublk.ParseAblation).
+	ThreadTags int
+	ZeroCopy   string
+	Ablate     string
 	// UblkControl is the ublk control device whose presence makes "auto"
 	// try ublk ("" = /dev/ublk-control). The ublk backend itself always
 	// opens /dev/ublk-control; tests point this elsewhere to exercise the

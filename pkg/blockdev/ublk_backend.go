@@ -44,12 +44,25 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 			return nil, ublkErr("ublk backend", err)
 		}
 	}
+	var zc ublk.Mode // "": auto
+	if cfg.ZeroCopy != "" {
+		var err error
+		if zc, err = ublk.ParseMode("ublk zero copy", cfg.ZeroCopy); err != nil {
+			return nil, ublkErr("ublk backend", err)
+		}
+	}
+	ablation, err := ublk.ParseAblation(cfg.Ablate)
+	if err != nil {
+		return nil, ublkErr("ublk backend", err)
+	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir: filepath.Join(cfg.DataDir, UblkStateDir),
 		Owner:    cfg.Owner,
 		BatchIO:  batch,
+		ZeroCopy: zc,
 		Threads:  cfg.Threads, ThreadPerQueue: cfg.ThreadPerQueue,
-		Queue: ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
+		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation},
+		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 		ThreadRoom: func() (int64, error) {
 			room, err := PidsHeadroom(os.Getpid())
 			if err != nil {

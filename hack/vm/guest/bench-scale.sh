@@ -13,7 +13,17 @@
 # (default "randread randwrite"), BENCH_SCALE_DEPTH (per volume, default 4),
 # BENCH_SCALE_ANCHOR (default "2x32"), BENCH_RUNTIME (default 10),
 # BENCH_REPS (default 3), BENCH_SCALE_SIZE (default 64Mi),
-# BENCH_SCALE_COMPARE (1: also the thread-per-queue design).
+# BENCH_SCALE_COMPARE (1: also the thread-per-queue design),
+# BENCH_SCALE_VARIANTS (plugin set-ups to measure instead: space-separated
+# LABEL or LABEL=FLAGS, FLAGS being serve flags (or NAME=VALUE for its
+# environment) joined by '+', e.g.
+# "shared ring1k=--ublk-thread-tags=1024 each=--ublk-ablate=submit-each"),
+# BENCH_SCALE_LOOP (0: leave out the kernel loop devices),
+# BENCH_SCALE_LAT (1: also the latency probe: one device at iodepth 1 alone
+# and with BENCH_SCALE_LAT_BUSY others at iodepth DEPTH, default 15, its
+# p50/p99/p99.9 printed as LAT lines; with loop, the backing files
+# themselves ("file", direct I/O) are measured too), BENCH_SCALE_NOSCALE
+# (1: only the latency probe).
 . /opt/fastblk/vm/lib.sh
 VOLUMES=${BENCH_SCALE_VOLUMES:-"1 16 64"}
 RWS=${BENCH_SCALE_RW:-"randread randwrite"}
@@ -35,13 +45,22 @@ stop_plugin() {
 trap stop_plugin EXIT
 
 # start_plugin LABEL ARGS starts csi-fastblk serve with ARGS on a fresh data
-# directory and waits for its socket.
+# directory and waits for its socket. Words of ARGS of the form NAME=VALUE
+# (not flags) go to its environment (GOMAXPROCS=4).
 start_plugin() {
 	rm -rf "$FASTBLK_DATA/scale-$1" "$SOCK"
 	mkdir -p "$FASTBLK_DATA/scale-$1"
+	_env="" _flags=""
+	for w in $2; do
+		case $w in
+		-*) _flags="$_flags $w" ;;
+		*=*) _env="$_env $w" ;;
+		*) _flags="$_flags $w" ;;
+		esac
+	done
 	# shellcheck disable=SC2086
-	$BIN serve --endpoint "unix://$SOCK" --node-id bench --data-dir "$FASTBLK_DATA/scale-$1/data" --backend ublk \
-		--dev-dir "/tmp/scale-dev-$1" --metrics-address 127.0.0.1:0 --max-volumes-per-node 256 $2 \
+	env $_env $BIN serve --endpoint "unix://$SOCK" --node-id bench --data-dir "$FASTBLK_DATA/scale-$1/data" --backend ublk \
+		--dev-dir "/tmp/scale-dev-$1" --metrics-address 127.0.0.1:0 --max-volumes-per-node 256 $_flags \
 		>"/tmp/scale-$1.log" 2>&1 &
 	PLUGIN_PID=$!
 	i=0
@@ -59,26 +78,50 @@ run() {
 	_rep=$1 _label=$2
 	shift 2
 	if out=$($BIN bench scale --runtime "$RUNTIME" --size "$SIZE" --dir "$FASTBLK_DATA/scale-work" "$@" 2>&1); then
-		echo "$out" | sed -n "s/^SCALE /SCALE $_rep $_label /p"
+		echo "$out" | sed -n -e "s/^SCALE /SCALE $_rep $_label /p" -e "s/^LAT /LAT $_rep $_label /p"
 	else
 		echo "bench-scale: $_label $*: $out"
 		echo "SCALE $_rep $_label failed iops=-"
 	fi
 }
 
-labels="shared"
-[ "${BENCH_SCALE_COMPARE:-0}" = 1 ] && labels="shared perqueue"
+variants=${BENCH_SCALE_VARIANTS:-shared}
+[ -z "${BENCH_SCALE_VARIANTS:-}" ] && [ "${BENCH_SCALE_COMPARE:-0}" = 1 ] && variants="shared perqueue"
+labels=""
+for v in $variants; do labels="$labels ${v%%=*}"; done
+[ "${BENCH_SCALE_LOOP:-1}" = 1 ] && labels="$labels loop"
+[ "${BENCH_SCALE_LOOP:-1}" = 1 ] && [ "${BENCH_SCALE_LAT:-0}" = 1 ] && labels="$labels file"
+LAT_BUSY=${BENCH_SCALE_LAT_BUSY:-15}
+
+# flags_of LABEL prints the serve flags of a variant.
+flags_of() {
+	case $1 in
+	shared) return 0 ;;
+	perqueue) echo "--ublk-thread-per-queue"; return 0 ;;
+	esac
+	for v in $variants; do
+		[ "${v%%=*}" = "$1" ] && [ "$v" != "$1" ] && echo "${v#*=}" | tr '+' ' '
+	done
+}
 jobs=${ANCHOR%x*} adepth=${ANCHOR#*x}
 rep=1
 while [ $rep -le "$REPS" ]; do
-	for label in $labels loop; do
-		case $label in
-		shared) start_plugin shared "" || exit 1 ;;
-		perqueue) start_plugin perqueue "--ublk-thread-per-queue" || exit 1 ;;
-		esac
+	for label in $labels; do
 		mode=csi
-		[ $label = loop ] && mode=loop
+		case $label in
+		loop | file) mode=$label ;;
+		*) start_plugin "$label" "$(flags_of "$label")" || exit 1 ;;
+		esac
+		if [ "${BENCH_SCALE_LAT:-0}" = 1 ]; then
+			for rw in $RWS; do
+				for n in 1 $((LAT_BUSY + 1)); do
+					run $rep $label --mode $mode --pid "${PLUGIN_PID:-0}" --endpoint "unix://$SOCK" --volumes "$n" --rw "$rw" \
+						--iodepth "$DEPTH" --mkfs-sample 0 --lat-probe
+				done
+			done
+		fi
 		for rw in $RWS; do
+			[ "${BENCH_SCALE_NOSCALE:-0}" = 1 ] || [ $label = file ] && break
 			run $rep $label --mode $mode --pid "${PLUGIN_PID:-0}" --endpoint "unix://$SOCK" --volumes 1 --rw "$rw" \
 				--jobs "$jobs" --iodepth "$adepth" --mkfs-sample 0
 			for n in $VOLUMES; do

@@ -118,7 +118,7 @@ func (l *loop) armFetch() error {
 		return errNoSQE
 	}
 	sqe.PrepURingCmd(l.fileChar, ioFetchIOCmds)
-	sqe.Flags |= uring.IOSQE_FIXED_FILE | uring.IOSQE_BUFFER_SELECT
+	sqe.Flags |= l.fileFlag | uring.IOSQE_BUFFER_SELECT
 	sqe.OpFlags = uring.IORING_URING_CMD_MULTISHOT
 	sqe.BufIndex = l.b.fetch.Group()
 	sqe.UserData = encodeUD(udFetch, l.slot, 0)
@@ -171,7 +171,7 @@ func (l *loop) sendElems(op uint32, want int32) error {
 		return errNoSQE
 	}
 	sqe.PrepURingCmd(l.fileChar, op)
-	sqe.Flags |= uring.IOSQE_FIXED_FILE
+	sqe.Flags |= l.fileFlag
 	sqe.Addr = uint64(uintptr(unsafe.Pointer(&l.slotBytes(b.slot)[0])))
 	sqe.UserData = encodeUD(udBatch, l.slot, uint16(b.slot))
 	putBatchIO(sqe.Cmd(), l.cfg.QID, b.flags, uint16(b.n), uint8(b.elemBytes))

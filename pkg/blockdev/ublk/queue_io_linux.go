@@ -99,7 +99,10 @@ func (l *loop) issue(tag uint16) error {
 	case actFallocate:
 		sqe.PrepFallocate(l.fileBacking, t.plan.mode, off, uint64(n))
 	}
-	sqe.Flags |= uring.IOSQE_FIXED_FILE
+	sqe.Flags |= l.fileFlag
+	if l.s.t.cfg.Ablation.HandOff {
+		sqe.Flags |= uring.IOSQE_ASYNC
+	}
 	sqe.UserData = encodeUD(udBacking, l.slot, tag)
 	l.backing++
 	l.s.backing++
@@ -116,7 +119,7 @@ func (l *loop) issue(tag uint16) error {
 func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	t := &l.tags[tag]
 	write := t.plan.act == actWrite
-	fixed := t.done+n <= l.fixed
+	fixed := !l.zc && t.done+n <= l.fixed && l.registered(tag, t.done+n)
 	f, slot := l.fileBacking, l.bufBase+tag
 	switch {
 	case l.zc && write:

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
 
@@ -25,6 +27,7 @@ type tagState struct {
 	done    uint32 // bytes of req served so far (short reads/writes)
 	start   int64  // monoNow at arrival, for the latency histogram
 	due     int64  // monoNow at which a rate-limited request may start
+	reg     uint32 // copy mode: bytes at the head of the tag's buffer registered (registered)
 	retries uint8  // -EAGAIN retries of the current backing op
 	aborted bool   // the kernel said -ENODEV: never re-fetch
 }
@@ -40,14 +43,17 @@ type loop struct {
 	bufs  *bufArea // nil in zero-copy mode
 	b     *batch   // nil unless UBLK_F_BATCH_IO (queue_batch_linux.go)
 	zc    bool     // AUTO_BUF_REG: request pages are fixed buffer #bufBase+tag
-	fixed uint32   // copy mode: bytes at the head of each tag buffer registered as fixed
+	fixed uint32   // copy mode: most bytes at the head of each tag buffer registered as fixed
 	tags  []tagState
 	// slot is the queue's number on its thread (in every user_data);
 	// fileChar and fileBacking are its fixed-file slots, and bufBase
 	// the first of its buffer slots, one per tag.
 	slot                  uint16
 	fileChar, fileBacking int32
-	bufBase               uint16
+	// fileFlag is IOSQE_FIXED_FILE, or 0 where the ablation
+	// NoFixedFiles names the files by their fds.
+	fileFlag uint8
+	bufBase  uint16
 	// started answers StartQueue: nil once every tag is FETCHed.
 	started chan error
 	// attached: the thread took the queue and ends it (Queue.done).
@@ -103,8 +109,10 @@ func (l *loop) setup() error {
 	if l.cfg.Target.Kind == TargetFile {
 		files[1] = int32(l.cfg.Target.FD)
 	}
-	if err := l.ring.UpdateFiles(uint32(l.fileChar), files); err != nil {
-		return fmt.Errorf("register files: %w", err)
+	if l.fileFlag != 0 {
+		if err := l.ring.UpdateFiles(uint32(l.fileChar), files); err != nil {
+			return fmt.Errorf("register files: %w", err)
+		}
 	}
 	if !l.zc {
 		if err := l.registerBuffers(); err != nil {
@@ -119,30 +127,48 @@ func (l *loop) setup() error {
 	return nil
 }
 
-// FixedHeadBytes is how much of each copy-mode tag buffer is registered as
-// a fixed buffer: enough for the 4-16 KiB requests of random I/O and
+// FixedHeadBytes is the most of each copy-mode tag buffer registered as a
+// fixed buffer: enough for the 4-16 KiB requests of random I/O and
 // database pages, while the pinned memory stays 1/8 of the default 128 KiB
-// buffers (64 idle volumes of 2 queues × 64 tags pin 128 MiB, not 1 GiB).
+// buffers.
 const FixedHeadBytes = 16 << 10
 
-// registerBuffers registers the head of each copy-mode buffer as a fixed
-// buffer when the config asks for it, so backing I/O that fits there skips
-// pinning user pages on every request. Registering pins (and so makes
-// resident) those heads at once.
+// registerBuffers sets how much of the head of each copy-mode buffer may be
+// registered as a fixed buffer when the config asks for it, so backing I/O
+// that fits there skips pinning user pages on every request. Registering
+// pins (and so makes resident) what it registers, so it happens per tag as
+// requests need it (registered), not here: a volume that only ever does 4
+// KiB I/O pins 4 KiB per tag, not the whole head (64 volumes of 2 queues x
+// 64 tags: 32 MiB, not 128 MiB).
 func (l *loop) registerBuffers() error {
-	if !l.cfg.Options.FixedBuffers {
+	if !l.cfg.Options.FixedBuffers || l.s.t.cfg.Ablation.NoFixedBuffers {
 		return nil
 	}
-	head := min(uint32(FixedHeadBytes), uint32(l.bufs.size))
-	slots := make([][]byte, l.cfg.Depth)
-	for i := range slots {
-		slots[i] = l.bufs.slice(uint16(i))[:head]
-	}
-	if err := l.ring.UpdateBuffers(uint32(l.bufBase), slots); err != nil {
-		return fmt.Errorf("register i/o buffers: %w", err)
-	}
-	l.fixed = head
+	l.fixed = min(uint32(FixedHeadBytes), uint32(l.bufs.size))
 	return nil
+}
+
+// registered makes sure the first end bytes (at most l.fixed) of tag's
+// buffer are registered as the tag's fixed buffer, growing the registration
+// to whole pages as the requests ask. The tag's earlier backing I/O has
+// completed, so replacing its slot meets nothing in flight. If the kernel
+// refuses (the locked-memory limit), the queue stops registering and its
+// I/O pins pages per request, as without fixed buffers.
+func (l *loop) registered(tag uint16, end uint32) bool {
+	t := &l.tags[tag]
+	if end <= t.reg {
+		return true
+	}
+	want := min(uint32(roundUp(int(end), unix.Getpagesize())), l.fixed)
+	if end > want {
+		return false
+	}
+	if err := l.ring.UpdateBuffers(uint32(l.bufBase+tag), [][]byte{l.bufs.slice(tag)[:want]}); err != nil {
+		l.fixed = 0
+		return false
+	}
+	t.reg = want
+	return true
 }
 
 // teardown takes the queue out of its thread's ring tables (unless the ring
@@ -150,8 +176,10 @@ func (l *loop) registerBuffers() error {
 // ring is closed: the kernel no longer uses descriptors or buffers.
 func (l *loop) teardown() {
 	if l.ring != nil && l.s != nil {
-		_ = l.ring.UpdateFiles(uint32(l.fileChar), []int32{-1, -1})
-		if l.fixed > 0 {
+		if l.fileFlag != 0 {
+			_ = l.ring.UpdateFiles(uint32(l.fileChar), []int32{-1, -1})
+		}
+		if l.bufs != nil {
 			_ = l.ring.UpdateBuffers(uint32(l.bufBase), make([][]byte, l.cfg.Depth))
 		}
 	}
@@ -213,7 +241,7 @@ func (l *loop) prepCmd(op uint32, tag uint16, result int32) error {
 		return errNoSQE
 	}
 	sqe.PrepURingCmd(l.fileChar, op)
-	sqe.Flags |= uring.IOSQE_FIXED_FILE
+	sqe.Flags |= l.fileFlag
 	sqe.UserData = encodeUD(udCmd, l.slot, tag)
 	if l.zc {
 		// AUTO_BUF_REG: sqe->addr is struct ublk_auto_buf_reg (index =

@@ -74,7 +74,7 @@ func (l *loop) reclaim() {
 	for tag := range l.tags {
 		// Best effort: madvise fails only for locked memory
 		// (mlockall), whose tails simply stay resident.
-		_ = l.bufs.dropTail(uint16(tag), l.fixed)
+		_ = l.bufs.dropTail(uint16(tag), l.tags[tag].reg)
 	}
 	l.tailsUsed = false
 	l.q.stats.reclaims.Add(1)

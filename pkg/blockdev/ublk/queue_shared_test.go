@@ -280,3 +280,47 @@ func setRoundHook(f func(*threadLoop)) {
 	}
 	roundHook.Store(&f)
 }
+
+// TestAblationsServeCorrectly proves that every benchmark ablation still
+// serves correct data (so that the ablation table measures a working
+// server, not a broken one): a shared thread with one technique switched
+// off serves a copy-mode device under concurrent load and, where the
+// driver has it, a zero-copy device beside it.
+func TestAblationsServeCorrectly(t *testing.T) {
+	requireUblk(t)
+	c := openTestCtl(t)
+	for _, ab := range ablations {
+		t.Run(ab.name, func(t *testing.T) {
+			var cfg ThreadConfig
+			*ab.on(&cfg.Ablation) = true
+			cfg.CPU = -1
+			th, err := NewThread(0, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() {
+				if err := th.Close(); err != nil {
+					t.Errorf("close server thread: %v", err)
+				}
+			})
+			const size = 64 << 20 // checkParallel's span
+			for i := range 2 {
+				var flags uint64
+				if i == 1 {
+					if features(t, c)&FlagAutoBufReg == 0 {
+						break
+					}
+					flags = FlagAutoBufReg
+				}
+				f, _ := backingFile(t, size)
+				d := addTestDev(t, c, 2, 32, 512<<10, flags, size)
+				_, path := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true}, []*Thread{th})
+				if i == 0 {
+					checkParallel(t, path) // copy mode, many in flight
+				} else {
+					checkReadWrite(t, path, f) // zero copy
+				}
+			}
+		})
+	}
+}

@@ -62,6 +62,8 @@ type ThreadConfig struct {
 	// io_uring could not issue without blocking, fsync, fallocate); 0
 	// keeps the kernel's default.
 	IOWQWorkers uint32
+	// Ablation switches techniques off for benchmarks (zero: none).
+	Ablation Ablation
 }
 
 const (
@@ -319,12 +321,25 @@ func (t *Thread) setup() (*threadLoop, error) {
 		return nil, fmt.Errorf("server thread %d: %w", t.id, err)
 	}
 	tags := uint32(t.cfg.Tags)
-	ring, err := uring.New(uring.Config{Entries: min(tags+1, threadSQ), CQEntries: 2*tags + 2,
-		Flags: ringFlags, PendingEntries: int(min(tags+1, threadSQ))})
+	ab := t.cfg.Ablation
+	flags, sq, cq, reap := uint32(ringFlags), min(tags+1, threadSQ), 2*tags+2, min(int(2*tags+2), reapBatch)
+	if ab.PlainRing {
+		flags = 0
+	}
+	if ab.Unbounded {
+		// The kernel wants at least as many CQ entries as SQ entries;
+		// the engine's pending queue holds the SQEs beyond.
+		sq, cq = unboundedCQ, unboundedCQ
+	}
+	if ab.ReapOne {
+		reap = 1
+	}
+	ring, err := uring.New(uring.Config{Entries: sq, CQEntries: cq, Unbounded: ab.Unbounded,
+		Flags: flags, PendingEntries: int(min(tags+1, threadSQ))})
 	if err != nil {
 		return nil, fmt.Errorf("server thread %d: create ring: %w", t.id, err)
 	}
-	s := &threadLoop{t: t, ring: ring, cqes: make([]uring.CQE, min(int(2*tags+2), reapBatch)),
+	s := &threadLoop{t: t, ring: ring, cqes: make([]uring.CQE, reap),
 		slots: make([]*loop, t.cfg.Queues), bufSlots: newRangeAlloc(t.cfg.Tags)}
 	for i := t.cfg.Queues - 1; i >= 0; i-- {
 		s.free = append(s.free, uint16(i))
@@ -480,6 +495,9 @@ func (s *threadLoop) dispatchFrom(i, n int) (next int) {
 	}()
 	for ; i < n; i++ {
 		s.handle(&s.cqes[i])
+		if s.t.cfg.Ablation.SubmitEach {
+			s.submitEach()
+		}
 	}
 	s.cur = nil
 	return n
@@ -615,7 +633,7 @@ func (s *threadLoop) wait(now int64) (int, error) {
 // commands this wait submits or left unreaped, which come at once.
 func (s *threadLoop) waitFor() uint32 {
 	want := max(1, s.backing/4)
-	if s.fetchers > 0 {
+	if s.fetchers > 0 || s.t.cfg.Ablation.ReapOne {
 		want = 1
 	}
 	return uint32(want + s.batchCmds)
@@ -645,6 +663,14 @@ func (s *threadLoop) reap() (int, error) {
 		news++
 	}
 	return news, nil
+}
+
+// submitEach submits what one CQE's handling prepared at once (Ablation
+// SubmitEach). A refused submission leaves the SQEs for the round's enter.
+func (s *threadLoop) submitEach() {
+	if s.ring.Unsubmitted() > 0 {
+		_, _ = s.ring.Submit()
+	}
 }
 
 // queue returns the queue in slot, or nil.
@@ -787,7 +813,10 @@ func (s *threadLoop) attach(l *loop) error {
 	}
 	slot := s.free[len(s.free)-1]
 	l.s, l.ring, l.slot, l.bufBase = s, s.ring, slot, uint16(base)
-	l.fileChar, l.fileBacking = int32(2*slot), int32(2*slot+1)
+	l.fileChar, l.fileBacking, l.fileFlag = int32(2*slot), int32(2*slot+1), uring.IOSQE_FIXED_FILE
+	if s.t.cfg.Ablation.NoFixedFiles {
+		l.fileChar, l.fileBacking, l.fileFlag = int32(l.cfg.CharFD), int32(l.cfg.Target.FD), 0
+	}
 	if err := l.setup(); err != nil {
 		l.teardown()
 		s.bufSlots.free(base, int(l.cfg.Depth))

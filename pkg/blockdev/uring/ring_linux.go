@@ -27,6 +27,7 @@ package uring
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"unsafe"
@@ -64,6 +65,11 @@ type Config struct {
 	// PendingEntries bounds the engine's queue of SQEs waiting for ring
 	// room; 0 means 4 × CQ entries.
 	PendingEntries int
+	// Unbounded lifts the bound on operations in flight (at most CQ
+	// entries): the kernel keeps the CQEs that do not fit on its
+	// overflow list. Benchmarks only, to measure what the bound is
+	// worth; never set it otherwise.
+	Unbounded bool
 }
 
 // Ring is one io_uring instance. It is not safe for concurrent use: it is
@@ -86,6 +92,7 @@ type Ring struct {
 
 	cqHead, cqTail, cqOverflow *uint32
 	cqMask, cqEntries          uint32
+	cqBound                    uint32 // in-flight limit: cqEntries, unless Config.Unbounded
 	cqes                       unsafe.Pointer
 
 	inflight uint32 // consumed by the kernel, CQE not yet reaped
@@ -128,6 +135,10 @@ func New(cfg Config) (*Ring, error) {
 		r.unmap()
 		unix.Close(fd)
 		return nil, fmt.Errorf("create io_uring: %w", err)
+	}
+	r.cqBound = r.cqEntries
+	if cfg.Unbounded {
+		r.cqBound = math.MaxUint32 / 2
 	}
 	pend := cfg.PendingEntries
 	if pend <= 0 {

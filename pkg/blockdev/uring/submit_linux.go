@@ -21,7 +21,7 @@ func (r *Ring) unsubmitted() uint32 { return r.sqLocal - atomic.LoadUint32(r.sqH
 // room reports whether one more SQE fits in the SQ and in the CQ budget.
 func (r *Ring) room() bool {
 	queued := r.unsubmitted()
-	return queued < r.sqEntries && r.inflight+queued < r.cqEntries
+	return queued < r.sqEntries && r.inflight+queued < r.cqBound
 }
 
 // SQSpace returns how many SQEs GetSQE can place directly in the SQ now.
@@ -30,7 +30,7 @@ func (r *Ring) SQSpace() int {
 		return 0
 	}
 	queued := r.unsubmitted()
-	return int(min(r.sqEntries-queued, r.cqEntries-min(r.cqEntries, r.inflight+queued)))
+	return int(min(r.sqEntries-queued, r.cqBound-min(r.cqBound, r.inflight+queued)))
 }
 
 // sqeAt returns SQ slot idx (already masked).

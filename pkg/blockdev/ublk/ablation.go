@@ -1,0 +1,101 @@
+package ublk
+
+import (
+	"fmt"
+	"os"
+	"strings"
+)
+
+// Ablation switches off, one by one, the techniques the server threads are
+// built on, so that a benchmark can measure what each is worth
+// (docs/benchmarks.md, "Ablation"). The zero value is the product; the
+// plugin sets it only from its hidden --ublk-ablate flag.
+type Ablation struct {
+	// SubmitEach submits every SQE as soon as it is prepared, one
+	// io_uring_enter each, instead of once per round for all of them.
+	SubmitEach bool
+	// ReapOne takes one completion per wake-up (it waits for one and
+	// reaps one) instead of waiting for a batch and reaping them all.
+	ReapOne bool
+	// PlainRing sets the ring up without SINGLE_ISSUER, DEFER_TASKRUN and
+	// COOP_TASKRUN: completions run their task work, and wake the thread,
+	// as they come, not when the thread waits for a batch. Idle buffer
+	// reclaim, which relies on DEFER_TASKRUN, is off with it.
+	PlainRing bool
+	// Unbounded lifts the engine's bound on operations in flight (never
+	// more than the completion ring holds) and gives the thread a ring
+	// of unboundedCQ entries: the completions that do not fit go to the
+	// kernel's overflow list, to be flushed by a later enter.
+	Unbounded bool
+	// NoFixedFiles names the char device and backing file by their fds
+	// in every SQE instead of by registered file slots.
+	NoFixedFiles bool
+	// NoFixedBuffers does not register the copy-mode buffer heads:
+	// every backing I/O pins its pages (QueueOptions.FixedBuffers off).
+	NoFixedBuffers bool
+	// HandOff sends every backing I/O to the kernel's worker threads
+	// (IOSQE_ASYNC: io-wq) instead of issuing it from the server
+	// thread: the worker-pool design, which the kernel loop driver
+	// measured as a loss.
+	HandOff bool
+}
+
+// unboundedCQ is the ring size with Ablation.Unbounded: below what one
+// device of two queues at depth 64 keeps parked on a thread of two.
+const unboundedCQ = 64
+
+// ablations names each switch, as ParseAblation takes and String gives.
+var ablations = []struct {
+	name string
+	on   func(*Ablation) *bool
+}{
+	{"submit-each", func(a *Ablation) *bool { return &a.SubmitEach }},
+	{"reap-one", func(a *Ablation) *bool { return &a.ReapOne }},
+	{"plain-ring", func(a *Ablation) *bool { return &a.PlainRing }},
+	{"unbounded", func(a *Ablation) *bool { return &a.Unbounded }},
+	{"no-fixed-files", func(a *Ablation) *bool { return &a.NoFixedFiles }},
+	{"no-fixed-buffers", func(a *Ablation) *bool { return &a.NoFixedBuffers }},
+	{"hand-off", func(a *Ablation) *bool { return &a.HandOff }},
+}
+
+// ParseAblation parses a comma-separated list of ablation names ("" is
+// none).
+func ParseAblation(s string) (Ablation, error) {
+	var a Ablation
+	for _, name := range strings.Split(s, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		found := false
+		for _, ab := range ablations {
+			if ab.name == name {
+				*ab.on(&a) = true
+				found = true
+			}
+		}
+		if !found {
+			return Ablation{}, fmt.Errorf("ablation %q: want a comma-separated list of %s: %w", name, ablationNames(), os.ErrInvalid)
+		}
+	}
+	return a, nil
+}
+
+// String lists the switches that are on, as ParseAblation takes them.
+func (a Ablation) String() string {
+	var on []string
+	for _, ab := range ablations {
+		if *ab.on(&a) {
+			on = append(on, ab.name)
+		}
+	}
+	return strings.Join(on, ",")
+}
+
+func ablationNames() string {
+	names := make([]string, len(ablations))
+	for i, ab := range ablations {
+		names[i] = ab.name
+	}
+	return strings.Join(names, ", ")
+}
