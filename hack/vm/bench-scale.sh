@@ -22,13 +22,14 @@
 #               with 15 others busy at iodepth 4 (p50/p99/p99.9), for each
 #               design, loop, and the backing files themselves ("file")
 #   --lat-only  only the latency probe
+#   --smp N     the VM's CPUs (default 2)
 # Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
 #   (default bin/vm).
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0 variants="" loop=1 lat=0 noscale=0
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0 variants="" loop=1 lat=0 noscale=0 smp=2
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -41,6 +42,7 @@ while (($#)); do
 	--no-loop) loop=0; shift ;;
 	--lat) lat=1; shift ;;
 	--lat-only) lat=1 noscale=1; shift ;;
+	--smp) smp=${2:?}; shift 2 ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
@@ -147,7 +149,7 @@ lattable() {
 declare -A status=()
 for k in "${kernels[@]}"; do
 	set +e
-	"$VM_DIR/run.sh" --kernel "$k" --disk-size 16G --timeout "$timeout" \
+	"$VM_DIR/run.sh" --kernel "$k" --disk-size 16G --smp "$smp" --timeout "$timeout" \
 		--log "$logdir/bench-scale-$k.log" -- "$guest"
 	status[$k]=$?
 	set -e
@@ -155,7 +157,7 @@ done
 
 failed=0
 echo
-echo "==== bench-scale: medians of $reps runs of ${runtime}s, fio io_uring direct=1 4k; volumes at iodepth 4 each, anchor (volumes 1) 2 jobs x iodepth 32 ===="
+echo "==== bench-scale ($smp vCPUs): medians of $reps runs of ${runtime}s, fio io_uring direct=1 4k; volumes at iodepth 4 each, anchor (volumes 1) 2 jobs x iodepth 32 ===="
 echo "     share: of the same design's single device; /loop: of as many kernel loop devices; attach and stage+mkfs: median/worst ms"
 for k in "${kernels[@]}"; do
 	log="$logdir/bench-scale-$k.log"

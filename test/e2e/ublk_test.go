@@ -328,8 +328,9 @@ func deviceSize(t *testing.T, path string) int64 {
 // threads (which must not grow with the volumes), then detaches them all
 // (which once panicked the server threads: see TestDetachForgetsQueue). Each volume must stay within its copy-buffer budget (16 MiB)
 // plus 2 MiB for its rings, descriptors and bookkeeping; in copy mode it
-// costs far less, as only the registered heads of its buffers (16 KiB per
-// tag) are resident from the start.
+// costs far less, as only the registered heads of its buffers (as much of
+// the first 16 KiB of each tag's buffer as its requests used) stay
+// resident.
 func TestManyVolumes(t *testing.T) {
 	const n = 64
 	p := newPlugin(t)

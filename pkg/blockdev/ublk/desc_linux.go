@@ -78,8 +78,8 @@ func (d *descArea) close() error {
 // bufArea is the per-tag I/O buffers of a copy-mode queue: one anonymous
 // mapping, page-aligned (as O_DIRECT needs), tag t at t*size. Pages are
 // touched only when used (no huge pages), so an idle queue costs address
-// space, not RSS, unless they are registered as fixed buffers (which pins
-// them all).
+// space, not RSS; registering a head as a fixed buffer pins it
+// (loop.registered, as requests need it).
 type bufArea struct {
 	mem  []byte
 	size int

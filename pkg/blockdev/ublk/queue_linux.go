@@ -98,14 +98,15 @@ type QueueConfig struct {
 // QueueOptions are a queue thread's buffer, submission and wait policy;
 // every queue of a device uses the same.
 type QueueOptions struct {
-	// FixedBuffers registers the first FixedHeadBytes of each copy-mode
-	// buffer with the ring and uses READ_FIXED/WRITE_FIXED for backing I/O
-	// that fits there: small requests skip pinning their pages every time
-	// (6.12 VM, 4k at queue depth 32: 7-15% less server CPU per I/O).
-	// Registering pins, so those heads are resident from the start (2 MiB
-	// for 2 queues × 64 tags); larger requests pin per request, a small
-	// cost next to their copy, and fault in the rest of a buffer on first
-	// use. Ignored with zero copy.
+	// FixedBuffers registers up to the first FixedHeadBytes of each
+	// copy-mode buffer with the ring and uses READ_FIXED/WRITE_FIXED for
+	// backing I/O that fits there: small requests skip pinning their pages
+	// every time (6.12 VM, 4k at queue depth 32: 7-15% less server CPU per
+	// I/O). Registering pins, so a tag's head is registered when a request
+	// first needs it, as far as the request reaches (4 KiB I/O pins 4 KiB
+	// per tag used); larger requests pin per request, a small cost next to
+	// their copy, and fault in the rest of a buffer on first use. Ignored
+	// with zero copy.
 	FixedBuffers bool
 	// Poll bounds how long the queue thread keeps checking its rings for
 	// completions after a round that did work, before it sleeps in

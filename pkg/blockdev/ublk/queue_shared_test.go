@@ -194,10 +194,13 @@ func TestSharedThreadIsFair(t *testing.T) {
 		t.Fatalf("slow device not backlogged: %v, %+v", err, sq.Stats())
 	}
 	// At the slow device's 50 IOPS the reads would take 4 s; served
-	// fairly they take about as long as alone.
+	// fairly they take about as long as alone. Starving shows as the
+	// limiter's pace, so a host slowed down by other work (the timings
+	// under emulation move by 2x and more) fails only when the reads
+	// also come near that pace.
 	beside := reads()
 	t.Logf("200 reads on the unlimited device: %v alone, %v while the limited one holds %d requests", alone, beside, sq.Stats().InFlight)
-	if beside > 2*alone+500*time.Millisecond {
+	if beside > 2*alone+500*time.Millisecond && beside > 2500*time.Millisecond {
 		t.Fatalf("200 reads took %v beside the backlog, %v alone: the limited device's backlog slowed its neighbour", beside, alone)
 	}
 }

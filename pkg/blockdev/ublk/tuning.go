@@ -21,7 +21,8 @@ const (
 	// random reads ×1.20-1.40 with depth 64 in the 6.12 VM, sequential
 	// ×1.0-1.2). Buffers are touched lazily and given back when idle, so
 	// the budget is resident only during large I/O; what stays is the
-	// registered heads, 2 MiB per volume.
+	// registered heads, as much as the requests used: up to 16 KiB per
+	// tag, 2 MiB per volume of 2 queues x 64 (512 KiB with 4 KiB I/O).
 	DefaultMemoryBudget = 16 << 20
 	// MaxMemoryBudget caps what explicit overrides may cost.
 	MaxMemoryBudget = 256 << 20
