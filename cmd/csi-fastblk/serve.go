@@ -36,6 +36,12 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.StringVar(&c.driver.Name, "driver-name", "fastblk.csi.io", "CSI driver name")
 	fs.StringVar(&c.store.Dir, "data-dir", "/var/lib/csi-fastblk", "directory holding volume files and metadata")
 	fs.Float64Var(&c.store.OverProvisionRatio, "over-provision-ratio", 1.0, "capacity reported to the scheduler = free space × ratio (≥ 1)")
+	fs.Func("reserve", "free space of the data directory's filesystem never handed out to volumes, in bytes or with Ki/Mi/Gi/k/M/G "+
+		"(subtracted from the capacity reported to the scheduler and checked by every create, clone, snapshot and expansion; default 0)",
+		func(s string) (err error) {
+			c.store.ReserveBytes, err = driver.ParseBytes(s)
+			return err
+		})
 	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes this node accepts (0 = no limit)")
 	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk when /dev/ublk-control exists and works, else loop, saying why), ublk or loop")
 	fs.StringVar(&c.devices.DevDir, "dev-dir", "/dev/fastblk", "directory for stable device links <dev-dir>/<volume-id>")
@@ -178,7 +184,7 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 	kernel := blockdev.KernelRelease()
 	avail, total, err := store.Capacity()
 	klog.InfoS("csi-fastblk starting", "version", version, "driver", cfg.driver.Name, "nodeID", cfg.driver.NodeID,
-		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir,
+		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir, "reserve", cfg.store.ReserveBytes,
 		"capacityAvailable", avail, "capacityTotal", total, "capacityErr", err,
 		"volumes", len(store.Volumes()), "snapshots", len(store.Snapshots()))
 	if f, ok := backend.(interface{ Features() uint64 }); ok {

@@ -18,6 +18,12 @@ type StoreConfig struct {
 	// sparse volumes (1.0 = no over-provisioning). Zero means 1; values
 	// below 1 are invalid.
 	OverProvisionRatio float64
+	// ReserveBytes of the data directory's free space are never handed
+	// out: Capacity subtracts them before anything else, so creates,
+	// clones, snapshots and expansions stop short of them (and of the
+	// kubelet's disk-pressure threshold when the directory shares the
+	// root filesystem). Negative values are invalid.
+	ReserveBytes int64
 }
 
 // VolumeSpec describes a volume to create.
@@ -90,6 +96,9 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	}
 	if !(cfg.OverProvisionRatio >= 1) {
 		return nil, fmt.Errorf("open store: over-provisioning ratio %v below 1: %w", cfg.OverProvisionRatio, ErrInvalid)
+	}
+	if cfg.ReserveBytes < 0 {
+		return nil, fmt.Errorf("open store: reserve %d bytes is negative: %w", cfg.ReserveBytes, ErrInvalid)
 	}
 	if cfg.Dir == "" {
 		return nil, fmt.Errorf("open store: no data directory: %w", ErrInvalid)

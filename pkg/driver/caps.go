@@ -3,6 +3,7 @@ package driver
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -168,6 +169,17 @@ func ParseBandwidth(s string) (int64, error) {
 	n, err := strconv.ParseInt(num, 10, 64)
 	if err != nil || n < 0 || n > (1<<50)/mult {
 		return 0, fmt.Errorf("want bytes per second: an integer with an optional Ki, Mi, Gi, k, M or G suffix (e.g. 200Mi), 0 for no limit")
+	}
+	return n * mult, nil
+}
+
+// ParseBytes reads a size in bytes: an integer with an optional Ki, Mi, Gi,
+// k, M or G suffix.
+func ParseBytes(s string) (int64, error) {
+	num, mult := splitQuantity(s)
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q: want bytes, an integer with an optional Ki, Mi, Gi, k, M or G suffix (e.g. 10Gi)", s)
 	}
 	return n * mult, nil
 }
