@@ -6,7 +6,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"k8s.io/klog/v2"
 
@@ -126,6 +130,11 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 			klog.ErrorS(err, "some staged volumes could not be restored")
 		}
 	}
+	release, err := lockEndpoint(cfg.endpoint)
+	if err != nil {
+		return err
+	}
+	defer release()
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -143,6 +152,36 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return nil
 	}
 	return err
+}
+
+// lockEndpoint keeps a second plugin off a unix endpoint this process
+// serves: it holds an exclusive lock on "<socket>.lock" until release (or
+// the process's end). Two plugins on one node, for example two node
+// groups' DaemonSets whose selectors both match it, would otherwise take
+// the socket from each other and serve the same devices; the second now
+// stops at start, saying why. Other endpoints need no lock.
+func lockEndpoint(endpoint string) (release func(), err error) {
+	path, ok := strings.CutPrefix(endpoint, "unix://")
+	if !ok {
+		return func() {}, nil
+	}
+	lock := path + ".lock"
+	if err := os.MkdirAll(filepath.Dir(lock), 0o750); err != nil {
+		return nil, fmt.Errorf("lock endpoint: %w", err)
+	}
+	f, err := os.OpenFile(lock, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("lock endpoint: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("endpoint %s is served by another csi-fastblk (it holds %s): one plugin per node "+
+				"(with node groups, a node must match only one group's nodeSelector)", endpoint, lock)
+		}
+		return nil, fmt.Errorf("lock endpoint %s: %w", lock, err)
+	}
+	return func() { f.Close() }, nil
 }
 
 // thawAbandoned thaws the filesystems an earlier run froze for a snapshot or

@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
@@ -92,4 +94,31 @@ func TestDedicatedDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	p.release(t, id, staging, target)
+}
+
+// TestOnePluginPerEndpoint starts a second plugin on the socket a running
+// one serves (two node groups matching one node would do this) with a data
+// directory of its own: it must stop at once and say why, and the first
+// must keep serving.
+func TestOnePluginPerEndpoint(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root: loop devices")
+	}
+	bin, dir := buildBinary(t), t.TempDir()
+	p := launch(t, bin, dir)
+	other := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "serve", "--endpoint", "unix://"+filepath.Join(dir, "csi.sock"), "--backend", "loop",
+		"--data-dir", filepath.Join(other, "data"), "--dev-dir", filepath.Join(other, "dev"), "--node-id", "plugin-test",
+		"--metrics-address", "").CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatal("the second plugin kept running")
+	}
+	if err == nil || !strings.Contains(string(out), "is served by another csi-fastblk") {
+		t.Fatalf("second plugin: %v, output:\n%s\nwant a refusal naming the other plugin", err, out)
+	}
+	if _, err := csi.NewIdentityClient(p.conn).Probe(context.Background(), &csi.ProbeRequest{}); err != nil {
+		t.Fatalf("the first plugin stopped serving: %v", err)
+	}
 }
