@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
@@ -169,19 +167,15 @@ func lockEndpoint(endpoint string) (release func(), err error) {
 	if err := os.MkdirAll(filepath.Dir(lock), 0o750); err != nil {
 		return nil, fmt.Errorf("lock endpoint: %w", err)
 	}
-	f, err := os.OpenFile(lock, os.O_RDWR|os.O_CREATE, 0o600)
+	release, err = blockdev.LockFile(lock)
+	if errors.Is(err, blockdev.ErrBusy) {
+		return nil, fmt.Errorf("endpoint %s is served by another csi-fastblk (it holds %s): one plugin per node "+
+			"(with node groups, a node must match only one group's nodeSelector)", endpoint, lock)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("lock endpoint: %w", err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("endpoint %s is served by another csi-fastblk (it holds %s): one plugin per node "+
-				"(with node groups, a node must match only one group's nodeSelector)", endpoint, lock)
-		}
-		return nil, fmt.Errorf("lock endpoint %s: %w", lock, err)
-	}
-	return func() { f.Close() }, nil
+	return release, nil
 }
 
 // thawAbandoned thaws the filesystems an earlier run froze for a snapshot or
