@@ -449,3 +449,36 @@ func TestReadmeIsFresh(t *testing.T) {
 		t.Fatalf("%v\n%s", err, out)
 	}
 }
+
+// TestUpdateStrategy checks the DaemonSets' strategy: RollingUpdate with
+// maxUnavailable only, or OnDelete without the rollingUpdate the API server
+// forbids beside it (values merge the default rollingUpdate in).
+func TestUpdateStrategy(t *testing.T) {
+	type strategy struct {
+		Spec struct {
+			UpdateStrategy struct {
+				Type          string            `yaml:"type"`
+				RollingUpdate map[string]string `yaml:"rollingUpdate"`
+			} `yaml:"updateStrategy"`
+		} `yaml:"spec"`
+	}
+	for _, tc := range []struct {
+		set       []string
+		typ       string
+		unavail   string
+		noRolling bool
+	}{
+		{nil, "RollingUpdate", "1", false},
+		{[]string{"updateStrategy.rollingUpdate.maxUnavailable=25%"}, "RollingUpdate", "25%", false},
+		{[]string{"updateStrategy.type=OnDelete"}, "OnDelete", "", true},
+	} {
+		var s strategy
+		if err := one(t, render(t, tc.set...), "DaemonSet").decode(&s); err != nil {
+			t.Fatal(err)
+		}
+		u := s.Spec.UpdateStrategy
+		if u.Type != tc.typ || u.RollingUpdate["maxUnavailable"] != tc.unavail || (u.RollingUpdate == nil) != tc.noRolling {
+			t.Errorf("%v: strategy %+v, want type %s maxUnavailable %q", tc.set, u, tc.typ, tc.unavail)
+		}
+	}
+}

@@ -110,7 +110,7 @@ var valueSets = map[string][]string{
 	"classes": {"storageClasses[0].name=fastblk-xfs", "storageClasses[0].fsType=xfs",
 		"storageClasses[1].name=capped", "storageClasses[1].maxIOPS=100", "storageClasses[1].isDefault=true"},
 	"sizing": {"csiTimeout=4h", "livenessProbe.probeTimeout=10s", "plugin.resources.limits.memory=1Gi",
-		"updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null", "snapshotController.distributedInCluster=true"},
+		"updateStrategy.type=OnDelete", "snapshotController.distributedInCluster=true"},
 	"rolling percent": {"updateStrategy.rollingUpdate.maxUnavailable=25%"},
 	"rate limits": {"storageClass.maxIOPS=5000", "storageClass.maxBandwidth=200Mi",
 		"volumeAttributesClasses[0].name=gold", "volumeAttributesClasses[0].maxIOPS=20000",
