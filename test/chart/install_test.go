@@ -482,3 +482,20 @@ func TestUpdateStrategy(t *testing.T) {
 		}
 	}
 }
+
+// TestReserveAsNumber checks a reserve given as a number in a values file
+// (which reaches the templates as a float64) becomes plain digits, not
+// 2.147483648e+10, and 0 passes no flag.
+func TestReserveAsNumber(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(f, []byte("reserve: 21474836480\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := nodePod(t, renderArgs(t, []string{"-f", f}))
+	if v, _ := mustContainer(t, p, "csi-fastblk").arg("reserve"); v != "21474836480" {
+		t.Errorf("--reserve=%q, want 21474836480", v)
+	}
+	if _, ok := mustContainer(t, nodePod(t, render(t, "reserve=0")), "csi-fastblk").arg("reserve"); ok {
+		t.Error("reserve=0 passes --reserve")
+	}
+}

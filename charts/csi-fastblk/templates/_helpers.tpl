@@ -154,12 +154,12 @@ messages), reserve and hostPathType. */}}
 {{- $create := ternary $g.createDataDir true (hasKey $g "createDataDir") -}}
 {{- $out = append $out (dict "suffix" (printf "-%s" $g.name) "group" $g.name "nodeSelector" $sel
   "dataDir" $g.dataDir "dataDirKey" (printf "nodeGroups[%d].dataDir" $i)
-  "reserve" (toString (ternary $g.reserve $.Values.reserve (hasKey $g "reserve")))
+  "reserve" (include "csi-fastblk.size" (ternary $g.reserve $.Values.reserve (hasKey $g "reserve")))
   "hostPathType" (ternary "DirectoryOrCreate" "Directory" $create)) -}}
 {{- end -}}
 {{- else -}}
 {{- $out = append $out (dict "suffix" "" "group" "" "nodeSelector" (default dict .Values.nodeSelector)
-  "dataDir" .Values.dataDir "dataDirKey" "dataDir" "reserve" (toString .Values.reserve) "hostPathType" "DirectoryOrCreate") -}}
+  "dataDir" .Values.dataDir "dataDirKey" "dataDir" "reserve" (include "csi-fastblk.size" .Values.reserve) "hostPathType" "DirectoryOrCreate") -}}
 {{- end -}}
 {{- toYaml $out -}}
 {{- end -}}
@@ -230,4 +230,10 @@ livenessProbe:
 {{/* seconds turns a Go duration of whole seconds ("3s") into its number. */}}
 {{- define "csi-fastblk.seconds" -}}
 {{- . | trimSuffix "s" | int -}}
+{{- end -}}
+
+{{/* size renders a size value: a string as it is, a number (YAML numbers
+reach templates as float64) in plain digits. */}}
+{{- define "csi-fastblk.size" -}}
+{{- if kindIs "string" . -}}{{ . }}{{- else if kindIs "invalid" . -}}{{- else -}}{{ printf "%d" (int64 .) }}{{- end -}}
 {{- end -}}
