@@ -188,14 +188,16 @@ func TestNotesSayWhatIsWrong(t *testing.T) {
 }
 
 // TestAdmission checks the optional Namespace (PodSecurity privileged, kept
-// on uninstall) and the chart's own PriorityClass, which the node pods then
-// use instead of system-node-critical.
+// on uninstall) holds every namespaced object of the chart, and the chart's
+// own PriorityClass, which the node pods then use instead of
+// system-node-critical.
 func TestAdmission(t *testing.T) {
 	objs := render(t)
 	if len(find(objs, "Namespace"))+len(find(objs, "PriorityClass")) != 0 {
 		t.Fatal("a Namespace or PriorityClass by default")
 	}
-	objs = render(t, "namespace.create=true", "namespace.labels.team=storage", "priorityClass.create=true")
+	objs = render(t, "namespace.create=true", "namespace.name=fastblk-system", "namespace.labels.team=storage",
+		"priorityClass.create=true", "snapshotController.install=true")
 	ns := one(t, objs, "Namespace")
 	for k, v := range map[string]string{"pod-security.kubernetes.io/enforce": "privileged",
 		"pod-security.kubernetes.io/audit": "privileged", "pod-security.kubernetes.io/warn": "privileged", "team": "storage"} {
@@ -203,9 +205,10 @@ func TestAdmission(t *testing.T) {
 			t.Errorf("namespace label %s=%q, want %q", k, ns.Metadata.Labels[k], v)
 		}
 	}
-	if ns.Metadata.Name != "csi-fastblk" || ns.Metadata.Annotations["helm.sh/resource-policy"] != "keep" {
-		t.Errorf("namespace %s annotations %v: want the release namespace, kept on uninstall", ns.Metadata.Name, ns.Metadata.Annotations)
+	if ns.Metadata.Name != "fastblk-system" || ns.Metadata.Annotations["helm.sh/resource-policy"] != "keep" {
+		t.Errorf("namespace %s annotations %v: want fastblk-system, kept on uninstall", ns.Metadata.Name, ns.Metadata.Annotations)
 	}
+	checkNamespace(t, objs, "fastblk-system")
 	pc := one(t, objs, "PriorityClass")
 	var spec struct {
 		Value         int64 `yaml:"value"`
@@ -219,6 +222,35 @@ func TestAdmission(t *testing.T) {
 	}
 	if p := nodePod(t, objs); p.PriorityClassName != pc.Metadata.Name {
 		t.Errorf("node pods use priority class %q, want the chart's %q", p.PriorityClassName, pc.Metadata.Name)
+	}
+	// Without create, namespace.name still places the objects.
+	checkNamespace(t, render(t, "namespace.name=elsewhere"), "elsewhere")
+	checkNamespace(t, render(t), "csi-fastblk")
+}
+
+// checkNamespace checks every namespaced object, and every ServiceAccount a
+// binding names, is in ns.
+func checkNamespace(t *testing.T, objs []object, ns string) {
+	t.Helper()
+	cluster := map[string]bool{"Namespace": true, "PriorityClass": true, "ClusterRole": true, "ClusterRoleBinding": true,
+		"CSIDriver": true, "StorageClass": true, "VolumeSnapshotClass": true, "VolumeAttributesClass": true}
+	for _, o := range objs {
+		if !cluster[o.Kind] && o.Metadata.Namespace != ns {
+			t.Errorf("%s %s in namespace %q, want %q", o.Kind, o.Metadata.Name, o.Metadata.Namespace, ns)
+		}
+		if o.Kind == "ClusterRoleBinding" || o.Kind == "RoleBinding" {
+			var b struct {
+				Subjects []struct{ Namespace string } `yaml:"subjects"`
+			}
+			if err := o.decode(&b); err != nil {
+				t.Fatal(err)
+			}
+			for _, s := range b.Subjects {
+				if s.Namespace != ns {
+					t.Errorf("%s %s binds a ServiceAccount of namespace %q, want %q", o.Kind, o.Metadata.Name, s.Namespace, ns)
+				}
+			}
+		}
 	}
 }
 

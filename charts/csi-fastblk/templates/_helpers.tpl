@@ -36,6 +36,12 @@ tag falls back to the chart's appVersion. Call with (list $ .Values.x.image). */
 {{- printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag) -}}
 {{- end -}}
 
+{{/* namespace of the chart's namespaced objects: namespace.name, or the
+release's. */}}
+{{- define "csi-fastblk.namespace" -}}
+{{- default .Release.Namespace .Values.namespace.name -}}
+{{- end -}}
+
 {{- define "csi-fastblk.kubeletDir" -}}
 {{- .Values.kubeletDir | trimSuffix "/" -}}
 {{- end -}}
@@ -135,6 +141,9 @@ securityContext:
 {{- end -}}
 {{- if gt (len $defaults) 1 -}}
 {{- fail (printf "StorageClasses %s are all marked isDefault: at most one class may be the cluster default" (join ", " $defaults)) -}}
+{{- end -}}
+{{- if and .Values.namespace.create (eq (include "csi-fastblk.namespace" .) .Release.Namespace) -}}
+{{- fail (printf "namespace.create: set namespace.name to a namespace other than the release's (%s): Helm stores the release in its namespace before it creates anything, so that one must exist already (e.g. helm install -n kube-system --set namespace.create=true,namespace.name=csi-fastblk)" .Release.Namespace) -}}
 {{- end -}}
 {{- if and .Values.priorityClass.create (gt (int64 .Values.priorityClass.value) 1000000000) -}}
 {{- fail (printf "priorityClass.value %v: a PriorityClass outside the system ones may be at most 1000000000" .Values.priorityClass.value) -}}
