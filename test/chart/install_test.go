@@ -169,6 +169,8 @@ func TestNotesSayWhatIsWrong(t *testing.T) {
 				`nvme: nodes {"disk":"nvme","kubernetes.io/os":"linux"}, data in /mnt/fastblk, 10Gi reserved`}, []string{"WARNING"}},
 		{"reserve", api, []string{"snapshotController.install=true", "reserve=20Gi"},
 			[]string{"data directory: /var/lib/csi-fastblk (20Gi reserved)"}, nil},
+		{"no lookup", api, []string{"snapshotController.lookup=false", "snapshotController.distributedInCluster=true"},
+			[]string{`VolumeSnapshotClass "fastblk" is ready`}, []string{"WARNING"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
