@@ -533,3 +533,86 @@ func TestReserveAsNumber(t *testing.T) {
 		t.Error("reserve=0 passes --reserve")
 	}
 }
+
+// TestOptionalBranches renders every optional value the other tests leave
+// out and checks each lands where it belongs.
+func TestOptionalBranches(t *testing.T) {
+	objs := renderArgs(t, []string{"--api-versions", snapshotAPI},
+		"imagePullSecrets[0].name=regcred", "podAnnotations.team=storage", "podLabels.tier=node",
+		"affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=disk",
+		"affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+		"snapshotController.install=true", "snapshotController.nodeSelector.role=infra",
+		"snapshotController.tolerations[0].operator=Exists", "snapshotClass.isDefault=true",
+		"storageClass.mountOptions[0]=noatime", "sidecarsPrivileged=false")
+	type pod struct {
+		Spec struct {
+			Template struct {
+				Metadata metadata `yaml:"metadata"`
+				Spec     struct {
+					ImagePullSecrets []struct{ Name string } `yaml:"imagePullSecrets"`
+					NodeSelector     map[string]string       `yaml:"nodeSelector"`
+					Tolerations      []map[string]string     `yaml:"tolerations"`
+					Affinity         map[string]any          `yaml:"affinity"`
+					Containers       []container             `yaml:"containers"`
+				} `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	var ds, ctrl pod
+	if err := one(t, objs, "DaemonSet").decode(&ds); err != nil {
+		t.Fatal(err)
+	}
+	if err := one(t, objs, "Deployment").decode(&ctrl); err != nil {
+		t.Fatal(err)
+	}
+	for name, p := range map[string]pod{"DaemonSet": ds, "Deployment": ctrl} {
+		if s := p.Spec.Template.Spec.ImagePullSecrets; len(s) != 1 || s[0].Name != "regcred" {
+			t.Errorf("%s imagePullSecrets %v, want regcred", name, s)
+		}
+	}
+	m := ds.Spec.Template.Metadata
+	if m.Annotations["team"] != "storage" || m.Labels["tier"] != "node" || ds.Spec.Template.Spec.Affinity["nodeAffinity"] == nil {
+		t.Errorf("node pod annotations %v labels %v affinity %v: want team, tier and a nodeAffinity", m.Annotations, m.Labels, ds.Spec.Template.Spec.Affinity)
+	}
+	for _, c := range ds.Spec.Template.Spec.Containers {
+		if c.Name == "csi-fastblk" {
+			continue
+		}
+		if c.SecurityContext == nil || c.SecurityContext.Privileged == nil || *c.SecurityContext.Privileged {
+			t.Errorf("sidecar %s privileged with sidecarsPrivileged=false", c.Name)
+		}
+	}
+	if cs := ctrl.Spec.Template.Spec; cs.NodeSelector["role"] != "infra" || len(cs.Tolerations) != 1 {
+		t.Errorf("snapshot-controller nodeSelector %v tolerations %v", cs.NodeSelector, cs.Tolerations)
+	}
+	for _, sa := range find(objs, "ServiceAccount") {
+		var a struct {
+			ImagePullSecrets []struct{ Name string } `yaml:"imagePullSecrets"`
+		}
+		if err := sa.decode(&a); err != nil {
+			t.Fatal(err)
+		}
+		if len(a.ImagePullSecrets) != 1 {
+			t.Errorf("ServiceAccount %s without the pull secret", sa.Metadata.Name)
+		}
+	}
+	if one(t, objs, "VolumeSnapshotClass").Metadata.Annotations["snapshot.storage.kubernetes.io/is-default-class"] != "true" {
+		t.Error("snapshotClass.isDefault=true: no default-class annotation")
+	}
+	var sc struct {
+		MountOptions []string `yaml:"mountOptions"`
+	}
+	if err := one(t, objs, "StorageClass").decode(&sc); err != nil || len(sc.MountOptions) != 1 || sc.MountOptions[0] != "noatime" {
+		t.Errorf("StorageClass mountOptions %v (%v), want [noatime]", sc.MountOptions, err)
+	}
+	// Without the snapshotter: no sidecar, no snapshotter RBAC.
+	objs = render(t, "snapshotter.enabled=false")
+	if _, ok := nodePod(t, objs).container("csi-snapshotter"); ok {
+		t.Error("snapshotter.enabled=false still runs csi-snapshotter")
+	}
+	for _, o := range find(objs, "ClusterRole") {
+		if strings.HasSuffix(o.Metadata.Name, "-snapshotter") {
+			t.Errorf("snapshotter.enabled=false still creates ClusterRole %s", o.Metadata.Name)
+		}
+	}
+}
