@@ -38,10 +38,11 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.StringVar(&c.driver.Name, "driver-name", "fastblk.csi.io", "CSI driver name")
 	fs.StringVar(&c.store.Dir, "data-dir", "/var/lib/csi-fastblk", "directory holding volume files and metadata")
 	fs.Float64Var(&c.store.OverProvisionRatio, "over-provision-ratio", 1.0, "capacity reported to the scheduler = free space × ratio (≥ 1)")
-	fs.Func("reserve", "free space of the data directory's filesystem never handed out to volumes, in bytes or with Ki/Mi/Gi/k/M/G "+
-		"(subtracted from the capacity reported to the scheduler and checked by every create, clone, snapshot and expansion; default 0)",
+	fs.Func("reserve", "free space of the data directory's filesystem never handed out to volumes: bytes, with Ki/Mi/Gi/k/M/G, "+
+		"or a percentage of the filesystem's size such as 10% (subtracted from the capacity reported to the scheduler and "+
+		"checked by every create, clone, snapshot and expansion; default 0)",
 		func(s string) (err error) {
-			c.store.ReserveBytes, err = driver.ParseBytes(s)
+			c.store.ReserveBytes, c.store.ReserveRatio, err = driver.ParseReserve(s)
 			return err
 		})
 	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes this node accepts (0 = no limit)")
@@ -217,7 +218,7 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 	kernel := blockdev.KernelRelease()
 	avail, total, err := store.Capacity()
 	klog.InfoS("csi-fastblk starting", "version", version, "driver", cfg.driver.Name, "nodeID", cfg.driver.NodeID,
-		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir, "reserve", cfg.store.ReserveBytes,
+		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir, "reserveBytes", cfg.store.ReserveBytes, "reserveRatio", cfg.store.ReserveRatio,
 		"capacityAvailable", avail, "capacityTotal", total, "capacityErr", err,
 		"volumes", len(store.Volumes()), "snapshots", len(store.Snapshots()))
 	if f, ok := backend.(interface{ Features() uint64 }); ok {

@@ -129,4 +129,23 @@ func TestCapacityReserve(t *testing.T) {
 	if _, err := OpenStore(StoreConfig{Dir: t.TempDir(), ReserveBytes: -1}); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("OpenStore with a negative reserve = %v, want ErrInvalid", err)
 	}
+	if _, err := OpenStore(StoreConfig{Dir: t.TempDir(), ReserveRatio: 1}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("OpenStore reserving the whole filesystem = %v, want ErrInvalid", err)
+	}
+	// A ratio reserves that share of the filesystem's size.
+	s.Close()
+	r, err := OpenStore(StoreConfig{Dir: dir, ReserveRatio: 0.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	size := int64(st.Blocks) * st.Bsize
+	// The volume is fully written: it may take no more.
+	if got, want := capacity(t, r), max(free()-size/4, 0); !near(got, want) {
+		t.Fatalf("ratio 0.25: available %d, want free %d less a quarter of %d = %d", got, free(), size, want)
+	}
 }

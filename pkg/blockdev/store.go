@@ -24,6 +24,10 @@ type StoreConfig struct {
 	// kubelet's disk-pressure threshold when the directory shares the
 	// root filesystem). Negative values are invalid.
 	ReserveBytes int64
+	// ReserveRatio reserves this fraction of the filesystem's size
+	// instead (0 <= ratio < 1), for nodes whose disks differ in size; it
+	// adds to ReserveBytes.
+	ReserveRatio float64
 }
 
 // VolumeSpec describes a volume to create.
@@ -99,6 +103,9 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	}
 	if cfg.ReserveBytes < 0 {
 		return nil, fmt.Errorf("open store: reserve %d bytes is negative: %w", cfg.ReserveBytes, ErrInvalid)
+	}
+	if !(cfg.ReserveRatio >= 0 && cfg.ReserveRatio < 1) {
+		return nil, fmt.Errorf("open store: reserve ratio %v outside [0, 1): %w", cfg.ReserveRatio, ErrInvalid)
 	}
 	if cfg.Dir == "" {
 		return nil, fmt.Errorf("open store: no data directory: %w", ErrInvalid)

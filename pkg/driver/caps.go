@@ -184,6 +184,21 @@ func ParseBytes(s string) (int64, error) {
 	return n * mult, nil
 }
 
+// ParseReserve reads a reserve: a size (see ParseBytes), or a percentage
+// of the filesystem, "N%" with 0 <= N < 100 (fractions allowed). It returns
+// the bytes or the ratio, the other zero.
+func ParseReserve(s string) (bytes int64, ratio float64, err error) {
+	if num, ok := strings.CutSuffix(s, "%"); ok {
+		p, err := strconv.ParseFloat(num, 64)
+		if err != nil || !(p >= 0 && p < 100) {
+			return 0, 0, fmt.Errorf("reserve %q: want a percentage from 0 to below 100, such as 10%%", s)
+		}
+		return 0, p / 100, nil
+	}
+	bytes, err = ParseBytes(s)
+	return bytes, 0, err
+}
+
 // tuningFromParams reads the per-volume queue overrides; the backend
 // validates them against the node's limits.
 func tuningFromParams(p map[string]string) (blockdev.Tuning, error) {

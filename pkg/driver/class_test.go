@@ -89,3 +89,24 @@ func TestClaimMetadataKept(t *testing.T) {
 		t.Errorf("status volumes %+v: want one with claim shop/data", st.Volumes)
 	}
 }
+
+// TestParseReserve pins the --reserve format: a size or a percentage.
+func TestParseReserve(t *testing.T) {
+	for in, want := range map[string]struct {
+		bytes int64
+		ratio float64
+	}{
+		"0": {0, 0}, "1048576": {1 << 20, 0}, "20Gi": {20 << 30, 0}, "5G": {5e9, 0},
+		"10%": {0, 0.10}, "0.5%": {0, 0.005}, "0%": {0, 0},
+	} {
+		b, r, err := ParseReserve(in)
+		if err != nil || b != want.bytes || r != want.ratio {
+			t.Errorf("ParseReserve(%q) = %d, %v, %v; want %d, %v", in, b, r, err, want.bytes, want.ratio)
+		}
+	}
+	for _, in := range []string{"", "-1", "10GB", "100%", "-5%", "x%", "1.5Gi"} {
+		if b, r, err := ParseReserve(in); err == nil {
+			t.Errorf("ParseReserve(%q) = %d, %v; want an error", in, b, r)
+		}
+	}
+}

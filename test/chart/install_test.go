@@ -529,6 +529,9 @@ func TestReserveAsNumber(t *testing.T) {
 	if v, _ := mustContainer(t, p, "csi-fastblk").arg("reserve"); v != "21474836480" {
 		t.Errorf("--reserve=%q, want 21474836480", v)
 	}
+	if v, _ := mustContainer(t, nodePod(t, render(t, "reserve=15%")), "csi-fastblk").arg("reserve"); v != "15%" {
+		t.Errorf("reserve=15%%: --reserve=%q, want 15%%", v)
+	}
 	if _, ok := mustContainer(t, nodePod(t, render(t, "reserve=0")), "csi-fastblk").arg("reserve"); ok {
 		t.Error("reserve=0 passes --reserve")
 	}

@@ -42,6 +42,7 @@ func TestBadValuesFail(t *testing.T) {
 		{"bad namespace name", "namespace.name=Fast_Blk", []string{"/namespace/name", "does not match pattern"}},
 		{"plugin cpu limit", "plugin.resources.limits.cpu=2", []string{"plugin.resources.limits.cpu: a CPU limit throttles"}},
 		{"reserve in GB", "reserve=10GB", []string{"/reserve", "does not match pattern"}},
+		{"reserve of everything", "reserve=100%", []string{"/reserve", "does not match pattern"}},
 		{"timeout not a duration", "csiTimeout=forever", []string{"/csiTimeout", "does not match pattern"}},
 		{"probe timeout in ms", "livenessProbe.probeTimeout=500ms", []string{"/livenessProbe/probeTimeout"}},
 		{"port clash with a sidecar", "resizer.httpPort=9812", []string{"resizer.httpPort 9812 is already used by provisioner.httpPort"}},
