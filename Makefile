@@ -9,7 +9,7 @@ LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
 .PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-down bench bench-engine bench-vm \
-        bench-scale chart-test deploy image lint fmt vet clean
+        bench-scale chart-test chart-readme chart-crds deploy image lint fmt vet clean
 
 all: build
 
@@ -82,6 +82,16 @@ bench-vm: static
 
 chart-test:
 	hack/chart/test.sh
+
+# Regenerate the values table of charts/csi-fastblk/README.md from
+# values.yaml (chart-test fails when it is stale or a value has no comment).
+chart-readme:
+	$(GO) run ./hack/chart/valuesdoc charts/csi-fastblk
+
+# Put the upstream snapshot.storage.k8s.io CRDs of the chart's
+# csi-snapshotter version, unmodified, into charts/csi-fastblk/crds/.
+chart-crds:
+	hack/chart/snapshot-crds.sh
 
 # Regenerate deploy/ from the chart.
 deploy:

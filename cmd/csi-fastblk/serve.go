@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -36,6 +38,13 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.StringVar(&c.driver.Name, "driver-name", "fastblk.csi.io", "CSI driver name")
 	fs.StringVar(&c.store.Dir, "data-dir", "/var/lib/csi-fastblk", "directory holding volume files and metadata")
 	fs.Float64Var(&c.store.OverProvisionRatio, "over-provision-ratio", 1.0, "capacity reported to the scheduler = free space × ratio (≥ 1)")
+	fs.Func("reserve", "free space of the data directory's filesystem never handed out to volumes: bytes, with Ki/Mi/Gi/k/M/G, "+
+		"or a percentage of the filesystem's size such as 10% (subtracted from the capacity reported to the scheduler and "+
+		"checked by every create, clone, snapshot and expansion; default 0)",
+		func(s string) (err error) {
+			c.store.ReserveBytes, c.store.ReserveRatio, err = driver.ParseReserve(s)
+			return err
+		})
 	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes this node accepts (0 = no limit)")
 	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk when /dev/ublk-control exists and works, else loop, saying why), ublk or loop")
 	fs.StringVar(&c.devices.DevDir, "dev-dir", "/dev/fastblk", "directory for stable device links <dev-dir>/<volume-id>")
@@ -125,6 +134,11 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 			klog.ErrorS(err, "some staged volumes could not be restored")
 		}
 	}
+	release, err := lockEndpoint(cfg.endpoint)
+	if err != nil {
+		return err
+	}
+	defer release()
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -142,6 +156,32 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return nil
 	}
 	return err
+}
+
+// lockEndpoint keeps a second plugin off a unix endpoint this process
+// serves: it holds an exclusive lock on "<socket>.lock" until release (or
+// the process's end). Two plugins on one node, for example two node
+// groups' DaemonSets whose selectors both match it, would otherwise take
+// the socket from each other and serve the same devices; the second now
+// stops at start, saying why. Other endpoints need no lock.
+func lockEndpoint(endpoint string) (release func(), err error) {
+	path, ok := strings.CutPrefix(endpoint, "unix://")
+	if !ok {
+		return func() {}, nil
+	}
+	lock := path + ".lock"
+	if err := os.MkdirAll(filepath.Dir(lock), 0o750); err != nil {
+		return nil, fmt.Errorf("lock endpoint: %w", err)
+	}
+	release, err = blockdev.LockFile(lock)
+	if errors.Is(err, blockdev.ErrBusy) {
+		return nil, fmt.Errorf("endpoint %s is served by another csi-fastblk (it holds %s): one plugin per node "+
+			"(with node groups, a node must match only one group's nodeSelector)", endpoint, lock)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("lock endpoint: %w", err)
+	}
+	return release, nil
 }
 
 // thawAbandoned thaws the filesystems an earlier run froze for a snapshot or
@@ -183,7 +223,7 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 	kernel := blockdev.KernelRelease()
 	avail, total, err := store.Capacity()
 	klog.InfoS("csi-fastblk starting", "version", version, "driver", cfg.driver.Name, "nodeID", cfg.driver.NodeID,
-		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir,
+		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir, "reserveBytes", cfg.store.ReserveBytes, "reserveRatio", cfg.store.ReserveRatio,
 		"capacityAvailable", avail, "capacityTotal", total, "capacityErr", err,
 		"volumes", len(store.Volumes()), "snapshots", len(store.Snapshots()))
 	if f, ok := backend.(interface{ Features() uint64 }); ok {

@@ -4,7 +4,10 @@
 #   2. helm lint and helm template with default and non-default values,
 #   3. the Go tests in test/chart: images from values, socket and registration
 #      paths, kubelet directory, schema failures, CSIDriver/StorageClass/CRD
-#      shape, and deploy/ freshness ("run make deploy"),
+#      shape, snapshot class gating with and without the snapshot API,
+#      NOTES.txt warnings, node groups, sidecar flags and probes, the upstream
+#      CRDs, the generated README ("run make chart-readme") and deploy/
+#      freshness ("run make deploy"),
 #   4. the container image: a static build, hack/image/build.sh into a temporary
 #      archive (about 30 s with the .deb cache, 2-3 min on a fresh machine), and
 #      TestImageArchive on it. CHART_TEST_IMAGE=0 skips this step.
@@ -24,11 +27,17 @@ declare -A sets=(
 	[microk8s]="--set kubeletDir=/var/snap/microk8s/common/var/lib/kubelet"
 	[custom-images]="--set plugin.image.repository=registry.local/csi-fastblk --set plugin.image.tag=test --set provisioner.image.repository=registry.local/csi-provisioner --set resizer.image.tag=v0.0.1"
 	[metrics-off]="--set metrics.enabled=false"
-	[snapshot-controller]="--set snapshotController.install=true"
+	[snapshot-controller]="--set snapshotController.install=true --api-versions snapshot.storage.k8s.io/v1"
+	[distributed-in-cluster]="--set snapshotController.distributedInCluster=true --api-versions snapshot.storage.k8s.io/v1"
+	[node-groups]="--set nodeGroups[0].name=nvme,nodeGroups[0].nodeSelector.disk=nvme,nodeGroups[0].dataDir=/mnt/fastblk,nodeGroups[0].reserve=10Gi"
+	[admission]="--set namespace.create=true,namespace.name=fastblk-system,priorityClass.create=true"
+	[classes]="--set storageClasses[0].name=fastblk-xfs,storageClasses[0].fsType=xfs,storageClasses[1].name=capped,storageClasses[1].maxIOPS=1000"
 )
 for name in "${!sets[@]}"; do
 	# shellcheck disable=SC2086 # the value sets are word lists on purpose
-	"$HELM" lint --strict --quiet "$chart" --kube-version "$KUBE_VERSION" ${sets[$name]} >/dev/null
+	# helm lint takes no --api-versions: it lints with the --set part only.
+	# shellcheck disable=SC2086
+	"$HELM" lint --strict --quiet "$chart" --kube-version "$KUBE_VERSION" ${sets[$name]%%--api-versions*} >/dev/null
 	# shellcheck disable=SC2086
 	n=$("$HELM" template csi-fastblk "$chart" -n csi-fastblk --kube-version "$KUBE_VERSION" ${sets[$name]} | grep -c '^kind:')
 	echo "chart $name: lint ok, $n objects"

@@ -63,6 +63,21 @@ func (v Volume) EffectiveParams() map[string]string {
 	return p
 }
 
+// Keys of the claim metadata the external-provisioner adds to CreateVolume
+// parameters with --extra-create-metadata; they stay in Volume.Params.
+const (
+	ParamPVCName      = "csi.storage.k8s.io/pvc/name"
+	ParamPVCNamespace = "csi.storage.k8s.io/pvc/namespace"
+	ParamPVName       = "csi.storage.k8s.io/pv/name"
+)
+
+// Claim returns the namespace and name of the PersistentVolumeClaim the
+// volume was provisioned for, as the provisioner passed them at creation;
+// both are empty for volumes created without that metadata.
+func (v Volume) Claim() (namespace, name string) {
+	return v.Params[ParamPVCNamespace], v.Params[ParamPVCName]
+}
+
 // NodeState records what the node service did with a volume.
 type NodeState struct {
 	// StagingPath is where the volume is staged ("" when not staged).

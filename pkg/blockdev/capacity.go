@@ -11,7 +11,8 @@ import (
 // over-provisioning ratio and what existing volumes may still grow into.
 //
 // Accounting, from statfs of the data directory (free = blocks available to
-// unprivileged users, total = filesystem size):
+// unprivileged users less the configured reserve, its bytes plus its ratio of
+// the filesystem's size; total = filesystem size):
 //   - ratio 1 (no over-provisioning): available = free minus, for every
 //     volume, the part of its size not yet allocated on disk (size minus
 //     st_blocks*512). Every volume can then be filled completely. Snapshots
@@ -28,8 +29,8 @@ func (s *Store) Capacity() (available, total int64, err error) {
 	if err := unix.Statfs(s.cfg.Dir, &st); err != nil {
 		return 0, 0, fmt.Errorf("capacity %s: %w", s.cfg.Dir, err)
 	}
-	free := mulSat(int64(st.Bavail), st.Bsize)
 	total = mulSat(int64(st.Blocks), st.Bsize)
+	free := mulSat(int64(st.Bavail), st.Bsize) - s.cfg.ReserveBytes - scale(total, s.cfg.ReserveRatio)
 	if r := s.cfg.OverProvisionRatio; r > 1 {
 		free, total = scale(free, r), scale(total, r)
 	} else {

@@ -85,3 +85,67 @@ func TestCapacity(t *testing.T) {
 		mustCreate(t, o, VolumeSpec{Name: "thin", SizeBytes: 48 << 20}) // more than the disk has free
 	})
 }
+
+// TestCapacityReserve runs on a real ext4 filesystem on a loop device: the
+// reserve is subtracted from the free space before anything is handed out,
+// so a create, an expansion or a snapshot that would cut into it is refused,
+// and what is left of the filesystem stays free.
+func TestCapacityReserve(t *testing.T) {
+	ctx := context.Background()
+	dir := mountImage(t, 128<<20, "mkfs.ext4", "-q", "-F", "-m", "0")
+	const reserve = 48 << 20
+	s, err := OpenStore(StoreConfig{Dir: dir, ReserveBytes: reserve})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	free := func() int64 {
+		var st unix.Statfs_t
+		if err := unix.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		return int64(st.Bavail) * st.Bsize
+	}
+	if got, want := capacity(t, s), free()-reserve; !near(got, want) {
+		t.Fatalf("available %d, want free %d less the reserve %d = %d", got, free(), int64(reserve), want)
+	}
+	left := capacity(t, s) - slack
+	v := mustCreate(t, s, VolumeSpec{Name: "fill", SizeBytes: left &^ (SizeAlign - 1)})
+	if _, err := s.CreateVolume(ctx, VolumeSpec{Name: "into-reserve", SizeBytes: 2 * slack}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("CreateVolume into the reserve = %v, want ErrNoSpace", err)
+	}
+	if _, err := s.ExpandVolume(ctx, v.ID, v.SizeBytes+2*slack); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("ExpandVolume into the reserve = %v, want ErrNoSpace", err)
+	}
+	writeAt(t, s.VolumeFile(v.ID), 0, 4<<20, 7)
+	if _, err := s.CreateSnapshot(ctx, "snap", v.ID, nil); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("CreateSnapshot into the reserve = %v, want ErrNoSpace", err)
+	}
+	// Filling the volume completely leaves the reserve free.
+	writeAt(t, s.VolumeFile(v.ID), 0, int(v.SizeBytes), 9)
+	if f := free(); f < reserve-slack {
+		t.Fatalf("filesystem free %d after filling every volume, want at least the reserve %d", f, int64(reserve))
+	}
+	if _, err := OpenStore(StoreConfig{Dir: t.TempDir(), ReserveBytes: -1}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("OpenStore with a negative reserve = %v, want ErrInvalid", err)
+	}
+	if _, err := OpenStore(StoreConfig{Dir: t.TempDir(), ReserveRatio: 1}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("OpenStore reserving the whole filesystem = %v, want ErrInvalid", err)
+	}
+	// A ratio reserves that share of the filesystem's size.
+	s.Close()
+	r, err := OpenStore(StoreConfig{Dir: dir, ReserveRatio: 0.25})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	size := int64(st.Blocks) * st.Bsize
+	// The volume is fully written: it may take no more.
+	if got, want := capacity(t, r), max(free()-size/4, 0); !near(got, want) {
+		t.Fatalf("ratio 0.25: available %d, want free %d less a quarter of %d = %d", got, free(), size, want)
+	}
+}

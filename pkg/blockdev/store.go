@@ -18,6 +18,16 @@ type StoreConfig struct {
 	// sparse volumes (1.0 = no over-provisioning). Zero means 1; values
 	// below 1 are invalid.
 	OverProvisionRatio float64
+	// ReserveBytes of the data directory's free space are never handed
+	// out: Capacity subtracts them before anything else, so creates,
+	// clones, snapshots and expansions stop short of them (and of the
+	// kubelet's disk-pressure threshold when the directory shares the
+	// root filesystem). Negative values are invalid.
+	ReserveBytes int64
+	// ReserveRatio reserves this fraction of the filesystem's size
+	// instead (0 <= ratio < 1), for nodes whose disks differ in size; it
+	// adds to ReserveBytes.
+	ReserveRatio float64
 }
 
 // VolumeSpec describes a volume to create.
@@ -90,6 +100,12 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 	}
 	if !(cfg.OverProvisionRatio >= 1) {
 		return nil, fmt.Errorf("open store: over-provisioning ratio %v below 1: %w", cfg.OverProvisionRatio, ErrInvalid)
+	}
+	if cfg.ReserveBytes < 0 {
+		return nil, fmt.Errorf("open store: reserve %d bytes is negative: %w", cfg.ReserveBytes, ErrInvalid)
+	}
+	if !(cfg.ReserveRatio >= 0 && cfg.ReserveRatio < 1) {
+		return nil, fmt.Errorf("open store: reserve ratio %v outside [0, 1): %w", cfg.ReserveRatio, ErrInvalid)
 	}
 	if cfg.Dir == "" {
 		return nil, fmt.Errorf("open store: no data directory: %w", ErrInvalid)

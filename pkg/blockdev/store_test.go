@@ -33,6 +33,15 @@ func TestCreateVolume(t *testing.T) {
 			t.Fatalf("repeat gave %+v, want %+v", again, v)
 		}
 	})
+	t.Run("idempotent-across-claim-metadata", func(t *testing.T) {
+		// The provisioner started passing the claim (an upgrade turned on
+		// --extra-create-metadata) while it retried the create.
+		again := mustCreate(t, s, VolumeSpec{Name: "a", SizeBytes: 10<<20 + 4096, Params: map[string]string{"k": "v",
+			ParamPVCName: "data", ParamPVCNamespace: "shop", ParamPVName: "a"}})
+		if again.ID != v.ID {
+			t.Fatalf("repeat with claim metadata gave volume %s, want %s", again.ID, v.ID)
+		}
+	})
 	for label, tc := range map[string]struct {
 		spec VolumeSpec
 		want error

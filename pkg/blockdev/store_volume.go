@@ -101,12 +101,31 @@ func sameVolume(v Volume, spec VolumeSpec, size int64) error {
 	switch {
 	case size != 0 && size != v.SizeBytes:
 		return fmt.Errorf("volume %q exists with size %d, not %d: %w", v.Name, v.SizeBytes, size, ErrConflict)
-	case !maps.Equal(v.Params, spec.Params):
+	case !maps.Equal(identityParams(v.Params), identityParams(spec.Params)):
 		return fmt.Errorf("volume %q exists with other parameters: %w", v.Name, ErrConflict)
 	case v.SourceSnapshotID != spec.SourceSnapshotID || v.SourceVolumeID != spec.SourceVolumeID:
 		return fmt.Errorf("volume %q exists with another source: %w", v.Name, ErrConflict)
 	}
 	return nil
+}
+
+// identityParams returns params without the claim metadata the provisioner
+// adds with --extra-create-metadata: it names the claim, not the volume, so
+// a request retried across a change of that flag (an upgrade of the chart)
+// still finds the volume it created.
+func identityParams(params map[string]string) map[string]string {
+	if _, ok := params[ParamPVCName]; !ok {
+		if _, ok := params[ParamPVCNamespace]; !ok {
+			if _, ok := params[ParamPVName]; !ok {
+				return params
+			}
+		}
+	}
+	p := maps.Clone(params)
+	delete(p, ParamPVCName)
+	delete(p, ParamPVCNamespace)
+	delete(p, ParamPVName)
+	return p
 }
 
 // source returns the data file and size of the source ID ("" for none).

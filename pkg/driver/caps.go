@@ -3,6 +3,7 @@ package driver
 import (
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -170,6 +171,32 @@ func ParseBandwidth(s string) (int64, error) {
 		return 0, fmt.Errorf("want bytes per second: an integer with an optional Ki, Mi, Gi, k, M or G suffix (e.g. 200Mi), 0 for no limit")
 	}
 	return n * mult, nil
+}
+
+// ParseBytes reads a size in bytes: an integer with an optional Ki, Mi, Gi,
+// k, M or G suffix.
+func ParseBytes(s string) (int64, error) {
+	num, mult := splitQuantity(s)
+	n, err := strconv.ParseInt(num, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("size %q: want bytes, an integer with an optional Ki, Mi, Gi, k, M or G suffix (e.g. 10Gi)", s)
+	}
+	return n * mult, nil
+}
+
+// ParseReserve reads a reserve: a size (see ParseBytes), or a percentage
+// of the filesystem, "N%" with 0 <= N < 100 (fractions allowed). It returns
+// the bytes or the ratio, the other zero.
+func ParseReserve(s string) (bytes int64, ratio float64, err error) {
+	if num, ok := strings.CutSuffix(s, "%"); ok {
+		p, err := strconv.ParseFloat(num, 64)
+		if err != nil || !(p >= 0 && p < 100) {
+			return 0, 0, fmt.Errorf("reserve %q: want a percentage from 0 to below 100, such as 10%%", s)
+		}
+		return 0, p / 100, nil
+	}
+	bytes, err = ParseBytes(s)
+	return bytes, 0, err
 }
 
 // tuningFromParams reads the per-volume queue overrides; the backend

@@ -218,6 +218,18 @@ func (d *Driver) sizeFromSource(spec *blockdev.VolumeSpec, cr *csi.CapacityRange
 	return nil
 }
 
+// checkClass reports why CreateVolume would refuse a volume with these
+// StorageClass parameters on this node, or nil.
+func (d *Driver) checkClass(params map[string]string) error {
+	if err := checkParams(params); err != nil {
+		return err
+	}
+	if err := checkNodeTuning(params, runtime.NumCPU()); err != nil {
+		return err
+	}
+	return d.checkLimits(blockdev.Volume{Params: params})
+}
+
 // checkTopology refuses a volume when the requisite topology excludes this node.
 func (d *Driver) checkTopology(req *csi.TopologyRequirement) error {
 	if len(req.GetRequisite()) == 0 {
@@ -333,6 +345,14 @@ func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 		if checkCapability(c) != nil {
 			return &csi.GetCapacityResponse{}, nil
 		}
+	}
+	// Capacity is per StorageClass (the provisioner passes the class's
+	// parameters): a class this node would refuse at CreateVolume, for
+	// example one with rate limits on a loop-backend node, gets none, so
+	// the scheduler places its volumes on nodes that can serve them.
+	if err := s.d.checkClass(req.GetParameters()); err != nil {
+		klog.V(4).InfoS("no capacity for the class", "parameters", req.GetParameters(), "reason", err)
+		return &csi.GetCapacityResponse{}, nil
 	}
 	avail, _, err := s.d.store.Capacity()
 	if err != nil {

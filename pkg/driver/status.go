@@ -35,17 +35,21 @@ type NodeStatus struct {
 
 // VolumeStatus describes one volume and, when attached, its device.
 type VolumeStatus struct {
-	ID          string          `json:"id"`
-	Name        string          `json:"name"`
-	SizeBytes   int64           `json:"sizeBytes"`
-	StagingPath string          `json:"stagingPath,omitempty"`
-	Access      string          `json:"access,omitempty"`
-	FsType      string          `json:"fsType,omitempty"`
-	Targets     int             `json:"targets"`
-	Device      string          `json:"device,omitempty"`
-	Link        string          `json:"link,omitempty"`
-	Backend     string          `json:"backend,omitempty"`
-	Tuning      blockdev.Tuning `json:"tuning"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// PVCNamespace and PVCName name the claim the volume was provisioned
+	// for (from the provisioner's --extra-create-metadata; empty without).
+	PVCNamespace string          `json:"pvcNamespace,omitempty"`
+	PVCName      string          `json:"pvcName,omitempty"`
+	SizeBytes    int64           `json:"sizeBytes"`
+	StagingPath  string          `json:"stagingPath,omitempty"`
+	Access       string          `json:"access,omitempty"`
+	FsType       string          `json:"fsType,omitempty"`
+	Targets      int             `json:"targets"`
+	Device       string          `json:"device,omitempty"`
+	Link         string          `json:"link,omitempty"`
+	Backend      string          `json:"backend,omitempty"`
+	Tuning       blockdev.Tuning `json:"tuning"`
 	// Limits are the volume's rate limits: those in force on its device
 	// when attached, else those recorded.
 	Limits qos.Limits          `json:"limits,omitzero"`
@@ -88,6 +92,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	for _, v := range d.store.Volumes() {
 		vs := VolumeStatus{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, StagingPath: v.Node.StagingPath,
 			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning}
+		vs.PVCNamespace, vs.PVCName = v.Claim()
 		vs.Limits, _ = limitsOf(v)
 		if v.Node.StagingPath != "" {
 			vs.Access = accessName(v.Node.Block)

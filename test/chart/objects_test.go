@@ -36,11 +36,12 @@ type workload struct {
 }
 
 type podSpec struct {
-	ServiceAccountName string      `yaml:"serviceAccountName"`
-	PriorityClassName  string      `yaml:"priorityClassName"`
-	InitContainers     []container `yaml:"initContainers"`
-	Containers         []container `yaml:"containers"`
-	Volumes            []volume    `yaml:"volumes"`
+	ServiceAccountName string            `yaml:"serviceAccountName"`
+	NodeSelector       map[string]string `yaml:"nodeSelector"`
+	PriorityClassName  string            `yaml:"priorityClassName"`
+	InitContainers     []container       `yaml:"initContainers"`
+	Containers         []container       `yaml:"containers"`
+	Volumes            []volume          `yaml:"volumes"`
 }
 
 type container struct {
@@ -52,6 +53,19 @@ type container struct {
 	Ports           []containerPort  `yaml:"ports"`
 	VolumeMounts    []volumeMount    `yaml:"volumeMounts"`
 	SecurityContext *securityContext `yaml:"securityContext"`
+	LivenessProbe   *probe           `yaml:"livenessProbe"`
+	Resources       struct {
+		Requests map[string]string `yaml:"requests"`
+		Limits   map[string]string `yaml:"limits"`
+	} `yaml:"resources"`
+}
+
+type probe struct {
+	HTTPGet *struct {
+		Path string `yaml:"path"`
+		Port string `yaml:"port"`
+	} `yaml:"httpGet"`
+	TimeoutSeconds int `yaml:"timeoutSeconds"`
 }
 
 type envVar struct {

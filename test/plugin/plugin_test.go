@@ -62,12 +62,19 @@ func startPlugin(t *testing.T) *runningPlugin {
 // with env added to its environment.
 func launch(t *testing.T, bin, dir string, env ...string) *runningPlugin {
 	t.Helper()
+	return launchArgs(t, bin, dir, nil, env...)
+}
+
+// launchArgs is launch with extra serve flags.
+func launchArgs(t *testing.T, bin, dir string, args []string, env ...string) *runningPlugin {
+	t.Helper()
 	p := &runningPlugin{bin: bin, metrics: freePort(t), dir: dir, exited: make(chan error, 1)}
 	sock := filepath.Join(p.dir, "csi.sock")
 	os.Remove(sock) // left by a killed predecessor: wait for the new one
 	p.cmd = exec.Command(p.bin, "serve", "--endpoint", "unix://"+sock, "--backend", "loop",
 		"--data-dir", filepath.Join(p.dir, "data"), "--dev-dir", filepath.Join(p.dir, "dev"),
 		"--node-id", "plugin-test", "--metrics-address", p.metrics, "-v=2")
+	p.cmd.Args = append(p.cmd.Args, args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	logf, err := os.OpenFile(filepath.Join(p.dir, "plugin.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {

@@ -36,6 +36,12 @@ tag falls back to the chart's appVersion. Call with (list $ .Values.x.image). */
 {{- printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag) -}}
 {{- end -}}
 
+{{/* namespace of the chart's namespaced objects: namespace.name, or the
+release's. */}}
+{{- define "csi-fastblk.namespace" -}}
+{{- default .Release.Namespace .Values.namespace.name -}}
+{{- end -}}
+
 {{- define "csi-fastblk.kubeletDir" -}}
 {{- .Values.kubeletDir | trimSuffix "/" -}}
 {{- end -}}
@@ -77,26 +83,166 @@ securityContext:
 
 {{/* validate fails the render on combinations the schema cannot express. */}}
 {{- define "csi-fastblk.validate" -}}
-{{- $ports := dict -}}
-{{- $_ := set $ports (toString .Values.healthPort) "healthPort" -}}
-{{- $r := toString .Values.registrar.healthPort -}}
-{{- if hasKey $ports $r -}}
-{{- fail (printf "registrar.healthPort %s is already used by %s: the node pod's ports must differ" $r (get $ports $r)) -}}
+{{- $ports := list (list "healthPort" .Values.healthPort) (list "registrar.healthPort" .Values.registrar.healthPort)
+  (list "provisioner.httpPort" .Values.provisioner.httpPort) (list "resizer.httpPort" .Values.resizer.httpPort) -}}
+{{- if .Values.snapshotter.enabled -}}
+{{- $ports = append $ports (list "snapshotter.httpPort" .Values.snapshotter.httpPort) -}}
 {{- end -}}
-{{- $_ := set $ports $r "registrar.healthPort" -}}
 {{- if .Values.metrics.enabled -}}
-{{- $m := toString .Values.metrics.port -}}
-{{- if hasKey $ports $m -}}
-{{- fail (printf "metrics.port %s is already used by %s: the node pod's ports must differ" $m (get $ports $m)) -}}
+{{- $ports = append $ports (list "metrics.port" .Values.metrics.port) -}}
 {{- end -}}
+{{- $seen := dict -}}
+{{- range $ports -}}
+{{- $p := toString (index . 1) -}}
+{{- if hasKey $seen $p -}}
+{{- fail (printf "%s %s is already used by %s: the node pod's ports must differ" (index . 0) $p (get $seen $p)) -}}
+{{- end -}}
+{{- $_ := set $seen $p (index . 0) -}}
 {{- end -}}
 {{- $r := float64 .Values.overProvisionRatio -}}
 {{- if or (lt $r 1.0) (gt $r 100.0) -}}
 {{- fail (printf "overProvisionRatio %v must be from 1 to 100" .Values.overProvisionRatio) -}}
 {{- end -}}
 {{- $k := include "csi-fastblk.kubeletDir" . -}}
-{{- $d := .Values.dataDir | trimSuffix "/" -}}
+{{- range include "csi-fastblk.nodeGroups" . | fromYamlArray -}}
+{{- $d := .dataDir | trimSuffix "/" -}}
 {{- if or (eq $d $k) (hasPrefix (printf "%s/" $k) $d) -}}
-{{- fail (printf "dataDir %s must not be inside kubeletDir %s (it would overlap the kubelet mounts)" .Values.dataDir .Values.kubeletDir) -}}
+{{- fail (printf "%s %s must not be inside kubeletDir %s (it would overlap the kubelet mounts)" .dataDirKey .dataDir $k) -}}
 {{- end -}}
+{{- end -}}
+{{- $names := dict -}}
+{{- $selectors := dict -}}
+{{- range .Values.nodeGroups -}}
+{{- if hasKey $names .name -}}
+{{- fail (printf "nodeGroups: the name %q is used twice" .name) -}}
+{{- end -}}
+{{- $_ := set $names .name true -}}
+{{- $sel := toJson .nodeSelector -}}
+{{- if hasKey $selectors $sel -}}
+{{- fail (printf "nodeGroups %s and %s have the same nodeSelector %s: a node must match at most one group" (get $selectors $sel) .name $sel) -}}
+{{- end -}}
+{{- $_ := set $selectors $sel .name -}}
+{{- end -}}
+{{- with .Values.plugin.resources.limits -}}
+{{- if hasKey . "cpu" -}}
+{{- fail "plugin.resources.limits.cpu: a CPU limit throttles the plugin's ublk server threads, which are the data path of every volume on the node; set requests only" -}}
+{{- end -}}
+{{- end -}}
+{{- $classes := dict -}}
+{{- $defaults := list -}}
+{{- range include "csi-fastblk.storageClasses" . | fromYamlArray -}}
+{{- if hasKey $classes .name -}}
+{{- fail (printf "StorageClass %q is defined twice (storageClass and storageClasses)" .name) -}}
+{{- end -}}
+{{- $_ := set $classes .name true -}}
+{{- if .isDefault -}}
+{{- $defaults = append $defaults .name -}}
+{{- end -}}
+{{- end -}}
+{{- if gt (len $defaults) 1 -}}
+{{- fail (printf "StorageClasses %s are all marked isDefault: at most one class may be the cluster default" (join ", " $defaults)) -}}
+{{- end -}}
+{{- if and .Values.namespace.create (eq (include "csi-fastblk.namespace" .) .Release.Namespace) -}}
+{{- fail (printf "namespace.create: set namespace.name to a namespace other than the release's (%s): Helm stores the release in its namespace before it creates anything, so that one must exist already (e.g. helm install -n kube-system --set namespace.create=true,namespace.name=csi-fastblk)" .Release.Namespace) -}}
+{{- end -}}
+{{- if and .Values.priorityClass.create (gt (int64 .Values.priorityClass.value) 1000000000) -}}
+{{- fail (printf "priorityClass.value %v: a PriorityClass outside the system ones may be at most 1000000000" .Values.priorityClass.value) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* nodeGroups renders, as a YAML list, the node DaemonSets to create: each
+group of values.nodeGroups, or one for every node. Each item: suffix (of the
+DaemonSet's name, "" for the single one), group (its label value, "" for the
+single one), nodeSelector, dataDir, dataDirKey (the value it came from, for
+messages), reserve and hostPathType. */}}
+{{- define "csi-fastblk.nodeGroups" -}}
+{{- $out := list -}}
+{{- if .Values.nodeGroups -}}
+{{- range $i, $g := .Values.nodeGroups -}}
+{{- $sel := merge (dict) (deepCopy $g.nodeSelector) (deepCopy (default dict $.Values.nodeSelector)) -}}
+{{- $create := ternary $g.createDataDir true (hasKey $g "createDataDir") -}}
+{{- $out = append $out (dict "suffix" (printf "-%s" $g.name) "group" $g.name "nodeSelector" $sel
+  "dataDir" $g.dataDir "dataDirKey" (printf "nodeGroups[%d].dataDir" $i)
+  "reserve" (include "csi-fastblk.size" (ternary $g.reserve $.Values.reserve (hasKey $g "reserve")))
+  "hostPathType" (ternary "DirectoryOrCreate" "Directory" $create)) -}}
+{{- end -}}
+{{- else -}}
+{{- $out = append $out (dict "suffix" "" "group" "" "nodeSelector" (default dict .Values.nodeSelector)
+  "dataDir" .Values.dataDir "dataDirKey" "dataDir" "reserve" (include "csi-fastblk.size" .Values.reserve) "hostPathType" "DirectoryOrCreate") -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* storageClasses renders, as a YAML list, every StorageClass to create:
+storageClass (when create) and each item of storageClasses with the keys it
+leaves out taken from storageClass (isDefault excepted). */}}
+{{- define "csi-fastblk.storageClasses" -}}
+{{- $out := list -}}
+{{- $base := .Values.storageClass -}}
+{{- if $base.create -}}
+{{- $out = append $out (omit $base "create") -}}
+{{- end -}}
+{{- range .Values.storageClasses -}}
+{{- $item := . -}}
+{{- $sc := dict -}}
+{{- range $k, $v := omit $base "create" "isDefault" -}}
+{{- $_ := set $sc $k (ternary (get $item $k) $v (hasKey $item $k)) -}}
+{{- end -}}
+{{- $_ := set $sc "isDefault" (and (hasKey $item "isDefault") $item.isDefault) -}}
+{{- $out = append $out $sc -}}
+{{- end -}}
+{{- toYaml $out -}}
+{{- end -}}
+
+{{/* priorityClassName is the node pods' class: the chart's own when
+priorityClass.create, else priorityClassName. */}}
+{{- define "csi-fastblk.priorityClassName" -}}
+{{- if .Values.priorityClass.create -}}
+{{- printf "%s-node-critical" (include "csi-fastblk.fullname" .) -}}
+{{- else -}}
+{{- .Values.priorityClassName -}}
+{{- end -}}
+{{- end -}}
+
+{{/* snapshotAPI is "true" when the cluster serves snapshot.storage.k8s.io/v1:
+its own CRDs, or the chart's, which Helm installs before it reads the
+cluster's APIs (helm template: --api-versions snapshot.storage.k8s.io/v1). */}}
+{{- define "csi-fastblk.snapshotAPI" -}}
+{{- if .Capabilities.APIVersions.Has "snapshot.storage.k8s.io/v1" -}}true{{- end -}}
+{{- end -}}
+
+{{/* snapshotClass is "true" when the VolumeSnapshotClass can work: the
+snapshotter runs, the API exists and a distributed snapshot-controller is
+installed by the chart or declared present. */}}
+{{- define "csi-fastblk.snapshotClass" -}}
+{{- $c := .Values.snapshotController -}}
+{{- if and .Values.snapshotClass.create .Values.snapshotter.enabled (include "csi-fastblk.snapshotAPI" .) (or $c.install $c.distributedInCluster) -}}true{{- end -}}
+{{- end -}}
+
+{{/* sidecarProbe renders the port and liveness probe of a sidecar's
+--http-endpoint. Call with (list portName port path). */}}
+{{- define "csi-fastblk.sidecarProbe" -}}
+ports:
+  - name: {{ index . 0 }}
+    containerPort: {{ index . 1 }}
+    protocol: TCP
+livenessProbe:
+  httpGet:
+    path: {{ index . 2 }}
+    port: {{ index . 0 }}
+  initialDelaySeconds: 10
+  periodSeconds: 20
+  timeoutSeconds: 10
+  failureThreshold: 5
+{{- end -}}
+
+{{/* seconds turns a Go duration of whole seconds ("3s") into its number. */}}
+{{- define "csi-fastblk.seconds" -}}
+{{- . | trimSuffix "s" | int -}}
+{{- end -}}
+
+{{/* size renders a size value: a string as it is, a number (YAML numbers
+reach templates as float64) in plain digits. */}}
+{{- define "csi-fastblk.size" -}}
+{{- if kindIs "string" . -}}{{ . }}{{- else if kindIs "invalid" . -}}{{- else -}}{{ printf "%d" (int64 .) }}{{- end -}}
 {{- end -}}
