@@ -12,17 +12,20 @@ import (
 // NodeStatus is what the plugin reports about its node: served at /status
 // and shown by `csi-fastblk status`; the metrics collector reads it too.
 type NodeStatus struct {
-	Driver            string         `json:"driver"`
-	Version           string         `json:"version"`
-	NodeID            string         `json:"nodeID"`
-	Kernel            string         `json:"kernel"`
-	Backend           string         `json:"backend"`
-	Healthy           bool           `json:"healthy"`
-	HealthError       string         `json:"healthError,omitempty"`
-	CapacityAvailable int64          `json:"capacityAvailable"`
-	CapacityTotal     int64          `json:"capacityTotal"`
-	Volumes           []VolumeStatus `json:"volumes"`
-	Snapshots         int            `json:"snapshots"`
+	Driver            string `json:"driver"`
+	Version           string `json:"version"`
+	NodeID            string `json:"nodeID"`
+	Kernel            string `json:"kernel"`
+	Backend           string `json:"backend"`
+	Healthy           bool   `json:"healthy"`
+	HealthError       string `json:"healthError,omitempty"`
+	CapacityAvailable int64  `json:"capacityAvailable"`
+	CapacityTotal     int64  `json:"capacityTotal"`
+	// FilesystemFree is what the data directory's filesystem has free
+	// (for unprivileged users), whatever volumes were promised.
+	FilesystemFree int64          `json:"filesystemFree"`
+	Volumes        []VolumeStatus `json:"volumes"`
+	Snapshots      int            `json:"snapshots"`
 	// PidsHeadroom is how many more tasks the plugin's cgroup may start
 	// under its pids limit (blockdev.PidsHeadroom); nil when there is no
 	// limit. Each ublk queue is two of them.
@@ -35,17 +38,25 @@ type NodeStatus struct {
 
 // VolumeStatus describes one volume and, when attached, its device.
 type VolumeStatus struct {
-	ID          string          `json:"id"`
-	Name        string          `json:"name"`
-	SizeBytes   int64           `json:"sizeBytes"`
-	StagingPath string          `json:"stagingPath,omitempty"`
-	Access      string          `json:"access,omitempty"`
-	FsType      string          `json:"fsType,omitempty"`
-	Targets     int             `json:"targets"`
-	Device      string          `json:"device,omitempty"`
-	Link        string          `json:"link,omitempty"`
-	Backend     string          `json:"backend,omitempty"`
-	Tuning      blockdev.Tuning `json:"tuning"`
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	SizeBytes int64  `json:"sizeBytes"`
+	// AllocatedBytes is the disk space the volume's sparse file takes.
+	AllocatedBytes int64 `json:"allocatedBytes"`
+	// PVC and PV name the Kubernetes objects of the volume, from the
+	// parameters the external-provisioner adds (--extra-create-metadata);
+	// empty for volumes created without them.
+	PVCNamespace string          `json:"pvcNamespace,omitempty"`
+	PVCName      string          `json:"pvcName,omitempty"`
+	PVName       string          `json:"pvName,omitempty"`
+	StagingPath  string          `json:"stagingPath,omitempty"`
+	Access       string          `json:"access,omitempty"`
+	FsType       string          `json:"fsType,omitempty"`
+	Targets      int             `json:"targets"`
+	Device       string          `json:"device,omitempty"`
+	Link         string          `json:"link,omitempty"`
+	Backend      string          `json:"backend,omitempty"`
+	Tuning       blockdev.Tuning `json:"tuning"`
 	// Limits are the volume's rate limits: those in force on its device
 	// when attached, else those recorded.
 	Limits qos.Limits          `json:"limits,omitzero"`
@@ -68,6 +79,9 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 		st.Healthy, st.HealthError = false, err.Error()
 	}
 	st.CapacityAvailable, st.CapacityTotal, _ = d.store.Capacity()
+	if fs, err := blockdev.StatFS(d.store.Dir()); err == nil {
+		st.FilesystemFree = fs.AvailableBytes
+	}
 	st.Snapshots = len(d.store.Snapshots())
 	st.Quarantined = d.store.Quarantined()
 	if q, ok := d.backend.(blockdev.Quarantiner); ok {
@@ -87,7 +101,9 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	statser, _ := d.backend.(blockdev.IOStatser)
 	for _, v := range d.store.Volumes() {
 		vs := VolumeStatus{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, StagingPath: v.Node.StagingPath,
-			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning}
+			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning,
+			PVCNamespace: v.Params[ParamPVCNamespace], PVCName: v.Params[ParamPVCName], PVName: v.Params[ParamPVName]}
+		vs.AllocatedBytes, _ = blockdev.AllocatedBytes(d.store.VolumeFile(v.ID))
 		vs.Limits, _ = limitsOf(v)
 		if v.Node.StagingPath != "" {
 			vs.Access = accessName(v.Node.Block)

@@ -140,7 +140,7 @@ func TestRecoveryKill9(t *testing.T) {
 	for _, f := range files {
 		runFio(t, fioVerify(f, "96M", true))
 	}
-	if n := p.metric(fmt.Sprintf(`fastblk_volume_recoveries_total{name="rec-raw",volume_id="%s"}`, raw.id)); n != 1 {
+	if n := p.metric(fmt.Sprintf(`fastblk_volume_recoveries_total{name="rec-raw",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, raw.id)); n != 1 {
 		t.Errorf("recoveries metric = %v after one kill -9, want 1", n)
 	}
 }
