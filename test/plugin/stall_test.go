@@ -97,4 +97,3 @@ func waitReady(t *testing.T, p *runningPlugin) {
 		return err == nil && (r.GetReady() == nil || r.GetReady().GetValue())
 	})
 }
-
