@@ -82,6 +82,9 @@ var valueSets = map[string][]string{
 		"overProvisionRatio=1.5", "maxVolumesPerNode=0"},
 	"no snapshots": {"snapshotter.enabled=false", "storageClass.create=false"},
 	"alerts":       {"metrics.prometheusRule.enabled=true", "metrics.prometheusRule.labels.release=prom"},
+	"monitoring": {"metrics.prometheusRule.enabled=true", "metrics.monitor.enabled=true", "metrics.dashboard.enabled=true",
+		"uninstallCheck.allowWithVolumes=true"},
+	"service monitor": {"metrics.monitor.enabled=true", "metrics.monitor.kind=ServiceMonitor", "uninstallCheck.enabled=false"},
 	"rate limits": {"storageClass.maxIOPS=5000", "storageClass.maxBandwidth=200Mi",
 		"volumeAttributesClasses[0].name=gold", "volumeAttributesClasses[0].maxIOPS=20000",
 		"volumeAttributesClasses[1].name=capped", "volumeAttributesClasses[1].maxBandwidth=100Mi"},
@@ -99,6 +102,11 @@ func TestRenders(t *testing.T) {
 		"CustomResourceDefinition": "apiextensions.k8s.io/v1",
 		"PrometheusRule":           "monitoring.coreos.com/v1",
 		"VolumeAttributesClass":    "storage.k8s.io/v1",
+		"Job":                      "batch/v1",
+		"PodMonitor":               "monitoring.coreos.com/v1",
+		"ServiceMonitor":           "monitoring.coreos.com/v1",
+		"Service":                  "v1",
+		"ConfigMap":                "v1",
 	}
 	for name, set := range valueSets {
 		t.Run(name, func(t *testing.T) {
