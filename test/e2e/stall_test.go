@@ -29,13 +29,14 @@ func TestUpgradeStall(t *testing.T) {
 			t.Fatalf("FASTBLK_STALL_ROUNDS=%q: want a positive number", s)
 		}
 	}
-	var gaps, restarts []time.Duration
+	var gaps, stops, starts []time.Duration
 	for range rounds {
 		m.Reset()
 		t0 := time.Now()
 		p.stop()
+		t1 := time.Now()
 		p.start()
-		restarts = append(restarts, time.Since(t0))
+		stops, starts = append(stops, t1.Sub(t0)), append(starts, time.Since(t1))
 		w := m.Writes()
 		deadline := time.Now().Add(30 * time.Second)
 		for m.Writes() <= w+10 {
@@ -54,9 +55,10 @@ func TestUpgradeStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	gmed, gworst := iogap.Summary(gaps)
-	rmed, rworst := iogap.Summary(restarts)
-	t.Logf("ublk backend, %d restarts: I/O stall median %.3f s, worst %.3f s; plugin stop to ready median %.3f s, worst %.3f s (gaps %v)",
-		len(gaps), gmed, gworst, rmed, rworst, gaps)
+	smed, sworst := iogap.Summary(stops)
+	rmed, rworst := iogap.Summary(starts)
+	t.Logf("ublk backend, %d restarts: I/O stall median %.3f s, worst %.3f s (gaps %v); SIGTERM to exit median %.3f s, worst %.3f s; start to ready median %.3f s, worst %.3f s",
+		len(gaps), gmed, gworst, gaps, smed, sworst, rmed, rworst)
 	if n := p.metric(`fastblk_volume_recoveries_total{name="stall",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="` + v.id + `"}`); n != 1 {
 		t.Errorf("recoveries = %v after the last restart, want 1", n)
 	}
