@@ -14,6 +14,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 )
@@ -27,7 +28,7 @@ func main() {
 
 func run(args []string) error {
 	if len(args) == 0 {
-		return fmt.Errorf("usage: ocitool chartref|elfcheck|index ...")
+		return errors.New("usage: ocitool chartref, elfcheck or index")
 	}
 	switch cmd, rest := args[0], args[1:]; {
 	case cmd == "chartref" && len(rest) == 1:
