@@ -27,6 +27,8 @@ declare -A sets=(
 	[custom-images]="--set plugin.image.repository=registry.local/csi-fastblk --set plugin.image.tag=test --set provisioner.image.repository=registry.local/csi-provisioner --set resizer.image.tag=v0.0.1"
 	[metrics-off]="--set metrics.enabled=false"
 	[snapshot-controller]="--set snapshotController.install=true"
+	[monitoring]="--set metrics.monitor.enabled=true --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true"
+	[service-monitor]="--set metrics.monitor.enabled=true --set metrics.monitor.kind=ServiceMonitor --set uninstallCheck.allowWithVolumes=true"
 )
 for name in "${!sets[@]}"; do
 	# shellcheck disable=SC2086 # the value sets are word lists on purpose
