@@ -18,6 +18,17 @@ import (
 // worst (docs/upgrades.md). No write may fail.
 func TestUpgradeStall(t *testing.T) {
 	p := newPlugin(t)
+	restartStall(t, p, "SIGTERM", p.stop)
+}
+
+// TestCrashStall is TestUpgradeStall with kill -9 instead of SIGTERM: the
+// plugin dies with its rings open, as in an OOM kill.
+func TestCrashStall(t *testing.T) {
+	p := newPlugin(t)
+	restartStall(t, p, "kill -9", p.kill9)
+}
+
+func restartStall(t *testing.T, p *plugin, how string, stop func()) {
 	v := p.provision("stall", 64<<20, blockCap(), nil)
 	m, err := iogap.Start(p.devLink(v), 16<<20)
 	if err != nil {
@@ -30,10 +41,10 @@ func TestUpgradeStall(t *testing.T) {
 		}
 	}
 	var gaps, stops, starts []time.Duration
-	for range rounds {
+	for i := range rounds {
 		m.Reset()
 		t0 := time.Now()
-		p.stop()
+		stop()
 		t1 := time.Now()
 		p.start()
 		stops, starts = append(stops, t1.Sub(t0)), append(starts, time.Since(t1))
@@ -41,7 +52,7 @@ func TestUpgradeStall(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for m.Writes() <= w+10 {
 			if time.Now().After(deadline) {
-				t.Fatalf("no writes completed within 30 s of the restart\n%s", p.logTail())
+				t.Fatalf("%s restart %d of %d: no writes completed within 30 s: the device was not re-adopted\n%s", how, i+1, rounds, p.logTail())
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -57,8 +68,8 @@ func TestUpgradeStall(t *testing.T) {
 	gmed, gworst := iogap.Summary(gaps)
 	smed, sworst := iogap.Summary(stops)
 	rmed, rworst := iogap.Summary(starts)
-	t.Logf("ublk backend, %d restarts: I/O stall median %.3f s, worst %.3f s (gaps %v); SIGTERM to exit median %.3f s, worst %.3f s; start to ready median %.3f s, worst %.3f s",
-		len(gaps), gmed, gworst, gaps, smed, sworst, rmed, rworst)
+	t.Logf("ublk backend, %d restarts after %s: I/O stall median %.3f s, worst %.3f s (gaps %v); stop median %.3f s, worst %.3f s; start to ready median %.3f s, worst %.3f s",
+		len(gaps), how, gmed, gworst, gaps, smed, sworst, rmed, rworst)
 	if n := p.metric(`fastblk_volume_recoveries_total{name="stall",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="` + v.id + `"}`); n != 1 {
 		t.Errorf("recoveries = %v after the last restart, want 1", n)
 	}
