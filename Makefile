@@ -97,8 +97,10 @@ chart-crds:
 deploy:
 	hack/chart/render-deploy.sh
 
-image: static
-	hack/image/build.sh
+# The plugin's image for amd64 and arm64, named as the chart's default
+# (bin/csi-fastblk-image.oci.tar; docs/image.md imports or pushes it).
+image:
+	VERSION=$(VERSION) hack/image/build.sh
 
 lint:
 	hack/lint.sh

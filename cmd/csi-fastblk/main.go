@@ -4,6 +4,7 @@
 //	csi-fastblk status    show a node's volumes, devices and I/O from the running plugin
 //	csi-fastblk bench     benchmarks (the io_uring engine)
 //	csi-fastblk ublk      ublk device tools (serve a file as a device, list, features)
+//	csi-fastblk uninstall-check  fail while the driver has volumes (the chart's pre-delete hook)
 //	csi-fastblk version   print the version
 package main
 
@@ -48,6 +49,8 @@ func run(ctx context.Context, args []string) error {
 		return runBench(ctx, rest)
 	case "ublk":
 		return runUblk(ctx, rest)
+	case "uninstall-check":
+		return runUninstallCheck(ctx, rest)
 	case "version", "--version":
 		fmt.Println(version)
 		return nil
@@ -67,6 +70,7 @@ commands:
   status    show the node's volumes, devices and I/O (from a running plugin)
   bench     run a benchmark (bench engine --help)
   ublk      ublk device tools (ublk serve|list|features)
+  uninstall-check  fail while the driver has volumes (run in a pod)
   version   print the version
 `)
 }

@@ -30,6 +30,17 @@ func StatFS(path string) (FSStats, error) {
 	}, nil
 }
 
+// AllocatedBytes returns the bytes of disk the file at path occupies
+// (st_blocks of 512 bytes): less than its size while it is sparse, more
+// when the filesystem allocated ahead.
+func AllocatedBytes(path string) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return st.Blocks * 512, nil
+}
+
 // DeviceSize returns the size in bytes of the block device at path (a device
 // node, a link to one, or a file a device is bind-mounted onto).
 func DeviceSize(path string) (int64, error) {

@@ -25,8 +25,13 @@ const (
 	ParamMaxIOPS      = "maxIOPS"
 	ParamMaxBandwidth = "maxBandwidth"
 	// Keys under this prefix are added by the external-provisioner
-	// (--extra-create-metadata) and are accepted and ignored.
-	paramCSIPrefix = "csi.storage.k8s.io/"
+	// (--extra-create-metadata) and are accepted; the volume keeps them
+	// with its other parameters, and the metrics name the PVC and PV
+	// from these three.
+	paramCSIPrefix    = "csi.storage.k8s.io/"
+	ParamPVCName      = "csi.storage.k8s.io/pvc/name"
+	ParamPVCNamespace = "csi.storage.k8s.io/pvc/namespace"
+	ParamPVName       = "csi.storage.k8s.io/pv/name"
 )
 
 var supportedFsTypes = map[string]bool{"ext4": true, "xfs": true}

@@ -12,17 +12,20 @@ import (
 // NodeStatus is what the plugin reports about its node: served at /status
 // and shown by `csi-fastblk status`; the metrics collector reads it too.
 type NodeStatus struct {
-	Driver            string         `json:"driver"`
-	Version           string         `json:"version"`
-	NodeID            string         `json:"nodeID"`
-	Kernel            string         `json:"kernel"`
-	Backend           string         `json:"backend"`
-	Healthy           bool           `json:"healthy"`
-	HealthError       string         `json:"healthError,omitempty"`
-	CapacityAvailable int64          `json:"capacityAvailable"`
-	CapacityTotal     int64          `json:"capacityTotal"`
-	Volumes           []VolumeStatus `json:"volumes"`
-	Snapshots         int            `json:"snapshots"`
+	Driver            string `json:"driver"`
+	Version           string `json:"version"`
+	NodeID            string `json:"nodeID"`
+	Kernel            string `json:"kernel"`
+	Backend           string `json:"backend"`
+	Healthy           bool   `json:"healthy"`
+	HealthError       string `json:"healthError,omitempty"`
+	CapacityAvailable int64  `json:"capacityAvailable"`
+	CapacityTotal     int64  `json:"capacityTotal"`
+	// FilesystemFree is what the data directory's filesystem has free
+	// (for unprivileged users), whatever volumes were promised.
+	FilesystemFree int64          `json:"filesystemFree"`
+	Volumes        []VolumeStatus `json:"volumes"`
+	Snapshots      int            `json:"snapshots"`
 	// PidsHeadroom is how many more tasks the plugin's cgroup may start
 	// under its pids limit (blockdev.PidsHeadroom); nil when there is no
 	// limit. Each ublk queue is two of them.
@@ -35,13 +38,17 @@ type NodeStatus struct {
 
 // VolumeStatus describes one volume and, when attached, its device.
 type VolumeStatus struct {
-	ID   string `json:"id"`
-	Name string `json:"name"`
-	// PVCNamespace and PVCName name the claim the volume was provisioned
-	// for (from the provisioner's --extra-create-metadata; empty without).
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	SizeBytes int64  `json:"sizeBytes"`
+	// AllocatedBytes is the disk space the volume's sparse file takes.
+	AllocatedBytes int64 `json:"allocatedBytes"`
+	// PVC and PV name the Kubernetes objects of the volume, from the
+	// parameters the external-provisioner adds (--extra-create-metadata);
+	// empty for volumes created without them.
 	PVCNamespace string          `json:"pvcNamespace,omitempty"`
 	PVCName      string          `json:"pvcName,omitempty"`
-	SizeBytes    int64           `json:"sizeBytes"`
+	PVName       string          `json:"pvName,omitempty"`
 	StagingPath  string          `json:"stagingPath,omitempty"`
 	Access       string          `json:"access,omitempty"`
 	FsType       string          `json:"fsType,omitempty"`
@@ -72,6 +79,9 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 		st.Healthy, st.HealthError = false, err.Error()
 	}
 	st.CapacityAvailable, st.CapacityTotal, _ = d.store.Capacity()
+	if fs, err := blockdev.StatFS(d.store.Dir()); err == nil {
+		st.FilesystemFree = fs.AvailableBytes
+	}
 	st.Snapshots = len(d.store.Snapshots())
 	st.Quarantined = d.store.Quarantined()
 	if q, ok := d.backend.(blockdev.Quarantiner); ok {
@@ -91,8 +101,9 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	statser, _ := d.backend.(blockdev.IOStatser)
 	for _, v := range d.store.Volumes() {
 		vs := VolumeStatus{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, StagingPath: v.Node.StagingPath,
-			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning}
+			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning, PVName: v.Params[ParamPVName]}
 		vs.PVCNamespace, vs.PVCName = v.Claim()
+		vs.AllocatedBytes, _ = blockdev.AllocatedBytes(d.store.VolumeFile(v.ID))
 		vs.Limits, _ = limitsOf(v)
 		if v.Node.StagingPath != "" {
 			vs.Access = accessName(v.Node.Block)

@@ -2,6 +2,8 @@ package metrics
 
 import (
 	"context"
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,9 +19,19 @@ type StatusFunc func(ctx context.Context) (driver.NodeStatus, error)
 const ns = "fastblk"
 
 var (
-	volLabels = []string{"volume_id", "name"}
+	// volLabels name a volume: its CSI ID and name (the PV's name under
+	// Kubernetes), and the PVC namespace, PVC and PV names the provisioner
+	// passed (--extra-create-metadata; empty, so absent in Prometheus,
+	// for volumes created without them). The last three are named as
+	// kube-state-metrics and the kubelet name them, so queries join on
+	// them without relabelling (scrape with honor_labels: the target's own
+	// namespace label would otherwise rename this one exported_namespace).
+	volLabels = []string{"volume_id", "name", "namespace", "persistentvolumeclaim", "persistentvolume"}
 
-	descUp        = prometheus.NewDesc(ns+"_healthy", "1 when the plugin's backend and data directory are usable.", []string{"backend", "kernel"}, nil)
+	descBuild     = prometheus.NewDesc(ns+"_build_info", "Always 1; the labels are facts fixed for the life of the plugin process: its version, VCS revision, Go version, backend and kernel release.", []string{"version", "revision", "goversion", "backend", "kernel"}, nil)
+	descUp        = prometheus.NewDesc(ns+"_healthy", "1 when the plugin's backend and data directory are usable.", nil, nil)
+	descFSFree    = prometheus.NewDesc(ns+"_node_filesystem_free_bytes", "Free space of the data directory's filesystem, whatever volumes may still grow into.", nil, nil)
+	descAlloc     = prometheus.NewDesc(ns+"_volume_allocated_bytes", "Disk space the volume's sparse file takes.", volLabels, nil)
 	descCapAvail  = prometheus.NewDesc(ns+"_node_capacity_available_bytes", "Bytes the node can still provision (after over-provisioning).", nil, nil)
 	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the data directory's filesystem.", nil, nil)
 	descVolumes   = prometheus.NewDesc(ns+"_volumes", "Volumes on this node.", nil, nil)
@@ -66,7 +78,7 @@ func NewCollector(status StatusFunc, startup Startup) *Collector {
 }
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descUp, descCapAvail, descCapTotal, descVolumes, descSnapshots, descQuarant, descPids, descSize,
+	for _, d := range []*prometheus.Desc{descBuild, descUp, descFSFree, descAlloc, descCapAvail, descCapTotal, descVolumes, descSnapshots, descQuarant, descPids, descSize,
 		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency,
 		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback} {
 		ch <- d
@@ -86,7 +98,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	counter := func(d *prometheus.Desc, v float64, l ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, l...)
 	}
-	gauge(descUp, b2f(st.Healthy), st.Backend, st.Kernel)
+	gauge(descBuild, 1, st.Version, revision, runtime.Version(), st.Backend, st.Kernel)
+	gauge(descUp, b2f(st.Healthy))
+	gauge(descFSFree, float64(st.FilesystemFree))
 	if r := c.startup.BackendFallback; r != "" {
 		gauge(descFallback, 1, r)
 	}
@@ -99,8 +113,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descPids, float64(*st.PidsHeadroom))
 	}
 	for _, v := range st.Volumes {
-		l := []string{v.ID, v.Name}
+		l := []string{v.ID, v.Name, v.PVCNamespace, v.PVCName, v.PVName}
 		gauge(descSize, float64(v.SizeBytes), l...)
+		gauge(descAlloc, float64(v.AllocatedBytes), l...)
 		if v.Limits.IOPS > 0 {
 			gauge(descLimIOPS, float64(v.Limits.IOPS), l...)
 		}
@@ -149,6 +164,19 @@ func collectDisk(counter, gauge func(*prometheus.Desc, float64, ...string), l []
 	counter(descIOTime, float64(d.WriteTicksMs)/1000, with("write")...)
 	gauge(descInFlight, float64(d.InFlight), l...)
 }
+
+// revision is the VCS revision the binary was built from ("" when the
+// build did not record one).
+var revision = func() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" {
+				return s.Value
+			}
+		}
+	}
+	return ""
+}()
 
 func deviceState(v driver.VolumeStatus) string {
 	if v.IO != nil && v.IO.State != "" {

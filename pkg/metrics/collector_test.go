@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -22,10 +23,10 @@ func fixedStatus(st driver.NodeStatus) StatusFunc {
 var headroom = int64(180)
 
 var attached = driver.NodeStatus{
-	Backend: "ublk", Kernel: "6.12", Healthy: true, CapacityAvailable: 100, CapacityTotal: 200, PidsHeadroom: &headroom,
+	Version: "v9.9.9", Backend: "ublk", Kernel: "6.12", Healthy: true, CapacityAvailable: 100, CapacityTotal: 200, FilesystemFree: 150, PidsHeadroom: &headroom,
 	Quarantined: []string{"/data/meta/v3.json.corrupt-20261202T003000.000000000Z"},
 	Volumes: []driver.VolumeStatus{
-		{ID: "v1", Name: "pvc-1", SizeBytes: 1 << 30, Device: "/dev/ublkb0", Backend: "ublk",
+		{ID: "v1", Name: "pvc-1", PVCNamespace: "apps", PVCName: "data", PVName: "pvc-1", SizeBytes: 1 << 30, AllocatedBytes: 4096, Device: "/dev/ublkb0", Backend: "ublk",
 			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 128, MaxIOBytes: 512 << 10},
 			Disk:   &blockdev.DiskStats{ReadIOs: 10, ReadSectors: 80, WriteIOs: 5, WriteSectors: 40, InFlight: 3},
 			Limits: qos.Limits{IOPS: 5000},
@@ -46,22 +47,26 @@ func TestCollectorReportsVolumes(t *testing.T) {
 		metric string
 		want   string
 	}{
-		{"fastblk_volume_ios_total", `fastblk_volume_ios_total{name="pvc-1",op="read",volume_id="v1"} 10`},
-		{"fastblk_volume_bytes_total", `fastblk_volume_bytes_total{name="pvc-1",op="write",volume_id="v1"} 20480`},
-		{"fastblk_volume_in_flight_ios", `fastblk_volume_in_flight_ios{name="pvc-1",volume_id="v1"} 3`},
-		{"fastblk_volume_queue_depth", `fastblk_volume_queue_depth{name="pvc-1",volume_id="v1"} 128`},
-		{"fastblk_volume_max_io_bytes", `fastblk_volume_max_io_bytes{name="pvc-1",volume_id="v1"} 524288`},
-		{"fastblk_volume_recoveries_total", `fastblk_volume_recoveries_total{name="pvc-1",volume_id="v1"} 1`},
-		{"fastblk_volume_io_latency_seconds", `fastblk_volume_io_latency_seconds_bucket{name="pvc-1",volume_id="v1",le="0.01"} 15`},
-		{"fastblk_volume_device_state", `fastblk_volume_device_state{backend="ublk",name="pvc-1",state="live",volume_id="v1"} 1`},
-		{"fastblk_volume_size_bytes", `fastblk_volume_size_bytes{name="pvc-2",volume_id="v2"} 1.048576e+06`},
+		{"fastblk_volume_ios_total", `fastblk_volume_ios_total{name="pvc-1",namespace="apps",op="read",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 10`},
+		{"fastblk_volume_bytes_total", `fastblk_volume_bytes_total{name="pvc-1",namespace="apps",op="write",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 20480`},
+		{"fastblk_volume_in_flight_ios", `fastblk_volume_in_flight_ios{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 3`},
+		{"fastblk_volume_queue_depth", `fastblk_volume_queue_depth{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 128`},
+		{"fastblk_volume_max_io_bytes", `fastblk_volume_max_io_bytes{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 524288`},
+		{"fastblk_volume_recoveries_total", `fastblk_volume_recoveries_total{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 1`},
+		{"fastblk_volume_io_latency_seconds", `fastblk_volume_io_latency_seconds_bucket{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1",le="0.01"} 15`},
+		{"fastblk_volume_device_state", `fastblk_volume_device_state{backend="ublk",name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",state="live",volume_id="v1"} 1`},
+		{"fastblk_volume_size_bytes", `fastblk_volume_size_bytes{name="pvc-2",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="v2"} 1.048576e+06`},
+		{"fastblk_volume_allocated_bytes", `fastblk_volume_allocated_bytes{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 4096`},
 		{"fastblk_node_capacity_available_bytes", `fastblk_node_capacity_available_bytes 100`},
+		{"fastblk_node_filesystem_free_bytes", `fastblk_node_filesystem_free_bytes 150`},
+		{"fastblk_healthy", "fastblk_healthy 1\n"},
+		{"fastblk_build_info", `fastblk_build_info{backend="ublk",goversion="` + runtime.Version() + `",kernel="6.12",revision="` + revision + `",version="v9.9.9"} 1`},
 		{"fastblk_node_pids_headroom", `fastblk_node_pids_headroom 180`},
 		{"fastblk_quarantined_records", `fastblk_quarantined_records 1`},
-		{"fastblk_volume_limit_iops", `fastblk_volume_limit_iops{name="pvc-1",volume_id="v1"} 5000`},
-		{"fastblk_volume_limit_bytes_per_second", `fastblk_volume_limit_bytes_per_second{name="pvc-2",volume_id="v2"} 1.048576e+08`},
-		{"fastblk_volume_throttled_ios_total", `fastblk_volume_throttled_ios_total{name="pvc-1",volume_id="v1"} 7`},
-		{"fastblk_volume_throttled_seconds_total", `fastblk_volume_throttled_seconds_total{name="pvc-1",volume_id="v1"} 0.25`},
+		{"fastblk_volume_limit_iops", `fastblk_volume_limit_iops{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 5000`},
+		{"fastblk_volume_limit_bytes_per_second", `fastblk_volume_limit_bytes_per_second{name="pvc-2",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="v2"} 1.048576e+08`},
+		{"fastblk_volume_throttled_ios_total", `fastblk_volume_throttled_ios_total{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 7`},
+		{"fastblk_volume_throttled_seconds_total", `fastblk_volume_throttled_seconds_total{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 0.25`},
 	} {
 		t.Run(tc.metric, func(t *testing.T) {
 			out, err := testutil.CollectAndFormat(c, expfmt.TypeTextPlain, tc.metric)

@@ -53,12 +53,14 @@ func TestPrometheusRule(t *testing.T) {
 					t.Errorf("%s: %s is not a metric pkg/metrics exports", r.Alert, m)
 				}
 			}
-			if !strings.Contains(r.Annotations["summary"], "{{ $labels.") && !strings.Contains(r.Annotations["summary"], "{{ $value") {
+			// absent() has neither labels nor a value worth showing.
+			templated := strings.Contains(r.Annotations["summary"], "{{ $labels.") || strings.Contains(r.Annotations["summary"], "{{ $value")
+			if !templated && !strings.HasPrefix(r.Expr, "absent(") {
 				t.Errorf("%s: summary %q lost its Prometheus template", r.Alert, r.Annotations["summary"])
 			}
 		}
 	}
-	for _, a := range []string{"FastblkPluginUnhealthy", "FastblkVolumeIOErrors", "FastblkDeviceNotLive",
+	for _, a := range []string{"FastblkPluginDown", "FastblkPluginAbsent", "FastblkPluginUnhealthy", "FastblkVolumeIOErrors", "FastblkDeviceNotLive",
 		"FastblkPidsHeadroomLow", "FastblkNodeCapacityLow"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alert %s missing (have %v)", a, alerts)

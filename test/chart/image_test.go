@@ -5,12 +5,14 @@ import (
 	"bytes"
 	"compress/gzip"
 	"crypto/sha256"
+	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -91,9 +93,12 @@ func decodeJSON(t *testing.T, what string, b []byte, v any) {
 	}
 }
 
-// TestImageArchive follows index.json → manifest → config and layers,
-// checking every digest, the entrypoint, the diff IDs and the files the
-// plugin needs; as root it also runs the plugin from the unpacked layers.
+// TestImageArchive follows index.json → image index → one manifest per
+// platform (linux/amd64 and linux/arm64) → config and layers, checking
+// every digest, the name (the chart's default plugin image, so make image
+// and the chart cannot drift apart), the entrypoint, the diff IDs, the
+// files the plugin needs and their architecture; as root it also runs the
+// plugin from the unpacked amd64 layers.
 func TestImageArchive(t *testing.T) {
 	a := readArchive(t)
 	var layout struct {
@@ -103,18 +108,49 @@ func TestImageArchive(t *testing.T) {
 	if layout.Version != "1.0.0" {
 		t.Fatalf("imageLayoutVersion %q", layout.Version)
 	}
-	var index struct {
+	var top struct {
 		Manifests []descriptor `json:"manifests"`
 	}
-	decodeJSON(t, "index.json", a["index.json"], &index)
-	if len(index.Manifests) != 1 || index.Manifests[0].Annotations["org.opencontainers.image.ref.name"] == "" {
-		t.Fatalf("index.json: want one tagged manifest, got %+v", index.Manifests)
+	decodeJSON(t, "index.json", a["index.json"], &top)
+	if len(top.Manifests) != 1 || top.Manifests[0].MediaType != "application/vnd.oci.image.index.v1+json" {
+		t.Fatalf("index.json: want one image index, got %+v", top.Manifests)
 	}
+	plugin, _ := nodePod(t, render(t)).container("csi-fastblk")
+	ann := top.Manifests[0].Annotations
+	if ann["io.containerd.image.name"] != plugin.Image || !strings.HasSuffix(plugin.Image, ":"+ann["org.opencontainers.image.ref.name"]) {
+		t.Errorf("image named %q tagged %q; the chart runs %q by default", ann["io.containerd.image.name"],
+			ann["org.opencontainers.image.ref.name"], plugin.Image)
+	}
+	var multi struct {
+		Manifests []struct {
+			descriptor
+			Platform struct {
+				Architecture string `json:"architecture"`
+				OS           string `json:"os"`
+			} `json:"platform"`
+		} `json:"manifests"`
+	}
+	decodeJSON(t, "image index", a.blob(t, top.Manifests[0]), &multi)
+	var platforms []string
+	for _, m := range multi.Manifests {
+		p := m.Platform.OS + "/" + m.Platform.Architecture
+		platforms = append(platforms, p)
+		t.Run(p, func(t *testing.T) { checkImage(t, a, m.descriptor, m.Platform.Architecture) })
+	}
+	if !slices.Equal(platforms, []string{"linux/amd64", "linux/arm64"}) {
+		t.Errorf("platforms %v, want linux/amd64 and linux/arm64", platforms)
+	}
+}
+
+// elfMachine is the ELF machine of each image architecture.
+var elfMachine = map[string]elf.Machine{"amd64": elf.EM_X86_64, "arm64": elf.EM_AARCH64}
+
+func checkImage(t *testing.T, a ociArchive, d descriptor, arch string) {
 	var manifest struct {
 		Config descriptor   `json:"config"`
 		Layers []descriptor `json:"layers"`
 	}
-	decodeJSON(t, "manifest", a.blob(t, index.Manifests[0]), &manifest)
+	decodeJSON(t, "manifest", a.blob(t, d), &manifest)
 	var config struct {
 		Architecture string `json:"architecture"`
 		OS           string `json:"os"`
@@ -127,8 +163,8 @@ func TestImageArchive(t *testing.T) {
 		} `json:"rootfs"`
 	}
 	decodeJSON(t, "config", a.blob(t, manifest.Config), &config)
-	if config.OS != "linux" || config.Architecture != "amd64" {
-		t.Errorf("platform %s/%s, want linux/amd64", config.OS, config.Architecture)
+	if config.OS != "linux" || config.Architecture != arch {
+		t.Errorf("config platform %s/%s, want linux/%s", config.OS, config.Architecture, arch)
 	}
 	if !slices.Equal(config.Config.Entrypoint, []string{"/usr/bin/csi-fastblk"}) || !slices.Equal(config.Config.Cmd, []string{"serve"}) {
 		t.Errorf("entrypoint %v cmd %v, want [/usr/bin/csi-fastblk] [serve]", config.Config.Entrypoint, config.Config.Cmd)
@@ -153,7 +189,20 @@ func TestImageArchive(t *testing.T) {
 			t.Errorf("image lacks /%s", f)
 		}
 	}
-	t.Run("plugin runs in the image", func(t *testing.T) { runInImage(t, root) })
+	for _, f := range []string{"usr/bin/csi-fastblk", "sbin/mkfs.xfs"} {
+		e, err := elf.Open(filepath.Join(root, f))
+		if err != nil {
+			t.Errorf("%s: %v", f, err)
+			continue
+		}
+		if e.Machine != elfMachine[arch] {
+			t.Errorf("%s is for %s, want %s", f, e.Machine, elfMachine[arch])
+		}
+		e.Close()
+	}
+	if arch == runtime.GOARCH {
+		t.Run("plugin runs in the image", func(t *testing.T) { runInImage(t, root) })
+	}
 }
 
 func gunzip(t *testing.T, b []byte) []byte {

@@ -115,6 +115,9 @@ var valueSets = map[string][]string{
 	"sizing": {"csiTimeout=4h", "livenessProbe.probeTimeout=10s", "plugin.resources.limits.memory=1Gi",
 		"updateStrategy.type=OnDelete", "snapshotController.distributedInCluster=true"},
 	"rolling percent": {"updateStrategy.rollingUpdate.maxUnavailable=25%"},
+	"monitoring": {"metrics.prometheusRule.enabled=true", "metrics.monitor.enabled=true", "metrics.dashboard.enabled=true",
+		"uninstallCheck.allowWithVolumes=true"},
+	"service monitor": {"metrics.monitor.enabled=true", "metrics.monitor.kind=ServiceMonitor", "uninstallCheck.enabled=false"},
 	"rate limits": {"storageClass.maxIOPS=5000", "storageClass.maxBandwidth=200Mi",
 		"volumeAttributesClasses[0].name=gold", "volumeAttributesClasses[0].maxIOPS=20000",
 		"volumeAttributesClasses[1].name=capped", "volumeAttributesClasses[1].maxBandwidth=100Mi"},
@@ -134,6 +137,11 @@ func TestRenders(t *testing.T) {
 		"VolumeAttributesClass":    "storage.k8s.io/v1",
 		"Namespace":                "v1",
 		"PriorityClass":            "scheduling.k8s.io/v1",
+		"Job":                      "batch/v1",
+		"PodMonitor":               "monitoring.coreos.com/v1",
+		"ServiceMonitor":           "monitoring.coreos.com/v1",
+		"Service":                  "v1",
+		"ConfigMap":                "v1",
 	}
 	for name, set := range valueSets {
 		t.Run(name, func(t *testing.T) {

@@ -108,15 +108,23 @@ func launchArgs(t *testing.T, bin, dir string, args []string, env ...string) *ru
 // <dir>/staging and publishes it at <dir>/pod/<targetName>, as kubelet does.
 func (p *runningPlugin) provision(t *testing.T, name string, size int64, c *csi.VolumeCapability, targetName string) (id, staging, target string) {
 	t.Helper()
+	return p.provisionAt(t, name, size, c, filepath.Join(p.dir, "staging"), targetName, nil)
+}
+
+// provisionAt is provision with its own staging path and CreateVolume
+// parameters (those the external-provisioner adds, for example).
+func (p *runningPlugin) provisionAt(t *testing.T, name string, size int64, c *csi.VolumeCapability, staging, targetName string,
+	params map[string]string) (id, _, target string) {
+	t.Helper()
 	ctx := context.Background()
 	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
-	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name,
+	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, Parameters: params,
 		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{c}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	id = vol.GetVolume().GetVolumeId()
-	staging, target = filepath.Join(p.dir, "staging"), filepath.Join(p.dir, "pod", targetName)
+	target = filepath.Join(p.dir, "pod", targetName)
 	os.MkdirAll(staging, 0o750)
 	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c}); err != nil {
 		t.Fatal(err)
@@ -197,11 +205,18 @@ func TestServeMetricsAndStatus(t *testing.T) {
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
-	id, staging, target := p.provision(t, "metrics-vol", 32<<20, capBlock, "dev")
-
-	writes := fmt.Sprintf(`fastblk_volume_ios_total{name="metrics-vol",op="write",volume_id="%s"}`, id)
+	// The PVC and PV names come as the external-provisioner passes them
+	// with --extra-create-metadata.
+	id, staging, target := p.provisionAt(t, "metrics-vol", 32<<20, capBlock, filepath.Join(p.dir, "staging"), "dev",
+		map[string]string{"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "apps",
+			"csi.storage.k8s.io/pv/name": "metrics-vol"})
+	labels := func(op string) string {
+		return fmt.Sprintf(`{name="metrics-vol",namespace="apps",%spersistentvolume="metrics-vol",persistentvolumeclaim="data",volume_id="%s"}`, op, id)
+	}
+	writes := "fastblk_volume_ios_total" + labels(`op="write",`)
 	_, body := p.get(t, "/metrics")
 	before := metric(t, body, writes)
+	allocBefore := metric(t, body, "fastblk_volume_allocated_bytes"+labels(""))
 	f, err := os.OpenFile(target, os.O_WRONLY|syscall.O_DIRECT, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -222,12 +237,22 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	if after := metric(t, body, writes); after < before+4 {
 		t.Errorf("write I/Os %v → %v after 4 MiB of direct writes; want them to move", before, after)
 	}
-	written := metric(t, body, fmt.Sprintf(`fastblk_volume_bytes_total{name="metrics-vol",op="write",volume_id="%s"}`, id))
+	written := metric(t, body, "fastblk_volume_bytes_total"+labels(`op="write",`))
 	if written < 4<<20 {
 		t.Errorf("bytes written = %v, want ≥ 4 MiB", written)
 	}
+	// The sparse file took the 4 MiB written (direct I/O reached it).
+	if alloc := metric(t, body, "fastblk_volume_allocated_bytes"+labels("")); alloc < allocBefore+4<<20 || alloc > 32<<20 {
+		t.Errorf("allocated bytes %v → %v after 4 MiB written to a 32 MiB volume", allocBefore, alloc)
+	}
 	if metric(t, body, "fastblk_node_capacity_available_bytes") <= 0 {
 		t.Error("node capacity not reported")
+	}
+	if free := metric(t, body, "fastblk_node_filesystem_free_bytes"); free <= 0 {
+		t.Errorf("node filesystem free = %v", free)
+	}
+	if metric(t, body, "fastblk_healthy ") != 1 || metric(t, body, `fastblk_build_info{backend="loop",`) != 1 {
+		t.Error("fastblk_healthy (no labels) or fastblk_build_info{backend=\"loop\"} not 1")
 	}
 	if code, _ := p.get(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d, want 200", code)
