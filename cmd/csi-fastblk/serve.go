@@ -120,6 +120,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 			klog.ErrorS(err, "some staged volumes could not be restored")
 		}
 	}
+	go drv.WatchIOErrors(ctx, ioWatchInterval)
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -153,6 +154,11 @@ func thawAbandoned(store *blockdev.Store) {
 		klog.ErrorS(err, "cannot thaw every filesystem a previous run left frozen; their writes hang until thawed (fsfreeze -u <mount>)")
 	}
 }
+
+// ioWatchInterval is how often the plugin looks for volumes whose I/O
+// failed and for a full data directory (Driver.WatchIOErrors): a statfs
+// and the backend's counters, nothing that touches the disk.
+const ioWatchInterval = 2 * time.Second
 
 // retryReconcile calls Reconcile every interval until it succeeds or ctx
 // ends.
