@@ -17,18 +17,15 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // requireVM skips unless the test can make ublk devices and run the
 // plugin binary.
 func requireVM(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("e2e tests need root")
-	}
-	if _, err := os.Stat("/dev/ublk-control"); err != nil {
-		t.Skip("no /dev/ublk-control (ublk_drv): these tests run in the VM, hack/vm/run.sh")
-	}
+	testgate.RequireUblk(t)
 	bin := os.Getenv("FASTBLK_BIN")
 	if bin == "" {
 		bin = "/bin/csi-fastblk"

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,6 +19,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
 
 // These tests make the volume's backing file fail under a published raw
@@ -147,13 +150,52 @@ func fillUp(t *testing.T, path string) int64 {
 	return n
 }
 
-// waitLog waits for the plugin's log to contain s.
-func (p *runningPlugin) waitLog(t *testing.T, s string) {
+// waitLog waits for a line of the plugin's log to contain every one of parts.
+func (p *runningPlugin) waitLog(t *testing.T, parts ...string) {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("the plugin to log %q", s), func() bool {
+	waitFor(t, fmt.Sprintf("the plugin to log %q", parts), func() bool {
 		b, err := os.ReadFile(filepath.Join(p.dir, "plugin.log"))
-		return err == nil && bytes.Contains(b, []byte(s))
+		if err != nil {
+			return false
+		}
+	lines:
+		for line := range strings.Lines(string(b)) {
+			for _, part := range parts {
+				if !strings.Contains(line, part) {
+					continue lines
+				}
+			}
+			return true
+		}
+		return false
 	})
+}
+
+// removeUblkDevices deletes every ublk device (the VM runs no other
+// server) once the plugin that served them has ended.
+func removeUblkDevices(t *testing.T) {
+	if testBackend() != "ublk" {
+		return
+	}
+	ents, _ := os.ReadDir("/sys/class/ublk-char")
+	if len(ents) == 0 {
+		return
+	}
+	ctl, err := ublk.OpenControl()
+	if err != nil {
+		t.Errorf("clean up: %v", err)
+		return
+	}
+	defer ctl.Close()
+	for _, e := range ents {
+		id, err := strconv.ParseUint(strings.TrimPrefix(e.Name(), "ublkc"), 10, 32)
+		if err != nil {
+			continue
+		}
+		if err := ctl.DelDev(uint32(id), false); err != nil {
+			t.Errorf("clean up: delete ublk device %d: %v", id, err)
+		}
+	}
 }
 
 // dirNames lists the names below dir, relative to it, sorted.
@@ -249,7 +291,7 @@ func TestFullDisk(t *testing.T) {
 		if e := metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{name="full-disk",volume_id="%s"}`, id)); e < 1 {
 			t.Errorf("fastblk_volume_errors_total = %v after a failed write, want ≥ 1", e)
 		}
-		p.waitLog(t, `"volume I/O failed" volumeID="`+id+`"`)
+		p.waitLog(t, "volume I/O failed", `volumeID="`+id+`"`)
 	}
 
 	// Space comes back: the same write goes through, and nothing written
@@ -296,8 +338,13 @@ func TestBackingEIO(t *testing.T) {
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "disk")
 	smallFS(t, disk, 64<<20)
-	p := launchOn(t, buildBinary(t), dir, filepath.Join(disk, "data"))
-	t.Cleanup(func() { p.undoLeftovers(t) }) // the records cannot say the volume is gone
+	// The records cannot say the volume is gone: what the plugin leaves
+	// is removed by hand, its ublk device after the plugin has ended
+	// (cleanups run last first), before the filesystem is unmounted.
+	var p *runningPlugin
+	t.Cleanup(func() { removeUblkDevices(t) })
+	p = launchOn(t, buildBinary(t), dir, filepath.Join(disk, "data"))
+	t.Cleanup(func() { p.undoLeftovers(t) })
 	id, staging, target := p.provision(t, "backing-eio", 16<<20, capBlock, "dev")
 	const mib = 1 << 20
 	mustIO(t, "write before the failure", target, true, alignedBuf(t, mib, 0x5a), 0, 0)
@@ -325,7 +372,7 @@ func TestBackingEIO(t *testing.T) {
 		if e := metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{name="backing-eio",volume_id="%s"}`, id)); e < 4 {
 			t.Errorf("fastblk_volume_errors_total = %v after 4 failed I/Os, want ≥ 4", e)
 		}
-		p.waitLog(t, `"volume I/O failed" volumeID="`+id+`"`)
+		p.waitLog(t, "volume I/O failed", `volumeID="`+id+`"`)
 	}
 	// The plugin goes on answering; its error texts on the network port
 	// name no host path.
