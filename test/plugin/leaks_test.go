@@ -98,6 +98,9 @@ func TestLifecycleLeaks(t *testing.T) {
 	start := time.Now()
 	for k := leakWarmup; k < leakWarmup+cycles; k++ {
 		p.lifecycle(t, k)
+		if done := k - leakWarmup + 1; done%50 == 0 && done < cycles {
+			t.Logf("%d lifecycles in %v", done, time.Since(start).Round(time.Millisecond))
+		}
 	}
 	elapsed := time.Since(start)
 	p.failingSteps(t)
