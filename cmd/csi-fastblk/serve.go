@@ -6,6 +6,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"k8s.io/klog/v2"
@@ -180,6 +182,23 @@ func retryReconcile(ctx context.Context, drv *driver.Driver, interval time.Durat
 	}
 }
 
+// quarantineCause says why the record at path was set aside: what q
+// recorded, else the start-up error of the backend that names the file,
+// else that an earlier start set it aside.
+func quarantineCause(q any, path string, startupErrs []error) error {
+	if c, ok := q.(interface{ QuarantineCause(string) error }); ok {
+		if err := c.QuarantineCause(path); err != nil {
+			return err
+		}
+	}
+	for _, err := range startupErrs {
+		if strings.Contains(err.Error(), filepath.Base(path)) {
+			return err
+		}
+	}
+	return errors.New("set aside by an earlier start (its cause was logged then)")
+}
+
 func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backend) {
 	kernel := blockdev.KernelRelease()
 	avail, total, err := store.Capacity()
@@ -190,16 +209,19 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 	if f, ok := backend.(interface{ Features() uint64 }); ok {
 		klog.InfoS("ublk driver features", "flags", fmt.Sprintf("%#x", f.Features()))
 	}
+	var startupErrs []error
+	if r, ok := backend.(interface{ StartupErrors() []error }); ok {
+		startupErrs = r.StartupErrors()
+	}
 	for _, q := range []any{store, backend} {
 		if q, ok := q.(blockdev.Quarantiner); ok {
 			for _, p := range q.Quarantined() {
-				klog.ErrorS(nil, "unreadable record set aside: its volume is out of service until an operator restores or removes it", "path", p)
+				klog.ErrorS(quarantineCause(q, p, startupErrs),
+					"unreadable record set aside: its volume is out of service until an operator restores or removes it", "path", p)
 			}
 		}
 	}
-	if r, ok := backend.(interface{ StartupErrors() []error }); ok {
-		for _, err := range r.StartupErrors() {
-			klog.ErrorS(err, "device recovery at start-up")
-		}
+	for _, err := range startupErrs {
+		klog.ErrorS(err, "device recovery at start-up")
 	}
 }

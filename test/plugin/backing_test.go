@@ -399,3 +399,29 @@ func TestBackingEIO(t *testing.T) {
 		t.Fatalf("NodeUnstageVolume hung on a failed data directory")
 	}
 }
+
+// TestQuarantineLogSaysWhy starts the plugin on a data directory with a
+// volume record that does not decode: the record is set aside, and the log
+// line that asks an operator to act says why, at this start and (with a
+// hint) at the next.
+func TestQuarantineLogSaysWhy(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	dir := t.TempDir()
+	meta := filepath.Join(dir, "data", "meta")
+	if err := os.MkdirAll(meta, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	const id = "v0123456789abcdef0123456789abcdef"
+	if err := os.WriteFile(filepath.Join(meta, id+".json"), []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bin := buildBinary(t)
+	p := launch(t, bin, dir)
+	p.waitLog(t, "unreadable record set aside", id+".json.corrupt", "corrupt record", "invalid character")
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	<-p.exited
+	p = launch(t, bin, dir)
+	p.waitLog(t, "unreadable record set aside", "set aside by an earlier start")
+}
