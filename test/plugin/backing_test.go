@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net/http"
 	"fmt"
 	"os"
 	"os/exec"
@@ -424,4 +425,35 @@ func TestQuarantineLogSaysWhy(t *testing.T) {
 	<-p.exited
 	p = launch(t, bin, dir)
 	p.waitLog(t, "unreadable record set aside", "set aside by an earlier start")
+}
+
+// TestHealthzNamesNoPath takes the data directory away under the running
+// plugin: /healthz on the network port answers 503 with what failed and
+// the system error, but no host path (the log and the local /status keep
+// the detail), and 200 again once the directory is back.
+func TestHealthzNamesNoPath(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	dir := t.TempDir()
+	p := launch(t, buildBinary(t), dir)
+	waitFor(t, "/healthz", func() bool { code, _ := p.get(t, "/healthz"); return code == http.StatusOK })
+	gone := p.dataDir + ".gone"
+	if err := os.Rename(p.dataDir, gone); err != nil {
+		t.Fatal(err)
+	}
+	code, body := p.get(t, "/healthz")
+	t.Logf("/healthz without a data directory: %d %q", code, body)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "data directory") {
+		t.Errorf("/healthz without a data directory = %d %q, want 503 naming the data directory", code, body)
+	}
+	if strings.Contains(body, dir) {
+		t.Errorf("/healthz, served on the network, names a host path: %q", body)
+	}
+	if err := os.Rename(gone, p.dataDir); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := p.get(t, "/healthz"); code != http.StatusOK {
+		t.Errorf("/healthz with the data directory back = %d %q, want 200", code, body)
+	}
 }
