@@ -65,6 +65,10 @@ type plugin struct {
 	cgroupFD int
 	// args are extra serve flags.
 	args []string
+	// mountNS, when set, starts the plugin in a mount namespace of its
+	// own (as a container runs it), its mounts copied with their
+	// propagation.
+	mountNS bool
 }
 
 func newPlugin(t *testing.T) *plugin { return newPluginIn(t, -1) }
@@ -95,6 +99,11 @@ func (p *plugin) start() {
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if p.cgroupFD > 0 {
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: p.cgroupFD}
+	}
+	if p.mountNS {
+		// Cloneflags, not Unshareflags: Go would make every mount of
+		// the new namespace private.
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
 	}
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)
