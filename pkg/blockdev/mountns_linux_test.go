@@ -16,8 +16,8 @@ func TestParseMountLineShared(t *testing.T) {
 	for line, want := range map[string]bool{
 		"36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw":          false,
 		"36 35 98:0 /mnt1 /mnt2 rw,noatime shared:7 master:1 - ext3 /dev/root rw": true,
-		"36 35 98:0 / /mnt2 rw shared:12 - ext4 /dev/vda rw":                       true,
-		"36 35 98:0 / /mnt2 rw - ext4 /dev/vda rw":                                 false,
+		"36 35 98:0 / /mnt2 rw shared:12 - ext4 /dev/vda rw":                      true,
+		"36 35 98:0 / /mnt2 rw - ext4 /dev/vda rw":                                false,
 	} {
 		m, err := parseMountLine(line)
 		if err != nil {
