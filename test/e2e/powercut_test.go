@@ -176,7 +176,9 @@ func pcWrite(t *testing.T, dev, mnt, ackPath string) {
 	}
 	// hack/vm/run.sh --expect-reset takes this line as the reset asked for.
 	fmt.Printf("@@FASTBLK-VM-RESET %s@@\n", os.Getenv("FASTBLK_VM_NONCE"))
-	os.Stdout.Sync()
+	// Let the console drain (the reset drops what its tty still holds);
+	// the unflushed writes go on meanwhile.
+	time.Sleep(time.Second)
 	if err := os.WriteFile("/proc/sysrq-trigger", []byte("b"), 0); err != nil {
 		t.Fatal(err)
 	}
