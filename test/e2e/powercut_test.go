@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -56,11 +57,11 @@ func TestPowerCut(t *testing.T) {
 		t.Fatal("FASTBLK_POWERCUT_DIR unset")
 	}
 	bin := requireVM(t)
-	p := &plugin{t: t, bin: bin, dir: dir, dataDir: filepath.Join(dir, "data"),
-		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock")}
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		t.Fatal(err)
 	}
+	p := &plugin{t: t, bin: bin, dir: dir, dataDir: filepath.Join(pcDataFS(t, dir, phase == "write"), "data"),
+		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock")}
 	p.start()
 	raw := p.pcVolume("pc-raw", blockCap())
 	fs := p.pcVolume("pc-ext4", mountCap("ext4"))
@@ -76,6 +77,39 @@ func TestPowerCut(t *testing.T) {
 	default:
 		t.Fatalf("FASTBLK_POWERCUT=%q: want write or verify", phase)
 	}
+}
+
+// pcDataFS mounts the data directory's own filesystem, an ext4 image on the
+// data disk (made when fresh), and returns its mount point. The ack log
+// stays outside it: its fsyncs commit the data disk's journal, which would
+// otherwise make the volumes' unflushed backing writes durable too and
+// hide a missing flush.
+func pcDataFS(t *testing.T, dir string, fresh bool) string {
+	t.Helper()
+	img, mnt := filepath.Join(dir, "data.img"), filepath.Join(dir, "fs")
+	if fresh {
+		if err := os.WriteFile(img, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Truncate(img, 512<<20); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
+			t.Fatalf("mkfs.ext4 %s: %v\n%s", img, err, out)
+		}
+	}
+	if err := os.MkdirAll(mnt, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		t.Fatalf("mount %s: %v\n%s", img, err, out)
+	}
+	t.Cleanup(func() {
+		if err := unix.Unmount(mnt, 0); err != nil {
+			t.Errorf("unmount %s: %v", mnt, err)
+		}
+	})
+	return mnt
 }
 
 // pcVolume creates (or finds again: CreateVolume is idempotent), stages
