@@ -139,6 +139,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return err
 	}
 	defer release()
+	go drv.WatchIOErrors(ctx, ioWatchInterval)
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -199,6 +200,11 @@ func thawAbandoned(store *blockdev.Store) {
 	}
 }
 
+// ioWatchInterval is how often the plugin looks for volumes whose I/O
+// failed and for a full data directory (Driver.WatchIOErrors): a statfs
+// and the backend's counters, nothing that touches the disk.
+const ioWatchInterval = 2 * time.Second
+
 // retryReconcile calls Reconcile every interval until it succeeds or ctx
 // ends.
 func retryReconcile(ctx context.Context, drv *driver.Driver, interval time.Duration) {
@@ -219,6 +225,23 @@ func retryReconcile(ctx context.Context, drv *driver.Driver, interval time.Durat
 	}
 }
 
+// quarantineCause says why the record at path was set aside: what q
+// recorded, else the start-up error of the backend that names the file,
+// else that an earlier start set it aside.
+func quarantineCause(q any, path string, startupErrs []error) error {
+	if c, ok := q.(interface{ QuarantineCause(string) error }); ok {
+		if err := c.QuarantineCause(path); err != nil {
+			return err
+		}
+	}
+	for _, err := range startupErrs {
+		if strings.Contains(err.Error(), filepath.Base(path)) {
+			return err
+		}
+	}
+	return errors.New("set aside by an earlier start (its cause was logged then)")
+}
+
 func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backend) {
 	kernel := blockdev.KernelRelease()
 	avail, total, err := store.Capacity()
@@ -229,16 +252,19 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 	if f, ok := backend.(interface{ Features() uint64 }); ok {
 		klog.InfoS("ublk driver features", "flags", fmt.Sprintf("%#x", f.Features()))
 	}
+	var startupErrs []error
+	if r, ok := backend.(interface{ StartupErrors() []error }); ok {
+		startupErrs = r.StartupErrors()
+	}
 	for _, q := range []any{store, backend} {
 		if q, ok := q.(blockdev.Quarantiner); ok {
 			for _, p := range q.Quarantined() {
-				klog.ErrorS(nil, "unreadable record set aside: its volume is out of service until an operator restores or removes it", "path", p)
+				klog.ErrorS(quarantineCause(q, p, startupErrs),
+					"unreadable record set aside: its volume is out of service until an operator restores or removes it", "path", p)
 			}
 		}
 	}
-	if r, ok := backend.(interface{ StartupErrors() []error }); ok {
-		for _, err := range r.StartupErrors() {
-			klog.ErrorS(err, "device recovery at start-up")
-		}
+	for _, err := range startupErrs {
+		klog.ErrorS(err, "device recovery at start-up")
 	}
 }

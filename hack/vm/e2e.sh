@@ -2,11 +2,14 @@
 # e2e.sh runs the real-kernel ublk tests (make e2e-vm): it fetches the kernels,
 # builds the initramfs and tools image, then boots Debian's 6.12 and 7.3 kernels
 # in turn and runs every guest step (hack/vm/guest/steps) in each, printing a
-# per-kernel summary. It fails if any step fails on either kernel.
+# per-kernel summary, then the power-cut test (powercut.sh: two more boots
+# on one data disk). It fails if any step fails on either kernel.
 #
 # Usage: hack/vm/e2e.sh [--kernel 6.12|7.3] [STEP-PATTERN...]
 #   --kernel K      run on one kernel only (default: both)
-#   STEP-PATTERN    run only the steps whose name matches a glob, e.g. '1*'
+#   STEP-PATTERN    run only the steps whose name matches a glob, e.g. '1*';
+#                   the power-cut test runs when no pattern is given or one
+#                   matches "powercut"
 # Environment: E2E_VM_TIMEOUT (seconds per kernel, default 1500),
 #   E2E_VM_LOGDIR (default bin/vm), E2E_VM_SKIP_BUILD=1 reuses the last images.
 set -euo pipefail
@@ -28,7 +31,19 @@ if [[ ${E2E_VM_SKIP_BUILD:-0} != 1 ]]; then
 	"$VM_DIR/initramfs.sh"
 fi
 
-declare -A status=() took=()
+# powercut_selected: the power-cut test runs with every step, or when a
+# pattern matches its name.
+powercut_selected() {
+	(($# == 0)) && return 0
+	local p
+	for p in "$@"; do
+		# shellcheck disable=SC2053
+		[[ powercut == $p ]] && return 0
+	done
+	return 1
+}
+
+declare -A status=() took=() pcstatus=() pctook=()
 for k in "${kernels[@]}"; do
 	t0=$(date +%s)
 	set +e
@@ -37,6 +52,14 @@ for k in "${kernels[@]}"; do
 	status[$k]=$?
 	set -e
 	took[$k]=$(($(date +%s) - t0))
+	if powercut_selected "$@"; then
+		t0=$(date +%s)
+		set +e
+		"$VM_DIR/powercut.sh" --kernel "$k" --log-dir "$logdir"
+		pcstatus[$k]=$?
+		set -e
+		pctook[$k]=$(($(date +%s) - t0))
+	fi
 done
 
 failed=0
@@ -49,5 +72,9 @@ for k in "${kernels[@]}"; do
 	boot=$(grep -a -o -m1 'vm: ready after [0-9.]*s' "$log" | grep -o '[0-9.]*s$' || echo '?')
 	echo "-- kernel $release: $verdict in ${took[$k]}s, booted in $boot (log $log)"
 	grep -a -E '^(STEP .* (PASS|FAIL) \(|STEPS: )' "$log" | sed 's/^/   /' || echo "   no step ran"
+	if [[ -n ${pcstatus[$k]:-} ]]; then
+		if ((pcstatus[$k] == 0)); then verdict=PASS; else verdict="FAIL (exit ${pcstatus[$k]})"; failed=1; fi
+		echo "   POWERCUT $verdict (${pctook[$k]}s, two boots; logs $logdir/powercut-$k-{1,2}.log)"
+	fi
 done
 exit "$failed"

@@ -14,6 +14,13 @@
 #   The guest command is one shell command line ('a && b') or a command and
 #   its arguments (run-steps.sh '10-*'); it runs in /data as root.
 #   --disk-size SIZE   size of the /data disk (default 4G)
+#   --disk FILE        use FILE as the /data disk and keep it: made (sparse,
+#                      --disk-size) and formatted when missing, mounted as
+#                      it is when it exists (a second boot on one disk)
+#   --expect-reset     the guest command resets the guest on purpose: the VM
+#                      ending after its "@@FASTBLK-VM-RESET <nonce>@@" line
+#                      (init exports the nonce as FASTBLK_VM_NONCE) is
+#                      success
 #   --fs ext4|xfs      filesystem on /data (default ext4)
 #   --timeout S        kill the VM after S seconds (default 1800)
 #   --mem MiB --smp N  guest memory and CPUs (default 2048, 2)
@@ -24,7 +31,7 @@ set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-KERNEL="" DISK_SIZE=4G FS=ext4 TIMEOUT=1800 MEM=2048 SMP=2 LOG="" QUIET=0
+KERNEL="" DISK_SIZE=4G FS=ext4 TIMEOUT=1800 MEM=2048 SMP=2 LOG="" QUIET=0 DISK="" EXPECT_RESET=0
 
 usage() { sed -n '/^# Usage:/,/^# Example:/s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 
@@ -33,6 +40,8 @@ parse_args() {
 		case "$1" in
 		--kernel) KERNEL=${2:?}; shift 2 ;;
 		--disk-size) DISK_SIZE=${2:?}; shift 2 ;;
+		--disk) DISK=${2:?}; shift 2 ;;
+		--expect-reset) EXPECT_RESET=1; shift ;;
 		--fs) FS=${2:?}; shift 2 ;;
 		--timeout) TIMEOUT=${2:?}; shift 2 ;;
 		--mem) MEM=${2:?}; shift 2 ;;
@@ -64,21 +73,29 @@ main() {
 	[[ -s $initrd && -s $tools ]] || die "$initrd or $tools missing: run hack/vm/initramfs.sh"
 	mkdir -p "$VM_CACHE/disks" "$VM_CACHE/logs"
 	LOG=${LOG:-$VM_CACHE/logs/$KERNEL-$(date +%Y%m%d-%H%M%S)-$$.log}
-	disk=$(mktemp "$VM_CACHE/disks/data-$KERNEL.XXXXXX.raw")
-	trap 'rm -f "$disk"' EXIT
+	local keepfs=0
+	if [[ -n $DISK ]]; then
+		disk=$DISK
+		[[ -s $disk ]] && keepfs=1
+	else
+		disk=$(mktemp "$VM_CACHE/disks/data-$KERNEL.XXXXXX.raw")
+		trap 'rm -f "$disk"' EXIT
+	fi
 	nonce=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 	# tsc=reliable: under TCG a loaded host delays the clocksource
 	# watchdog's reads, it then marks the TSC unstable mid-run, and the
 	# kernel code patching that follows can crash an emulated guest
 	# ("Oops: int3" in sched_clock_cpu, seen once on 7.3). QEMU derives the
 	# guest TSC from the host clock, so it is consistent across vCPUs.
-	cmdline="console=ttyS0 loglevel=5 panic=1 oops=panic tsc=reliable fastblk.nonce=$nonce fastblk.fs=$FS"
+	cmdline="console=ttyS0 loglevel=5 panic=1 oops=panic tsc=reliable fastblk.nonce=$nonce fastblk.fs=$FS fastblk.keepfs=$keepfs"
 	cmdline+=" fastblk.cmd=$(printf '%s' "$GUEST_CMD" | base64 -w0)"
 	((${#cmdline} < 2000)) || die "guest command too long for the kernel command line"
 	local attempt
 	for attempt in 1 2 3; do
 		log "booting $(cat "$kdir/release") ($KERNEL), disk $DISK_SIZE $FS, timeout ${TIMEOUT}s, log $LOG"
-		truncate -s 0 "$disk" && truncate -s "$DISK_SIZE" "$disk"
+		# A kept disk is never wiped: a boot that crashed before init ran
+		# left it as it was.
+		((keepfs)) || { truncate -s 0 "$disk" && truncate -s "$DISK_SIZE" "$disk"; }
 		start=$(date +%s)
 		set +e
 		timeout -k 10 "$TIMEOUT" qemu-system-x86_64 \
@@ -123,6 +140,10 @@ check_log() {
 	if grep -a -q -E "$kmsg"'(Kernel panic|BUG: |Oops: |general protection fault)' "$LOG"; then
 		tail_log "kernel panic or oops in the guest"
 		exit 1
+	fi
+	if [[ -z $marker ]] && ((EXPECT_RESET)) && grep -a -q "@@FASTBLK-VM-RESET $nonce@@" "$LOG" && ((qrc == 0)); then
+		log "the guest reset itself, as the command asked"
+		exit 0
 	fi
 	if [[ -z $marker ]]; then
 		((qrc == 124 || qrc == 137)) && { tail_log "timed out after ${TIMEOUT}s"; exit 124; }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/loop"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
@@ -154,9 +155,7 @@ func TestDeleteVolumeDetachesLeftoverDevice(t *testing.T) {
 // DeleteVolume deletes it.
 func TestUblkBackendDeleteVolumeDetachesLeftoverDevice(t *testing.T) {
 	requireRoot(t)
-	if _, err := os.Stat(UblkControl); err != nil {
-		t.Skipf("no %s on this kernel: run in the VM (hack/vm/run.sh)", UblkControl)
-	}
+	testgate.RequireUblk(t)
 	testDeleteDetachesLeftover(t, "ublk", func(file string) int {
 		ctl, err := ublk.OpenControl()
 		if err != nil {

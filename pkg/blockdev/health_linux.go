@@ -39,6 +39,10 @@ type MountInfo struct {
 	// "ro" in SuperOptions only.
 	MountOptions []string
 	SuperOptions []string
+	// Shared is set for a mount in a peer group ("shared:N"): mounts and
+	// unmounts beneath it propagate to its peers, which may be in other
+	// mount namespaces.
+	Shared bool
 }
 
 // ReadOnly reports whether writes through this mount fail with EROFS:
@@ -99,7 +103,9 @@ func parseMountLine(line string) (MountInfo, error) {
 	if !ok || err1 != nil || err2 != nil {
 		return MountInfo{}, fmt.Errorf("device %q: %w", f[2], ErrInvalid)
 	}
+	shared := slices.ContainsFunc(f[6:sep], func(o string) bool { return strings.HasPrefix(o, "shared:") })
 	return MountInfo{
+		Shared:       shared,
 		MountPoint:   unescapeMount(f[4]),
 		Major:        uint32(major),
 		Minor:        uint32(minor),

@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 func openStore(t *testing.T, dir string) *Store {
@@ -92,9 +94,7 @@ func samePrefix(t *testing.T, a, b string) {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (mount, loop devices, FIFREEZE); run the tests as root")
-	}
+	testgate.RequireRoot(t)
 }
 
 // mountImage makes a filesystem image of size bytes with mkfs (args), loop-

@@ -119,6 +119,7 @@ func (s *Store) quarantine(id string, cause error) error {
 		path = set
 	}
 	s.quarantined[id] = path
+	s.quarantineCauses[path] = cause
 	return nil
 }
 
@@ -245,6 +246,14 @@ func (s *Store) Quarantined() []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// QuarantineCause says why the record at path (as Quarantined lists it)
+// was set aside, or nil when an earlier start set it aside.
+func (s *Store) QuarantineCause(path string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.quarantineCauses[path]
 }
 
 // Quarantiner is implemented by what sets aside records it cannot read

@@ -80,6 +80,10 @@ type Store struct {
 	// quarantined maps the IDs whose record could not be loaded to the
 	// record's path (set aside or in place); filled by OpenStore only.
 	quarantined map[string]string
+	// quarantineCauses maps a quarantined record's path to why it was
+	// set aside (this start's reading of it; none for one an earlier
+	// start set aside).
+	quarantineCauses map[string]error
 
 	unlock    func() // gives back the data directory's lock
 	closeOnce sync.Once
@@ -125,13 +129,14 @@ func OpenStore(cfg StoreConfig) (*Store, error) {
 		return nil, err // names the directory and its holder
 	}
 	s := &Store{
-		cfg:         cfg,
-		volumes:     make(map[string]Volume),
-		snapshots:   make(map[string]Snapshot),
-		busy:        make(map[string]chan struct{}),
-		reserved:    make(map[string]int64),
-		quarantined: make(map[string]string),
-		unlock:      unlock,
+		cfg:              cfg,
+		volumes:          make(map[string]Volume),
+		snapshots:        make(map[string]Snapshot),
+		busy:             make(map[string]chan struct{}),
+		reserved:         make(map[string]int64),
+		quarantined:      make(map[string]string),
+		quarantineCauses: make(map[string]error),
+		unlock:           unlock,
 	}
 	if err := s.load(); err != nil {
 		unlock()

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backendtest"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
@@ -15,9 +16,7 @@ import (
 // TestUblkBackend runs the backend conformance suite on ublk. It needs a
 // kernel with ublk_drv (the VM: hack/vm/run.sh); elsewhere it skips.
 func TestUblkBackend(t *testing.T) {
-	if _, err := os.Stat(blockdev.UblkControl); err != nil {
-		t.Skipf("no %s on this kernel: run in the VM (hack/vm/run.sh)", blockdev.UblkControl)
-	}
+	testgate.RequireUblk(t)
 	backendtest.Run(t, func(t *testing.T, dataDir string) blockdev.Backend {
 		b, err := blockdev.NewBackend("ublk", blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(dataDir, "dev")})
 		if err != nil {
@@ -30,11 +29,9 @@ func TestUblkBackend(t *testing.T) {
 // TestUblkBackendBatchIO runs the conformance suite with batch commands
 // (BatchIO "on") where the kernel offers UBLK_F_BATCH_IO (7.0+).
 func TestUblkBackendBatchIO(t *testing.T) {
-	if _, err := os.Stat(blockdev.UblkControl); err != nil {
-		t.Skipf("no %s on this kernel: run in the VM (hack/vm/run.sh)", blockdev.UblkControl)
-	}
+	testgate.RequireUblk(t)
 	if f, err := ublk.HaveUblk(); err != nil || f&ublk.FlagBatchIO == 0 {
-		t.Skipf("ublk driver without BATCH_IO (features %#x, %v)", f, err)
+		testgate.Skip(t, testgate.BatchIO, "ublk driver without BATCH_IO (features %#x, %v)", f, err)
 	}
 	backendtest.Run(t, func(t *testing.T, dataDir string) blockdev.Backend {
 		b, err := blockdev.NewBackend("ublk", blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(dataDir, "dev"), BatchIO: "on"})
@@ -62,9 +59,7 @@ func TestUblkBackendRefusesBadBatchIO(t *testing.T) {
 // device (in copy mode; zero copy takes 1 MiB whatever is asked), and that
 // one above 1 MiB is refused before it could be narrowed to 32 bits.
 func TestUblkBackendMaxIOBytes(t *testing.T) {
-	if _, err := os.Stat(blockdev.UblkControl); err != nil {
-		t.Skipf("no %s on this kernel: run in the VM (hack/vm/run.sh)", blockdev.UblkControl)
-	}
+	testgate.RequireUblk(t)
 	dir := t.TempDir()
 	b, err := blockdev.NewBackend("ublk", blockdev.BackendConfig{DataDir: dir, DevDir: filepath.Join(dir, "dev")})
 	if err != nil {

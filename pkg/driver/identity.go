@@ -2,7 +2,8 @@ package driver
 
 import (
 	"context"
-	"fmt"
+	"errors"
+	"syscall"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -45,10 +46,37 @@ func (s *Identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeRe
 // from the data directory and the backend can list its devices.
 func (d *Driver) Healthy(ctx context.Context) error {
 	if _, _, err := d.store.Capacity(); err != nil {
-		return fmt.Errorf("data directory: %w", err)
+		return &healthError{part: "data directory", err: err}
 	}
 	if _, err := d.backend.List(ctx); err != nil {
-		return fmt.Errorf("%s backend: %w", d.backend.Name(), err)
+		return &healthError{part: d.backend.Name() + " backend", err: err}
 	}
 	return nil
+}
+
+// healthError is a failed health check: the part of the plugin that failed
+// and why.
+type healthError struct {
+	part string
+	err  error
+}
+
+func (e *healthError) Error() string { return e.part + ": " + e.err.Error() }
+func (e *healthError) Unwrap() error { return e.err }
+
+// HealthSummary is err, a failed health check, told without host paths,
+// for answers on the network (/healthz): the part that failed and the
+// system error's text, or only the part.
+func HealthSummary(err error) string {
+	if err == nil {
+		return ""
+	}
+	part := "health check"
+	if h, ok := errors.AsType[*healthError](err); ok {
+		part = h.part
+	}
+	if errno, ok := errors.AsType[syscall.Errno](err); ok {
+		return part + ": " + errno.Error()
+	}
+	return part + " failed"
 }

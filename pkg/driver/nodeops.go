@@ -34,6 +34,11 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 			return nil
 		}
 	}
+	if !block && d.backend.Name() == "ublk" {
+		if err := refuseLastMountHolder(staging); err != nil {
+			return err
+		}
+	}
 	dev, err := d.backend.Attach(ctx, d.attachRequest(v))
 	if err != nil {
 		return fmt.Errorf("attach: %w", tuningError(v.Params, err))
@@ -68,6 +73,24 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 		return errors.Join(err, d.undoStage(ctx, v.ID))
 	}
 	klog.InfoS("volume staged", "volumeID", v.ID, "stagingPath", staging, "fsType", ns.FsType)
+	return nil
+}
+
+// refuseLastMountHolder refuses to mount a ublk volume's filesystem at
+// staging when the plugin's own mount namespace would hold that mount
+// alone: the plugin, serving the device, would then be its last holder, and
+// its exit would deadlock on the filesystem's writeback (see
+// blockdev.MountDiesWithProcess). Nothing is attached yet.
+func refuseLastMountHolder(staging string) error {
+	dies, why, err := blockdev.MountDiesWithProcess(staging)
+	if err != nil {
+		return fmt.Errorf("check the staging path's mount propagation: %w", err)
+	}
+	if dies {
+		return fmt.Errorf("refusing to mount a ublk volume where only the plugin's mount namespace would hold it (%s): "+
+			"the plugin serves the device, and its exit would hang on the filesystem's writeback; give the plugin the "+
+			"kubelet directory with mountPropagation: Bidirectional: %w", why, blockdev.ErrNotSupported)
+	}
 	return nil
 }
 

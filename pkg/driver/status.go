@@ -12,13 +12,16 @@ import (
 // NodeStatus is what the plugin reports about its node: served at /status
 // and shown by `csi-fastblk status`; the metrics collector reads it too.
 type NodeStatus struct {
-	Driver            string `json:"driver"`
-	Version           string `json:"version"`
-	NodeID            string `json:"nodeID"`
-	Kernel            string `json:"kernel"`
-	Backend           string `json:"backend"`
-	Healthy           bool   `json:"healthy"`
-	HealthError       string `json:"healthError,omitempty"`
+	Driver      string `json:"driver"`
+	Version     string `json:"version"`
+	NodeID      string `json:"nodeID"`
+	Kernel      string `json:"kernel"`
+	Backend     string `json:"backend"`
+	Healthy     bool   `json:"healthy"`
+	HealthError string `json:"healthError,omitempty"`
+	// HealthSummary is HealthError without host paths (HealthSummary),
+	// for /healthz on the network.
+	HealthSummary     string `json:"healthSummary,omitempty"`
 	CapacityAvailable int64  `json:"capacityAvailable"`
 	CapacityTotal     int64  `json:"capacityTotal"`
 	// FilesystemFree is what the data directory's filesystem has free
@@ -76,7 +79,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 		Healthy: true,
 	}
 	if err := d.Healthy(ctx); err != nil {
-		st.Healthy, st.HealthError = false, err.Error()
+		st.Healthy, st.HealthError, st.HealthSummary = false, err.Error(), HealthSummary(err)
 	}
 	st.CapacityAvailable, st.CapacityTotal, _ = d.store.Capacity()
 	if fs, err := blockdev.StatFS(d.store.Dir()); err == nil {

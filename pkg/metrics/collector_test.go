@@ -94,7 +94,8 @@ func TestCollectorReportsVolumes(t *testing.T) {
 // TestHealthzFollowsStatus: /healthz is 503 with the reason when unhealthy.
 func TestHealthzFollowsStatus(t *testing.T) {
 	sick := attached
-	sick.Healthy, sick.HealthError = false, "data directory: read-only file system"
+	sick.Healthy, sick.HealthError, sick.HealthSummary = false, "data directory: statfs /var/lib/x: read-only file system",
+		"data directory: read-only file system"
 	for _, tc := range []struct {
 		st   driver.NodeStatus
 		code int
@@ -103,6 +104,9 @@ func TestHealthzFollowsStatus(t *testing.T) {
 		Handler(fixedStatus(tc.st), Startup{}, false).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
 		if rec.Code != tc.code {
 			t.Errorf("healthy=%v: /healthz = %d, want %d (%s)", tc.st.Healthy, rec.Code, tc.code, rec.Body)
+		}
+		if strings.Contains(rec.Body.String(), "/var/lib") {
+			t.Errorf("healthy=%v: /healthz names a host path: %q", tc.st.Healthy, rec.Body)
 		}
 	}
 }

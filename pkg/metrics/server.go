@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/klog/v2"
 )
 
 // Handler returns the mux of the network-facing endpoints, /metrics and
@@ -31,9 +32,11 @@ func Handler(status StatusFunc, startup Startup, withStatus bool) http.Handler {
 		st, err := status(r.Context())
 		switch {
 		case err != nil:
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			// The error may name host paths: they stay in the log.
+			klog.ErrorS(err, "/healthz: node status unavailable")
+			http.Error(w, "node status unavailable", http.StatusServiceUnavailable)
 		case !st.Healthy:
-			http.Error(w, st.HealthError, http.StatusServiceUnavailable)
+			http.Error(w, st.HealthSummary, http.StatusServiceUnavailable)
 		default:
 			fmt.Fprintln(w, "ok")
 			if r := startup.BackendFallback; r != "" {

@@ -17,18 +17,15 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // requireVM skips unless the test can make ublk devices and run the
 // plugin binary.
 func requireVM(t *testing.T) string {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("e2e tests need root")
-	}
-	if _, err := os.Stat("/dev/ublk-control"); err != nil {
-		t.Skip("no /dev/ublk-control (ublk_drv): these tests run in the VM, hack/vm/run.sh")
-	}
+	testgate.RequireUblk(t)
 	bin := os.Getenv("FASTBLK_BIN")
 	if bin == "" {
 		bin = "/bin/csi-fastblk"
@@ -68,6 +65,10 @@ type plugin struct {
 	cgroupFD int
 	// args are extra serve flags.
 	args []string
+	// mountNS, when set, starts the plugin in a mount namespace of its
+	// own (as a container runs it), its mounts copied with their
+	// propagation.
+	mountNS bool
 }
 
 func newPlugin(t *testing.T) *plugin { return newPluginIn(t, -1) }
@@ -98,6 +99,11 @@ func (p *plugin) start() {
 	p.cmd.Stdout, p.cmd.Stderr = logf, logf
 	if p.cgroupFD > 0 {
 		p.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: p.cgroupFD}
+	}
+	if p.mountNS {
+		// Cloneflags, not Unshareflags: Go would make every mount of
+		// the new namespace private.
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS}
 	}
 	if err := p.cmd.Start(); err != nil {
 		p.t.Fatal(err)

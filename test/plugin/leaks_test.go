@@ -60,7 +60,7 @@ var leakCounts = []leakCount{
 	{"mmaps", 2}, // plus mmapsPerThread for each new thread
 	{"rss", 8 << 20},
 	{"mounts", 0},
-	{"loop devices", 0},
+	{"devices", 0},
 	{"data entries", 0},
 	{"device links", 0},
 	{"pod entries", 0},
@@ -68,10 +68,11 @@ var leakCounts = []leakCount{
 
 // TestLifecycleLeaks runs full lifecycles (create, stage, publish, write
 // and read back, unpublish, unstage, delete) against the plugin binary on
-// the loop backend, then every failing step once followed by its retry or
-// cleanup, and proves that the plugin process and the node end where they
-// started: no growth in fds, goroutines, mappings, mounts, loop devices or
-// files, threads within +4 and RSS within +8 MiB.
+// the loop backend (ublk in the VM step 44-plugin-ublk), then every
+// failing step once followed by its retry or cleanup, and proves that the
+// plugin process and the node end where they started: no growth in fds,
+// goroutines, mappings, mounts, devices or files, threads within +4 and
+// RSS within +8 MiB.
 func TestLifecycleLeaks(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: the plugin attaches loop devices and mounts")
@@ -97,6 +98,9 @@ func TestLifecycleLeaks(t *testing.T) {
 	start := time.Now()
 	for k := leakWarmup; k < leakWarmup+cycles; k++ {
 		p.lifecycle(t, k)
+		if done := k - leakWarmup + 1; done%50 == 0 && done < cycles {
+			t.Logf("%d lifecycles in %v", done, time.Since(start).Round(time.Millisecond))
+		}
 	}
 	elapsed := time.Since(start)
 	p.failingSteps(t)
@@ -166,6 +170,9 @@ func (p *runningPlugin) undoLeftovers(t *testing.T) {
 				t.Logf("clean up: unmount %s: %v", f[4], err)
 			}
 		}
+	}
+	if testBackend() != "loop" {
+		return // ublk devices go with the VM
 	}
 	for _, dev := range p.loopDeviceList(t) {
 		if out, err := exec.Command("losetup", "-d", dev).CombinedOutput(); err != nil {
@@ -318,8 +325,8 @@ func (p *runningPlugin) failingSteps(t *testing.T) {
 	_, err = node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, VolumeCapability: capExt4,
 		StagingTargetPath: filepath.Join(p.dir, "no-such-dir", "staging")})
 	expect("NodeStageVolume at a path whose parent does not exist", err, codes.Internal)
-	if n := p.loopDevices(t); n != 0 {
-		t.Errorf("a failed NodeStageVolume left %d loop device(s) attached", n)
+	if n := p.devices(t); n != 0 {
+		t.Errorf("a failed NodeStageVolume left %d %s device(s) attached", n, testBackend())
 	}
 	staging := filepath.Join(p.dir, "staging")
 	_, err = node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, VolumeCapability: capExt4,
@@ -374,8 +381,8 @@ func (p *runningPlugin) counts(t *testing.T) map[string]int64 {
 	c["rss"] = st["VmRSS"]
 	c["mmaps"] = countLines(t, fmt.Sprintf("/proc/%d/maps", pid), "")
 	c["mounts"] = countLines(t, "/proc/self/mountinfo", p.dir)
-	c["loop devices"] = p.loopDevices(t)
-	c["data entries"] = countFiles(t, filepath.Join(p.dir, "data"))
+	c["devices"] = p.devices(t)
+	c["data entries"] = countFiles(t, p.dataDir)
 	c["device links"] = countFiles(t, filepath.Join(p.dir, "dev"))
 	c["pod entries"] = countFiles(t, filepath.Join(p.dir, "pod"))
 	return c
@@ -446,18 +453,27 @@ func countFiles(t *testing.T, dir string) int64 {
 	return n
 }
 
-// loopDevices counts the kernel's loop devices whose backing file, as
-// sysfs names it (with " (deleted)" for an unlinked one), lies in the
-// plugin's data directory, whatever the plugin itself thinks it owns.
-func (p *runningPlugin) loopDevices(t *testing.T) int64 {
+// devices counts the block devices of the plugin's backend, whatever the
+// plugin itself thinks it owns: on loop, the kernel's loop devices whose
+// backing file, as sysfs names it (with " (deleted)" for an unlinked one),
+// lies in the plugin's data directory; on ublk, every ublk device (the VM
+// runs no other server).
+func (p *runningPlugin) devices(t *testing.T) int64 {
 	t.Helper()
+	if testBackend() == "ublk" {
+		ents, err := os.ReadDir("/sys/class/ublk-char")
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		return int64(len(ents))
+	}
 	return int64(len(p.loopDeviceList(t)))
 }
 
-// loopDeviceList returns the paths of the devices loopDevices counts.
+// loopDeviceList returns the paths of the loop devices devices counts.
 func (p *runningPlugin) loopDeviceList(t *testing.T) []string {
 	t.Helper()
-	data, err := filepath.EvalSymlinks(filepath.Join(p.dir, "data"))
+	data, err := filepath.EvalSymlinks(p.dataDir)
 	if err != nil {
 		t.Fatal(err)
 	}

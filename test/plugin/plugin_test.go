@@ -1,6 +1,8 @@
 // Package plugin tests the csi-fastblk binary as operators run it: `serve`
-// as a separate process on the loop backend, driven over its CSI socket,
-// observed through /metrics, /healthz and `csi-fastblk status`.
+// as a separate process, driven over its CSI socket, observed through
+// /metrics, /healthz and `csi-fastblk status`. The plugin runs on the loop
+// backend, or on the one FASTBLK_TEST_BACKEND names (ublk in the VM, where
+// FASTBLK_BIN names the prebuilt binary: hack/vm/guest/steps/44-*).
 package plugin
 
 import (
@@ -27,15 +29,29 @@ import (
 
 type runningPlugin struct {
 	bin, metrics, dir string
+	dataDir           string
 	cmd               *exec.Cmd
 	conn              *grpc.ClientConn
 	exited            chan error
 }
 
+// testBackend is the backend the plugin serves with: FASTBLK_TEST_BACKEND,
+// or loop.
+func testBackend() string {
+	if b := os.Getenv("FASTBLK_TEST_BACKEND"); b != "" {
+		return b
+	}
+	return "loop"
+}
+
 // buildBinary builds the plugin with the given build tags (failpoint: see
-// pkg/blockdev/failpoint_on.go).
+// pkg/blockdev/failpoint_on.go). Without tags, FASTBLK_BIN names a binary
+// to use instead (the VM has no Go toolchain).
 func buildBinary(t *testing.T, tags ...string) string {
 	t.Helper()
+	if bin := os.Getenv("FASTBLK_BIN"); bin != "" && len(tags) == 0 {
+		return bin
+	}
 	bin := filepath.Join(t.TempDir(), "csi-fastblk")
 	out, err := exec.Command("go", "build", "-tags", strings.Join(tags, ","), "-o", bin, "../../cmd/csi-fastblk").CombinedOutput()
 	if err != nil {
@@ -62,17 +78,30 @@ func startPlugin(t *testing.T) *runningPlugin {
 // with env added to its environment.
 func launch(t *testing.T, bin, dir string, env ...string) *runningPlugin {
 	t.Helper()
-	return launchArgs(t, bin, dir, nil, env...)
+	return launchWith(t, bin, dir, filepath.Join(dir, "data"), nil, env...)
 }
 
 // launchArgs is launch with extra serve flags.
 func launchArgs(t *testing.T, bin, dir string, args []string, env ...string) *runningPlugin {
 	t.Helper()
-	p := &runningPlugin{bin: bin, metrics: freePort(t), dir: dir, exited: make(chan error, 1)}
+	return launchWith(t, bin, dir, filepath.Join(dir, "data"), args, env...)
+}
+
+// launchOn is launch with the data directory at dataDir.
+func launchOn(t *testing.T, bin, dir, dataDir string, env ...string) *runningPlugin {
+	t.Helper()
+	return launchWith(t, bin, dir, dataDir, nil, env...)
+}
+
+// launchWith starts the plugin with its data directory at dataDir and
+// extra serve flags.
+func launchWith(t *testing.T, bin, dir, dataDir string, args []string, env ...string) *runningPlugin {
+	t.Helper()
+	p := &runningPlugin{bin: bin, metrics: freePort(t), dir: dir, dataDir: dataDir, exited: make(chan error, 1)}
 	sock := filepath.Join(p.dir, "csi.sock")
 	os.Remove(sock) // left by a killed predecessor: wait for the new one
-	p.cmd = exec.Command(p.bin, "serve", "--endpoint", "unix://"+sock, "--backend", "loop",
-		"--data-dir", filepath.Join(p.dir, "data"), "--dev-dir", filepath.Join(p.dir, "dev"),
+	p.cmd = exec.Command(p.bin, "serve", "--endpoint", "unix://"+sock, "--backend", testBackend(),
+		"--data-dir", dataDir, "--dev-dir", filepath.Join(p.dir, "dev"),
 		"--node-id", "plugin-test", "--metrics-address", p.metrics, "-v=2")
 	p.cmd.Args = append(p.cmd.Args, args...)
 	p.cmd.Env = append(os.Environ(), env...)
@@ -267,7 +296,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
-	for _, want := range []string{id, "metrics-vol", "block", "loop", "healthy"} {
+	for _, want := range []string{id, "metrics-vol", "block", testBackend(), "healthy"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}

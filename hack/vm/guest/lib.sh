@@ -6,6 +6,18 @@
 FASTBLK_ROOT=${FASTBLK_ROOT:-/opt/fastblk}
 FASTBLK_DATA=${FASTBLK_DATA:-/data}
 
+# FASTBLK_REQUIRE lists what the tests must find on this kernel
+# (internal/testgate): a test that would skip, or leave out part of its
+# coverage, for lack of one of these fails instead. Every kernel the VM
+# boots has root and ublk; 7.3 has every ublk feature the plugin uses
+# (AUTO_BUF_REG zero copy, BATCH_IO, UPDATE_SIZE, QUIESCE; TestRequiredFeatures
+# asserts them). A kernel not listed requires root and ublk only.
+case "$(uname -r)" in
+7.3.*) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-root,ublk,zerocopy,batch,updatesize,quiesce} ;;
+*) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-root,ublk} ;;
+esac
+export FASTBLK_REQUIRE
+
 # gotest PKG [ARGS...] runs the test binary of package PKG (as listed in
 # hack/vm/tests.list, e.g. pkg/blockdev/uring) verbosely, once, in its package
 # directory, with ARGS appended (e.g. -test.run 'TestX').

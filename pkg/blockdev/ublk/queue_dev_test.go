@@ -14,6 +14,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // backingFile creates a sparse file of size bytes and opens it O_DIRECT.
@@ -70,14 +72,14 @@ func queueCases(t *testing.T, c *Control) []queueCase {
 		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1, false, false},
 			queueCase{"autobuf/2q", FlagAutoBufReg, 2, false, false}, queueCase{"autobuf-nowait/2q", FlagAutoBufReg, 2, false, true})
 	} else {
-		t.Logf("kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", features(t, c))
+		testgate.Without(t, testgate.ZeroCopy, "kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", features(t, c))
 	}
 	if features(t, c)&FlagBatchIO != 0 {
 		cases = append(cases, queueCase{"batch-copy/2q", FlagBatchIO, 2, true, false},
 			queueCase{"batch-autobuf/1q", FlagBatchIO | FlagAutoBufReg, 1, false, false},
 			queueCase{"batch-autobuf-nowait/2q", FlagBatchIO | FlagAutoBufReg, 2, false, true})
 	} else {
-		t.Logf("kernel has no BATCH_IO (features %#x): batch mode not tested", features(t, c))
+		testgate.Without(t, testgate.BatchIO, "kernel has no BATCH_IO (features %#x): batch mode not tested", features(t, c))
 	}
 	return cases
 }
@@ -336,6 +338,8 @@ func TestQueueStop(t *testing.T) {
 	modes := map[string]uint64{"per-tag": 0}
 	if features(t, c)&FlagBatchIO != 0 {
 		modes["batch"] = FlagBatchIO
+	} else {
+		testgate.Without(t, testgate.BatchIO, "kernel has no BATCH_IO: batch mode not tested")
 	}
 	for name, flags := range modes {
 		t.Run(name, func(t *testing.T) {

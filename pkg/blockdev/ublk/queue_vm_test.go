@@ -11,17 +11,14 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // requireUblk skips unless the kernel has ublk and we are root.
 func requireUblk(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for /dev/ublk-control")
-	}
-	if _, err := os.Stat(ControlPath); err != nil {
-		t.Skip("no /dev/ublk-control: this kernel has no ublk (run in the VM: hack/vm/run.sh)")
-	}
+	testgate.RequireUblk(t)
 }
 
 func openTestCtl(t *testing.T) *Control {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // TestServerReadopt closes a server (devices stay, quiesced) and checks a
@@ -20,6 +22,8 @@ func TestServerReadopt(t *testing.T) {
 	modes := map[string]Mode{"per-tag": ModeOff}
 	if features(t, openTestCtl(t))&FlagBatchIO != 0 {
 		modes["batch"] = ModeOn
+	} else {
+		testgate.Without(t, testgate.BatchIO, "kernel has no BATCH_IO: re-adoption in batch mode not tested")
 	}
 	for name, batch := range modes {
 		t.Run(name, func(t *testing.T) { testReadopt(t, batch) })

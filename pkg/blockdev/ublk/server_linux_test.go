@@ -9,18 +9,15 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // needUblk skips unless this kernel serves ublk devices (root and
 // /dev/ublk-control; the VM runs these tests) and returns its features.
 func needUblk(t *testing.T) uint64 {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("ublk tests need root")
-	}
-	if _, err := os.Stat(ControlPath); err != nil {
-		t.Skipf("no %s on this kernel (ublk_drv not loaded): run in the VM (hack/vm/run.sh)", ControlPath)
-	}
+	testgate.RequireUblk(t)
 	f, err := HaveUblk()
 	if err != nil {
 		t.Fatalf("ublk present but unusable: %v", err)
@@ -189,7 +186,7 @@ func checkResize(t *testing.T, s *Server, d Served, file string) {
 		if !errors.Is(err, errors.ErrUnsupported) {
 			t.Fatalf("resize without UPDATE_SIZE = %v, want ErrUnsupported", err)
 		}
-		t.Skip("driver lacks UPDATE_SIZE")
+		testgate.Skip(t, testgate.UpdateSize, "driver lacks UPDATE_SIZE")
 	}
 	if err != nil {
 		t.Fatal(err)
