@@ -46,9 +46,11 @@ func (s *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	if s.d.cfg.ControllerExpansion {
 		rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
 	}
-	if s.d.limitSetter() != nil {
-		rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
-	}
+	// Advertised on every backend, so that the external-resizer sends a
+	// VolumeAttributesClass change here rather than ignore it: a backend
+	// that cannot enforce rate limits refuses them in ControllerModifyVolume
+	// (InvalidArgument, an event on the PVC) and accepts lifting them.
+	rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
 	var caps []*csi.ControllerServiceCapability
 	for _, t := range rpcs {
 		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
@@ -368,7 +370,9 @@ func (s *Controller) ControllerModifyVolume(ctx context.Context, req *csi.Contro
 	}
 	defer unlock()
 	if err := s.d.checkLimits(v.WithMutableParams(req.GetMutableParameters())); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "modify volume %s: %v", id, err)
+		// Parameters this node cannot apply: nothing changes, and the
+		// external-resizer marks the change Infeasible with this message.
+		return nil, status.Errorf(codes.InvalidArgument, "modify volume %s on node %s: %v", id, s.d.cfg.NodeID, err)
 	}
 	if v, err = s.d.store.ModifyVolume(ctx, id, req.GetMutableParameters()); err != nil {
 		return nil, toStatus(fmt.Errorf("modify volume %s: %w", id, err))

@@ -300,9 +300,11 @@ func TestRestartKeepsStagedVolumes(t *testing.T) {
 }
 
 // TestLoopNodeRefusesRateLimits proves a node whose backend cannot enforce
-// rate limits says so up front: no MODIFY_VOLUME capability, a volume
-// asking for limits is refused at creation (not at stage, after the PVC
-// bound), and a modify that sets limits fails without changing the record.
+// rate limits says so: a volume asking for limits is refused at creation
+// (not at stage, after the PVC bound), and a modify that sets limits fails
+// with InvalidArgument naming the backend, without changing the record.
+// MODIFY_VOLUME is advertised all the same: without it the external-resizer
+// ignores a VolumeAttributesClass change, silently (issue 22).
 func TestLoopNodeRefusesRateLimits(t *testing.T) {
 	requireRoot(t)
 	n := newTestNode(t, t.TempDir())
@@ -311,10 +313,12 @@ func TestLoopNodeRefusesRateLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	modify := false
 	for _, c := range caps.GetCapabilities() {
-		if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME {
-			t.Fatal("the loop backend advertises MODIFY_VOLUME")
-		}
+		modify = modify || c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME
+	}
+	if !modify {
+		t.Error("the loop backend does not advertise MODIFY_VOLUME: the external-resizer would ignore VolumeAttributesClass changes without a word")
 	}
 	req := &csi.CreateVolumeRequest{Name: "limited", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)},
@@ -326,8 +330,8 @@ func TestLoopNodeRefusesRateLimits(t *testing.T) {
 	id := n.create("plain", 1<<20, nil)
 	_, err = n.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id,
 		MutableParameters: map[string]string{ParamMaxBandwidth: "10Mi"}})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("ControllerModifyVolume setting a limit on loop = %v, want FailedPrecondition", err)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "loop") || !strings.Contains(err.Error(), "ublk") {
+		t.Fatalf("ControllerModifyVolume setting a limit on loop = %v, want InvalidArgument naming the loop and ublk backends", err)
 	}
 	if v, _ := n.d.store.Volume(id); len(v.MutableParams) != 0 {
 		t.Fatalf("a refused modify changed the record: %v", v.MutableParams)
