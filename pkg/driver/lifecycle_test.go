@@ -38,6 +38,12 @@ func requireRoot(t *testing.T) {
 
 func newTestNode(t *testing.T, dir string) *testNode {
 	t.Helper()
+	return newTestNodeOn(t, dir, "n1")
+}
+
+// newTestNodeOn is newTestNode for the node nodeID.
+func newTestNodeOn(t *testing.T, dir, nodeID string) *testNode {
+	t.Helper()
 	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +53,7 @@ func newTestNode(t *testing.T, dir string) *testNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Config{Name: "fastblk.csi.io", NodeID: "n1"}, store, b)
+	d, err := New(Config{Name: "fastblk.csi.io", NodeID: nodeID, ControllerExpansion: true}, store, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +111,7 @@ func (n *testNode) stage(id string, c *csi.VolumeCapability, ro bool) string {
 
 func (n *testNode) unstage(id string) {
 	ctx := context.Background()
-	v, err := n.d.store.Volume(id)
+	v, err := n.d.store.Volume(storeVolumeID(id))
 	if err != nil {
 		return
 	}
@@ -262,7 +268,7 @@ func TestSingleWriterRefusesSecondTarget(t *testing.T) {
 	id := n.create("snsw", 16<<20, nil)
 	c := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER)
 	n.stage(id, c, false)
-	v, _ := n.d.store.Volume(id)
+	v, _ := n.d.store.Volume(storeVolumeID(id))
 	_, err := n.node.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{VolumeId: id,
 		StagingTargetPath: v.Node.StagingPath, TargetPath: filepath.Join(n.dir, "second"), VolumeCapability: c})
 	if status.Code(err) != codes.FailedPrecondition {
@@ -333,7 +339,7 @@ func TestLoopNodeRefusesRateLimits(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "loop") || !strings.Contains(err.Error(), "ublk") {
 		t.Fatalf("ControllerModifyVolume setting a limit on loop = %v, want InvalidArgument naming the loop and ublk backends", err)
 	}
-	if v, _ := n.d.store.Volume(id); len(v.MutableParams) != 0 {
+	if v, _ := n.d.store.Volume(storeVolumeID(id)); len(v.MutableParams) != 0 {
 		t.Fatalf("a refused modify changed the record: %v", v.MutableParams)
 	}
 	if _, err := n.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id,

@@ -191,8 +191,11 @@ func TestServeMetricsAndStatus(t *testing.T) {
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
 	}
 	id, staging, target := p.provision(t, "metrics-vol", 32<<20, capBlock, "dev")
+	// Metrics and status name the volume by the store's ID: the CSI ID
+	// without its node tag.
+	storeID, _, _ := strings.Cut(id, "-")
 
-	writes := fmt.Sprintf(`fastblk_volume_ios_total{name="metrics-vol",op="write",volume_id="%s"}`, id)
+	writes := fmt.Sprintf(`fastblk_volume_ios_total{name="metrics-vol",op="write",volume_id="%s"}`, storeID)
 	_, body := p.get(t, "/metrics")
 	before := metric(t, body, writes)
 	f, err := os.OpenFile(target, os.O_WRONLY|syscall.O_DIRECT, 0)
@@ -215,7 +218,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	if after := metric(t, body, writes); after < before+4 {
 		t.Errorf("write I/Os %v → %v after 4 MiB of direct writes; want them to move", before, after)
 	}
-	written := metric(t, body, fmt.Sprintf(`fastblk_volume_bytes_total{name="metrics-vol",op="write",volume_id="%s"}`, id))
+	written := metric(t, body, fmt.Sprintf(`fastblk_volume_bytes_total{name="metrics-vol",op="write",volume_id="%s"}`, storeID))
 	if written < 4<<20 {
 		t.Errorf("bytes written = %v, want ≥ 4 MiB", written)
 	}
@@ -235,7 +238,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
-	for _, want := range []string{id, "metrics-vol", "block", "loop", "healthy"} {
+	for _, want := range []string{storeID, "metrics-vol", "block", "loop", "healthy"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}
