@@ -390,9 +390,12 @@ spec:
 
 // TestRestoreFollowsSource restores snapshots of a volume on each node into
 // unpinned pods: a node-local snapshot can only be restored on its node, so
-// the restore must end there (the scheduler knows nothing of snapshots; a
-// provisioner on the other node must send it back, e.g. ResourceExhausted,
-// the one code the external-provisioner reschedules on).
+// the restore must end there. The scheduler knows nothing of snapshots and
+// may pick the other node; that node's plugin sees its node tag in the
+// snapshot ID and answers ResourceExhausted, on which the
+// external-provisioner removes the claim's selected-node annotation and the
+// scheduler tries again, until it picks the snapshot's node. Each refusal
+// is an event on the claim naming both nodes.
 func TestRestoreFollowsSource(t *testing.T) {
 	c := requireChart(t)
 	for _, n := range nodes {
@@ -418,7 +421,8 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}
 			}
 			for i := 1; i <= 2; i++ {
 				name := fmt.Sprintf("r%d-%s", i, n)
-				eventually(t, 2*time.Minute, "restore "+name+" of a snapshot on "+n, func() (bool, string) {
+				start := time.Now()
+				eventually(t, 3*time.Minute, "restore "+name+" of a snapshot on "+n, func() (bool, string) {
 					phase, _ := c.kubectl("-n", testNS, "get", "pod", name, "-o", "jsonpath={.status.phase} {.spec.nodeName}")
 					if strings.HasPrefix(phase, "Failed") {
 						t.Fatalf("pod %s failed:\n%s", name, c.describe(name))
@@ -428,6 +432,23 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}
 					node, _ := c.kubectl("-n", testNS, "get", "pvc", name, "-o", "jsonpath={.metadata.annotations.volume\\.kubernetes\\.io/selected-node}")
 					return strings.HasPrefix(phase, "Succeeded"), "pod " + phase + ", PVC for node " + node + ", PVC events:\n" + lastLines(ev, 2)
 				})
+				if on := c.volumeNode(t, name); on != n {
+					t.Errorf("restore %s of a snapshot on %s was provisioned on %s", name, n, on)
+				}
+				ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name="+name,
+					"-o", "custom-columns=MESSAGE:.message,COUNT:.count", "--no-headers")
+				refused := 0
+				for _, l := range strings.Split(ev, "\n") {
+					if strings.Contains(l, "lives on another node") {
+						f := strings.Fields(l)
+						k, _ := strconv.Atoi(f[len(f)-1])
+						refused += k
+						if refused == k {
+							t.Logf("%s: %s", name, strings.Join(f[:len(f)-1], " "))
+						}
+					}
+				}
+				t.Logf("restore %s on %s after %v, %d refusal(s) by the other node's plugin", name, n, time.Since(start).Round(time.Second), refused)
 			}
 		})
 	}
@@ -601,8 +622,9 @@ done`})
 // tier, a VolumeAttributesClass), then an in-use PVC is moved to the tier.
 // The external-resizer's one elected instance sends ModifyVolume: where it
 // lands on the volume's node and the backend has rate limits (ublk) the
-// tier applies; on the loop backend, or from the other node, the refusal
-// must be a clear event on the PVC.
+// tier applies; on the loop backend (this host has no ublk) the refusal is
+// an event on the PVC naming the backend, and from the other node one naming
+// the resizer's leader; the PVC keeps its current class.
 func TestUpgradeModifyVolume(t *testing.T) {
 	c := requireChart(t)
 	chart, err := filepath.Abs(chartPath)
@@ -631,7 +653,14 @@ func TestUpgradeModifyVolume(t *testing.T) {
 	if err != nil {
 		t.Logf("no external-resizer lease: %v", err)
 	}
-	t.Logf("volume on %s, external-resizer leader %q", node, leader)
+	leaderNode := ""
+	ready, _ = c.pluginPods(t)
+	for n, p := range ready {
+		if strings.HasPrefix(leader, p) {
+			leaderNode = n
+		}
+	}
+	t.Logf("volume on %s, external-resizer leader %q on %s", node, leader, leaderNode)
 	c.k(t, "-n", testNS, "patch", "pvc", "data", "--type=merge", "-p", `{"spec":{"volumeAttributesClassName":"gold"}}`)
 	eventually(t, 2*time.Minute, "the tier applied or a clear refusal on PVC data", func() (bool, string) {
 		cur := c.jsonpath(t, "{.status.currentVolumeAttributesClassName} {.status.modifyVolumeStatus}", "-n", testNS, "get", "pvc", "data")
@@ -642,15 +671,118 @@ func TestUpgradeModifyVolume(t *testing.T) {
 		ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name=data",
 			"-o", "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message", "--no-headers")
 		for _, l := range strings.Split(ev, "\n") {
-			if strings.HasPrefix(l, "Warning") && strings.Contains(l, "Modify") {
-				t.Logf("ModifyVolume refused with an event: %s (status %s)", strings.Join(strings.Fields(l), " "), cur)
-				return true, ""
+			if !strings.HasPrefix(l, "Warning") || !strings.Contains(l, "Modify") {
+				continue
+			}
+			want := "need the ublk backend; this node serves volumes with loop"
+			if leaderNode != node {
+				want = "external-resizer leader runs on node"
+			}
+			if !strings.Contains(l, want) {
+				t.Fatalf("ModifyVolume refused, but the event does not say %q: %s", want, l)
+			}
+			t.Logf("ModifyVolume refused with an event: %s (status %s)", strings.Join(strings.Fields(l), " "), cur)
+			return true, ""
+		}
+		return false, "status " + cur + "\nevents:\n" + ev
+	})
+	if cur := c.jsonpath(t, "{.status.currentVolumeAttributesClassName}", "-n", testNS, "get", "pvc", "data"); cur == "gold" {
+		t.Errorf("PVC data reports class gold on the loop backend, which cannot apply it")
+	}
+	// Back to no class, so that later tests start from a settled claim.
+	if out, err := c.kubectl("-n", testNS, "patch", "pvc", "data", "--type=json", "-p", `[{"op":"remove","path":"/spec/volumeAttributesClassName"}]`); err != nil {
+		t.Logf("rolling PVC data back to no class: %v %s", err, out)
+	}
+	c.delete(t, "pod", "vac")
+}
+
+// TestUninstallWithVolumeInUse records what helm uninstall does to a
+// volume a pod is using, then installs the chart again: the plugin pods go,
+// the workload keeps its mounted volume and its I/O goes on (on the loop
+// backend the kernel's loop device needs no server), and no new volume can
+// be provisioned or the old one unmounted until the chart is back; the
+// reinstalled plugin adopts the volume, and the pod and the PVC can then be
+// deleted as usual (TestCleanup checks nothing is left).
+func TestUninstallWithVolumeInUse(t *testing.T) {
+	c := requireChart(t)
+	chart, err := filepath.Abs(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.apply(t, pvc("kept", "256Mi", ""))
+	c.startPod(t, pod{name: "keeper", claim: "kept", script: `i=0
+while true; do
+  i=$((i+1))
+  if dd if=/dev/urandom of=/tmp/src bs=64k count=16 2>/dev/null &&
+     dd if=/tmp/src of=/data/io bs=64k conv=fsync 2>/dev/null && cmp /tmp/src /data/io; then
+    echo "ok $i"
+  else
+    echo "IOERROR $i"
+  fi
+  sleep 0.2
+done`})
+	c.waitPodPhase(t, "keeper", "Running", 2*time.Minute)
+	node := c.volumeNode(t, "kept")
+	if out, err := c.run("", "helm", "uninstall", release, "--namespace", pluginNS, "--wait", "--timeout", "3m"); err != nil {
+		t.Fatalf("helm uninstall: %v\n%s", err, out)
+	}
+	eventually(t, 2*time.Minute, "the plugin pods to go", func() (bool, string) {
+		out, _ := c.kubectl("-n", pluginNS, "get", "pods", "-o", "name")
+		return strings.TrimSpace(out) == "", out
+	})
+	iterations := func() int {
+		out, _ := c.kubectl("-n", testNS, "logs", "keeper", "--tail=1")
+		f := strings.Fields(out)
+		if len(f) != 2 {
+			return 0
+		}
+		n, _ := strconv.Atoi(f[1])
+		return n
+	}
+	at := iterations()
+	time.Sleep(10 * time.Second)
+	if n := iterations(); n < at+5 {
+		t.Errorf("I/O of the pod stopped after helm uninstall: %d iterations, %d at uninstall", n, at)
+	} else {
+		t.Logf("after helm uninstall the pod's I/O goes on: %d iterations in 10 s", n-at)
+	}
+	if logs := c.logs(t, "keeper"); strings.Contains(logs, "IOERROR") {
+		t.Errorf("the workload saw I/O errors after helm uninstall:\n%s", lastLines(logs, 5))
+	}
+	pv := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "kept")
+	for _, kind := range []string{"storageclass/fastblk", "csidriver/" + driver} {
+		if _, err := c.kubectl("get", kind); err == nil {
+			t.Errorf("%s is still there after helm uninstall", kind)
+		}
+	}
+	if phase := c.jsonpath(t, "{.status.phase}", "get", "pv", pv); phase != "Bound" {
+		t.Errorf("PV %s is %s after helm uninstall, want Bound (uninstall does not touch volumes)", pv, phase)
+	}
+	t.Logf("after helm uninstall: PV %s on %s still Bound, StorageClass and CSIDriver gone, CRDs and snapshots kept", pv, node)
+
+	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS,
+		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
+	if err != nil {
+		t.Fatalf("helm install again: %v\n%s", err, out)
+	}
+	eventually(t, 4*time.Minute, "a Ready plugin pod on each node after reinstalling", func() (bool, string) {
+		ready, detail := c.pluginPods(t)
+		for _, n := range nodes {
+			if ready[n] == "" {
+				return false, detail
 			}
 		}
-		return false, "status " + cur + "\nevents:\n" + ev + "\n(no ModifyVolume was attempted: the external-resizer " +
-			"runs ModifyVolume only for a driver advertising MODIFY_VOLUME, which csi-fastblk does not on the loop backend)"
+		return true, ""
 	})
-	c.delete(t, "pod", "vac")
+	if logs := c.logs(t, "keeper"); strings.Contains(logs, "IOERROR") {
+		t.Errorf("the workload saw I/O errors while the chart was reinstalled:\n%s", lastLines(logs, 5))
+	}
+	c.delete(t, "pod", "keeper")
+	c.delete(t, "pvc", "kept")
+	eventually(t, 2*time.Minute, "PV "+pv+" to go", func() (bool, string) {
+		out, err := c.kubectl("get", "pv", pv, "-o", "name")
+		return err != nil && strings.Contains(err.Error(), "NotFound"), out
+	})
 }
 
 // TestCleanup deletes every pod, snapshot and PVC: no PV, snapshot content,
