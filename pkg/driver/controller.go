@@ -139,7 +139,7 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSp
 			}
 			id, err := s.d.localID(src.GetSnapshot().GetSnapshotId(), "snapshot", codes.ResourceExhausted)
 			if err != nil {
-				return spec, err
+				return spec, s.d.sourceElsewhere("snapshot", src.GetSnapshot().GetSnapshotId())
 			}
 			spec.SourceSnapshotID = id
 		case src.GetVolume() != nil:
@@ -148,7 +148,7 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSp
 			}
 			id, err := s.d.localID(src.GetVolume().GetVolumeId(), "volume", codes.ResourceExhausted)
 			if err != nil {
-				return spec, err
+				return spec, s.d.sourceElsewhere("volume", src.GetVolume().GetVolumeId())
 			}
 			spec.SourceVolumeID = id
 		default:

@@ -52,8 +52,9 @@ func TestObjectsOfAnotherNode(t *testing.T) {
 			}
 		}
 	}
-	wantCode("restore of n1's snapshot", create("pvc-restore", snapshotSource(snapID)), codes.ResourceExhausted, snapID, "another node", "n2")
-	wantCode("clone of n1's volume", create("pvc-clone", volumeSource(vol)), codes.ResourceExhausted, vol, "another node", "n2")
+	wantCode("restore of n1's snapshot", create("pvc-restore", snapshotSource(snapID)), codes.ResourceExhausted,
+		snapID, "lives on node n1, not on node n2", "nodeSelector "+TopologyKey+": n1")
+	wantCode("clone of n1's volume", create("pvc-clone", volumeSource(vol)), codes.ResourceExhausted, vol, "lives on node n1, not on node n2")
 	// What exists on no node: tagged for n2, untagged, or not ours at all.
 	missing := []string{n2.d.publicID(blockdev.SnapshotID("gone")), blockdev.SnapshotID("gone"), "no-such-snapshot"}
 	for _, id := range missing {
@@ -70,7 +71,7 @@ func TestObjectsOfAnotherNode(t *testing.T) {
 	_, err = n2.ctrl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID})
 	wantCode("DeleteSnapshot of n1's snapshot", err, codes.FailedPrecondition, snapID)
 	_, err = n2.ctrl.GetSnapshot(ctx, &csi.GetSnapshotRequest{SnapshotId: snapID})
-	wantCode("GetSnapshot of n1's snapshot", err, codes.NotFound, "another node")
+	wantCode("GetSnapshot of n1's snapshot", err, codes.NotFound, "lives on node n1")
 	if l, err := n2.ctrl.ListSnapshots(ctx, &csi.ListSnapshotsRequest{SnapshotId: snapID}); err != nil || len(l.GetEntries()) != 0 {
 		t.Errorf("ListSnapshots of n1's snapshot on n2: %v, %v", l, err)
 	}
@@ -100,4 +101,33 @@ func TestObjectsOfAnotherNode(t *testing.T) {
 func snapshotSource(id string) *csi.VolumeContentSource {
 	return &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
 		Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: id}}}
+}
+
+// TestNodeTags: node IDs that fit are the tag itself, longer ones a hash,
+// and every tagged ID stays within the CSI limit and splits back.
+func TestNodeTags(t *testing.T) {
+	for _, node := range []string{"n1", "worker-3.example.com", strings.Repeat("a", maxNodeInID), strings.Repeat("b", maxNodeInID+1), strings.Repeat("c", 253)} {
+		d := &Driver{cfg: Config{NodeID: node}, tag: nodeTag(node)}
+		for _, storeID := range []string{blockdev.VolumeID("pvc-1"), blockdev.SnapshotID("snap-1")} {
+			id := d.publicID(storeID)
+			if len(id) > maxIDLen {
+				t.Errorf("node %.20s…: ID %d bytes long", node, len(id))
+			}
+			gotID, gotTag := splitID(id)
+			if gotID != storeID || gotTag != d.tag {
+				t.Errorf("splitID(%q) = %q, %q; want %q, %q", id, gotID, gotTag, storeID, d.tag)
+			}
+			if local, err := d.localID(id, "volume", codes.NotFound); err != nil || local != storeID {
+				t.Errorf("localID(%q) on its own node = %q, %v", id, local, err)
+			}
+		}
+		if long := len(node) > maxNodeInID; long != strings.HasPrefix(d.tag, "#") || (!long && d.tag != node) {
+			t.Errorf("node of %d bytes has tag %q", len(node), d.tag)
+		}
+	}
+	for _, id := range []string{"", "v1", blockdev.VolumeID("x"), blockdev.VolumeID("x") + "-", "no-such-volume-n1"} {
+		if storeID, tag := splitID(id); storeID != id || tag != "" {
+			t.Errorf("splitID(%q) = %q, %q; want it untagged", id, storeID, tag)
+		}
+	}
 }
