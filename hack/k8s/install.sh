@@ -291,6 +291,49 @@ images() {
 	rm -rf "$root"
 }
 
+# e2e builds Kubernetes' e2e suite (e2e.test, from test/e2e of
+# k8s.io/kubernetes $KUBE_VERSION, with go test -c) and agnhost (test/images/
+# agnhost), through a wrapper module like kube's, and the agnhost image (the
+# static binary on the busybox image's files). Only for `make
+# e2e-k8s-conformance`: it is not part of the default steps.
+e2e() {
+	local id="e2e-$KUBE_VERSION" dir=$K8S_CACHE/src/e2e-$KUBE_VERSION ver=${KUBE_VERSION#v} root
+	if ! stamp "$id"; then
+		log "building e2e.test and agnhost of Kubernetes $KUBE_VERSION"
+		kube
+		mkdir -p "$dir"
+		{
+			echo "module csi-fastblk.local/e2e"
+			echo
+			sed -n 's/^go /go /p' "$K8S_CACHE/src/kube-$KUBE_VERSION/go.mod"
+			echo
+			echo "require k8s.io/kubernetes $KUBE_VERSION"
+			echo
+			grep '^replace ' "$K8S_CACHE/src/kube-$KUBE_VERSION/go.mod"
+		} >"$dir/go.mod"
+		printf '%s\n' "//go:build tools" "" "// Package e2e records the e2e suite built from k8s.io/kubernetes." "package e2e" "" "import (" \
+			'	_ "k8s.io/kubernetes/test/e2e"' '	_ "k8s.io/kubernetes/test/e2e/storage/external"' '	_ "k8s.io/kubernetes/test/images/agnhost"' ")" >"$dir/tools.go"
+		(cd "$dir" && GOFLAGS=-mod=mod go mod tidy -e)
+		local pkg=k8s.io/component-base/version major=${ver%%.*} minor
+		minor=${ver#*.}; minor=${minor%%.*}
+		local ld="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+		(cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go test -c -trimpath -ldflags "$ld" -o "$K8S_BIN/e2e.test" k8s.io/kubernetes/test/e2e)
+		(cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/agnhost" k8s.io/kubernetes/test/images/agnhost)
+		mark "$id"
+	fi
+	[[ -s $K8S_CACHE/images/agnhost-$AGNHOST_TAG.oci.tar ]] && return 0
+	root=$(mktemp -d)
+	mkdir -p "$root/fs/bin"
+	install -m 0755 /bin/busybox "$root/fs/bin/busybox"
+	local app
+	for app in $(/bin/busybox --list); do
+		[[ $app == busybox ]] || ln -s busybox "$root/fs/bin/$app"
+	done
+	install -m 0755 "$K8S_BIN/agnhost" "$root/fs/agnhost"
+	oci_image "$AGNHOST_IMAGE" "$root/fs" entrypoint /agnhost
+	rm -rf "$root"
+}
+
 # helm builds the pinned helm exactly as hack/chart does (its own cache).
 helm() {
 	(

@@ -657,22 +657,34 @@ func TestUpgradeModifyVolume(t *testing.T) {
 			t.Fatalf("plugin pods not ready after the upgrade:%s", detail)
 		}
 	}
-	leader, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
-	if err != nil {
-		t.Fatalf("no external-resizer lease: %v", err)
-	}
-	leaderNode := ""
-	for n, p := range ready {
-		if strings.HasPrefix(leader, p) {
-			leaderNode = n
+	// The lease may still name a plugin pod an earlier test deleted,
+	// until a live one takes it over.
+	leader, leaderNode := "", ""
+	eventually(t, time.Minute, "a live plugin pod holding the external-resizer's lease", func() (bool, string) {
+		out, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
+		if err != nil {
+			return false, err.Error()
 		}
-	}
+		leader = strings.TrimSpace(out)
+		ready, detail := c.pluginPods(t)
+		for n, p := range ready {
+			if leader != "" && strings.HasPrefix(leader, p) {
+				leaderNode = n
+			}
+		}
+		return leaderNode != "", "lease holder " + leader + ", plugin pods:" + detail
+	})
 	t.Logf("external-resizer leader %q on %s", leader, leaderNode)
 	// One in-use volume on each node: the leader's node refuses the tier
 	// for its backend, the other node's volume never reaches its plugin.
 	for _, n := range nodes {
 		claim := "vac-" + n
 		c.apply(t, pvc(claim, "256Mi", ""))
+		// A claim that names the class (or targets it with a pending
+		// modify) keeps it from being deleted: gone when the test ends.
+		t.Cleanup(func() {
+			_, _ = c.kubectl("-n", testNS, "delete", "pvc", claim, "--ignore-not-found", "--wait=true", "--timeout=120s")
+		})
 		c.startPod(t, pod{name: claim, claim: claim, node: n, script: "sleep 3600"})
 	}
 	for _, n := range nodes {
@@ -701,10 +713,6 @@ func TestUpgradeModifyVolume(t *testing.T) {
 			}
 			return false, "want an event saying " + want + "; status " + cur + "\nevents:\n" + ev
 		})
-	}
-	for _, n := range nodes {
-		c.delete(t, "pod", "vac-"+n)
-		c.delete(t, "pvc", "vac-"+n)
 	}
 }
 
