@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -345,5 +346,44 @@ func TestLoopNodeRefusesRateLimits(t *testing.T) {
 	if _, err := n.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id,
 		MutableParameters: map[string]string{ParamMaxIOPS: "0"}}); err != nil {
 		t.Fatalf("ControllerModifyVolume with no limit on loop: %v", err)
+	}
+}
+
+// TestRestoreIntoLargerVolumeGrowsFilesystem restores a snapshot and clones
+// a volume into claims twice the source's size: the staged filesystem must
+// fill the larger device (Kubernetes' "provision correct filesystem size
+// when restoring snapshot to larger size pvc"), not keep the source's size.
+// xfs, which grows online here; ext4 needs CAP_SYS_RESOURCE to grow mounted.
+func TestRestoreIntoLargerVolumeGrowsFilesystem(t *testing.T) {
+	requireRoot(t)
+	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
+		t.Skip("mkfs.xfs not installed (make deps installs xfsprogs)")
+	}
+	n := newTestNode(t, t.TempDir())
+	ctx := context.Background()
+	src := n.create("small-src", 320<<20, nil)
+	target := n.stage(src, mountCap("xfs", snw), false)
+	if err := os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := n.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "small-snap", SourceVolumeId: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{
+		n.create("large-restore", 640<<20, snapshotSource(snap.GetSnapshot().GetSnapshotId())),
+		n.create("large-clone", 640<<20, volumeSource(src)),
+	} {
+		target := n.stage(id, mountCap("xfs", snw), false)
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(target, &st); err != nil {
+			t.Fatal(err)
+		}
+		if size := int64(st.Blocks) * st.Bsize; size < 560<<20 {
+			t.Errorf("volume %s of 640 MiB restored from 320 MiB: filesystem of %d MiB", id, size>>20)
+		}
+		if got, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(got) != "kept" {
+			t.Errorf("volume %s: data %q, %v", id, got, err)
+		}
 	}
 }
