@@ -8,8 +8,8 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
-.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-down bench bench-engine bench-vm \
-        bench-scale chart-test chart-readme chart-crds deploy image lint fmt vet clean
+.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-conformance e2e-k8s-down bench bench-engine \
+        bench-vm bench-scale chart-test chart-readme chart-crds deploy image lint fmt vet clean
 
 all: build
 
@@ -61,6 +61,12 @@ e2e-vm: static
 # time of each phase and tears everything down with a leak check.
 e2e-k8s:
 	hack/k8s/e2e.sh
+
+# e2e-k8s, then Kubernetes' external storage e2e tests (e2e.test of the
+# cluster's release, test/k8s/conformance/driver.yaml); CONFORMANCE_FOCUS and
+# CONFORMANCE_SKIP narrow them (hack/k8s/conformance.sh).
+e2e-k8s-conformance:
+	E2E_K8S_CONFORMANCE=1 hack/k8s/e2e.sh
 
 # Tear down a cluster left by E2E_K8S_KEEP=1 or an interrupted run.
 e2e-k8s-down:

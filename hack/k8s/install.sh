@@ -8,8 +8,11 @@
 #      kube-proxy and kubectl from the k8s.io/kubernetes Go module through a
 #      wrapper module that replaces the staging modules by their releases;
 #   4. helm as hack/chart builds it;
-#   5. the CSI sidecars and the snapshot-controller at the chart's versions,
-#      and the OCI image archives of every image the cluster runs.
+#   5. the CSI sidecars and the snapshot-controller at the chart's versions
+#      (csi-provisioner, csi-snapshotter and snapshot-controller from their Go
+#      modules; csi-resizer, csi-node-driver-registrar and livenessprobe, which
+#      the module proxy does not serve, from the cache: see sidecars), and the
+#      OCI image archives of every image the cluster runs.
 # Safe to run repeatedly: each step is skipped when its result is cached in
 # $K8S_CACHE (a warm run takes seconds). Usage: install.sh [step...]
 set -euo pipefail
@@ -116,21 +119,119 @@ sidecar_list() {
 	echo "registry.k8s.io/sig-storage/livenessprobe livenessprobe $(val livenessProbe) livenessprobe"
 }
 
-# sidecars checks that each sidecar's static binary, at the chart's tag, is
-# in $K8S_BIN/sidecars. Building them is an open problem: the Go module
-# proxy this project may use serves external-provisioner/v6 and
-# external-snapshotter/v8 only, and those replace their own submodules with
-# local paths (no `go install`), while external-resizer, node-driver-
-# registrar and livenessprobe are not served at all at these tags (their v2
-# module paths lack /v2). Until that is solved, whoever runs e2e-k8s puts
-# the six binaries there.
+# sidecar_module REPO TAG prints the Go module path of a kubernetes-csi
+# repository at TAG (github.com/kubernetes-csi/REPO, with /vN for N >= 2).
+sidecar_module() {
+	local major=${2%%.*}
+	major=${major#v}
+	if ((major >= 2)); then echo "github.com/kubernetes-csi/$1/v$major"; else echo "github.com/kubernetes-csi/$1"; fi
+}
+
+# sidecar_replaces GOMOD TAG prints the replace directives of a module's
+# go.mod as a wrapper module must repeat them (Go ignores the replace
+# directives of a dependency): a replacement by a release is copied; one by
+# a directory of the repository (external-snapshotter's ./client) becomes
+# that submodule's release at the same tag.
+sidecar_replaces() {
+	awk -v tag="$2" '
+	function emit(line,   f, n, i, old, new) {
+		sub(/\/\/.*/, "", line)
+		n = split(line, f, /[ \t]+/)
+		old = ""; new = ""
+		for (i = 1; i <= n; i++) if (f[i] == "=>") break
+		if (i > n) return
+		old = f[1]; if (i == 3) old = old " " f[2]
+		new = f[i + 1]; if (i + 2 <= n) new = new " " f[i + 2]
+		if (new ~ /^\.\.?\//) new = f[1] " " tag
+		print "replace " old " => " new
+	}
+	/^replace \($/ {blk = 1; next}
+	blk && /^\)/ {blk = 0; next}
+	blk {line = $0; sub(/^[ \t]+/, "", line); emit(line); next}
+	/^replace / {line = $0; sub(/^replace[ \t]+/, "", line); emit(line)}
+	' "$1"
+}
+
+# sidecar_build REPO TAG CMD... builds the commands of a kubernetes-csi
+# repository at TAG from its Go module into $K8S_BIN/sidecars/<cmd>-<tag>,
+# through a wrapper module ($K8S_CACHE/src/mod-REPO-TAG) that requires it and
+# repeats its replace directives. Returns 1 when the proxy does not serve
+# the module at TAG.
+sidecar_build() {
+	local repo=$1 tag=$2 mod dir gomod c
+	shift 2
+	local id="sidecar-module-$repo-$tag" have=1
+	for c in "$@"; do [[ -x $K8S_BIN/sidecars/$c-$tag ]] || have=0; done
+	stamp "$id" && ((have)) && return 0
+	mod=$(sidecar_module "$repo" "$tag")
+	dir=$K8S_CACHE/src/mod-$repo-$tag
+	rm -rf "$dir" && mkdir -p "$dir" "$K8S_BIN/sidecars"
+	gomod=$(cd "$dir" && GOFLAGS=-mod=mod go mod download -json "$mod@$tag" 2>/dev/null |
+		sed -n 's/^\t"GoMod": "\(.*\)",$/\1/p') || true
+	[[ -s $gomod ]] || return 1
+	log "building $* $tag from the Go module $mod@$tag"
+	{
+		echo "module csi-fastblk.local/$repo"
+		echo
+		echo "go $(sed -n 's/^go //p' "$gomod")"
+		echo
+		echo "require $mod $tag"
+		echo
+		sidecar_replaces "$gomod" "$tag"
+	} >"$dir/go.mod"
+	{
+		echo "//go:build tools"
+		echo
+		echo "// Package sidecar records the commands built from $mod."
+		echo "package sidecar"
+		echo
+		echo "import ("
+		for c in "$@"; do echo "	_ \"$mod/cmd/$c\""; done
+		echo ")"
+	} >"$dir/tools.go"
+	rm -f "$dir/go.sum"
+	(cd "$dir" && GOFLAGS=-mod=mod go mod tidy) || die "go mod tidy of the wrapper module $dir"
+	for c in "$@"; do
+		(cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$tag" \
+			-o "$K8S_BIN/sidecars/$c-$tag" "$mod/cmd/$c") || die "building $c $tag from $mod"
+	done
+	mark "$id"
+}
+
+# sidecars puts each sidecar's static binary, at the chart's tag, in
+# $K8S_BIN/sidecars as <command>-<tag>.
+#
+# csi-provisioner, csi-snapshotter and snapshot-controller are built from
+# their Go modules (external-provisioner/v6, external-snapshotter/v8), which
+# the module proxy serves at the chart's tags. csi-resizer,
+# csi-node-driver-registrar and livenessprobe cannot be built here: their
+# repositories declare module paths without the /v2 their v2 tags need, so
+# the Go module proxy does not serve them (it answers 403), and no other
+# source is reachable. Their binaries must already be in the cache (this
+# machine's were built from the upstream repositories at the chart's tags);
+# without them the step fails and says so.
 sidecars() {
-	local ref repo tag cmd missing=()
+	local ref repo tag cmd missing=() built=()
+	declare -A cmds=()
 	while read -r ref repo tag cmd; do
 		[[ -n $tag ]] || die "no tag for $ref in values.yaml"
-		[[ -x $K8S_BIN/sidecars/$cmd-$tag ]] || missing+=("$cmd-$tag (kubernetes-csi/$repo)")
+		cmds[$repo $tag]+=" $cmd"
 	done < <(sidecar_list)
-	((${#missing[@]} == 0)) || die "CSI sidecar binaries missing from $K8S_BIN/sidecars: ${missing[*]}; the Go module proxy does not serve them buildable (see sidecars in hack/k8s/install.sh)"
+	local key
+	for key in "${!cmds[@]}"; do
+		# shellcheck disable=SC2086 # a list of commands
+		if sidecar_build $key ${cmds[$key]}; then
+			built+=("${key% *}")
+		fi
+	done
+	while read -r ref repo tag cmd; do
+		[[ -x $K8S_BIN/sidecars/$cmd-$tag ]] && continue
+		missing+=("$cmd $tag (github.com/kubernetes-csi/$repo)")
+	done < <(sidecar_list)
+	((${#missing[@]} == 0)) && return 0
+	log "error: CSI sidecars missing from $K8S_BIN/sidecars:"
+	printf '  %s\n' "${missing[@]}" >&2
+	die "the Go module proxy does not serve these at the chart's tags (their go.mod lacks the /v2 of their tags), so they cannot be built on this machine; put their static binaries, built from the upstream repositories at those tags, in $K8S_BIN/sidecars as <command>-<tag> (built from modules here: ${built[*]:-none})"
 }
 
 # oci_image REF ROOTFS entrypoint|cmd ARGS... writes $K8S_CACHE/images/<name>-<tag>.oci.tar,
@@ -181,11 +282,55 @@ images() {
 		oci_image "$BUSYBOX_IMAGE" "$root/fs" cmd sh
 	fi
 	while read -r ref repo tag cmd; do
-		[[ -s $K8S_CACHE/images/${ref##*/}-$tag.oci.tar ]] && continue
+		# Rebuilt when the binary is newer (a module build replaced it).
+		[[ $K8S_CACHE/images/${ref##*/}-$tag.oci.tar -nt $K8S_BIN/sidecars/$cmd-$tag ]] && continue
 		rm -rf "$root/fs" && mkdir -p "$root/fs"
 		install -m 0755 "$K8S_BIN/sidecars/$cmd-$tag" "$root/fs/$cmd"
 		oci_image "$ref:$tag" "$root/fs" entrypoint "/$cmd"
 	done < <(sidecar_list)
+	rm -rf "$root"
+}
+
+# e2e builds Kubernetes' e2e suite (e2e.test, from test/e2e of
+# k8s.io/kubernetes $KUBE_VERSION, with go test -c) and agnhost (test/images/
+# agnhost), through a wrapper module like kube's, and the agnhost image (the
+# static binary on the busybox image's files). Only for `make
+# e2e-k8s-conformance`: it is not part of the default steps.
+e2e() {
+	local id="e2e-$KUBE_VERSION" dir=$K8S_CACHE/src/e2e-$KUBE_VERSION ver=${KUBE_VERSION#v} root
+	if ! stamp "$id"; then
+		log "building e2e.test and agnhost of Kubernetes $KUBE_VERSION"
+		kube
+		mkdir -p "$dir"
+		{
+			echo "module csi-fastblk.local/e2e"
+			echo
+			sed -n 's/^go /go /p' "$K8S_CACHE/src/kube-$KUBE_VERSION/go.mod"
+			echo
+			echo "require k8s.io/kubernetes $KUBE_VERSION"
+			echo
+			grep '^replace ' "$K8S_CACHE/src/kube-$KUBE_VERSION/go.mod"
+		} >"$dir/go.mod"
+		printf '%s\n' "//go:build tools" "" "// Package e2e records the e2e suite built from k8s.io/kubernetes." "package e2e" "" "import (" \
+			'	_ "k8s.io/kubernetes/test/e2e"' '	_ "k8s.io/kubernetes/test/e2e/storage/external"' '	_ "k8s.io/kubernetes/test/images/agnhost"' ")" >"$dir/tools.go"
+		(cd "$dir" && GOFLAGS=-mod=mod go mod tidy -e)
+		local pkg=k8s.io/component-base/version major=${ver%%.*} minor
+		minor=${ver#*.}; minor=${minor%%.*}
+		local ld="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
+		(cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go test -c -trimpath -ldflags "$ld" -o "$K8S_BIN/e2e.test" k8s.io/kubernetes/test/e2e)
+		(cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/agnhost" k8s.io/kubernetes/test/images/agnhost)
+		mark "$id"
+	fi
+	[[ -s $K8S_CACHE/images/agnhost-$AGNHOST_TAG.oci.tar ]] && return 0
+	root=$(mktemp -d)
+	mkdir -p "$root/fs/bin"
+	install -m 0755 /bin/busybox "$root/fs/bin/busybox"
+	local app
+	for app in $(/bin/busybox --list); do
+		[[ $app == busybox ]] || ln -s busybox "$root/fs/bin/$app"
+	done
+	install -m 0755 "$K8S_BIN/agnhost" "$root/fs/agnhost"
+	oci_image "$AGNHOST_IMAGE" "$root/fs" entrypoint /agnhost
 	rm -rf "$root"
 }
 

@@ -20,3 +20,5 @@ PAUSE_TAG=3.10.2
 PAUSE_IMAGE=registry.k8s.io/pause:$PAUSE_TAG
 BUSYBOX_TAG=1.37.0-1
 BUSYBOX_IMAGE=registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG
+AGNHOST_TAG=2.63.0
+AGNHOST_IMAGE=registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_TAG

@@ -46,9 +46,11 @@ func (s *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	if s.d.cfg.ControllerExpansion {
 		rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
 	}
-	if s.d.limitSetter() != nil {
-		rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
-	}
+	// Advertised on every backend, so that the external-resizer sends a
+	// VolumeAttributesClass change here rather than ignore it: a backend
+	// that cannot enforce rate limits refuses them in ControllerModifyVolume
+	// (InvalidArgument, an event on the PVC) and accepts lifting them.
+	rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
 	var caps []*csi.ControllerServiceCapability
 	for _, t := range rpcs {
 		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
@@ -127,16 +129,28 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSp
 	}
 	if src := req.GetVolumeContentSource(); src != nil {
 		switch {
+		// A source on another node: ResourceExhausted, on which the
+		// external-provisioner sends the claim back to the scheduler
+		// (it removes the selected-node annotation), so the pod may land
+		// on the source's node; the message is the claim's event.
 		case src.GetSnapshot() != nil:
-			spec.SourceSnapshotID = src.GetSnapshot().GetSnapshotId()
-			if spec.SourceSnapshotID == "" {
+			if src.GetSnapshot().GetSnapshotId() == "" {
 				return spec, invalid("snapshot source has no ID")
 			}
+			id, err := s.d.localID(src.GetSnapshot().GetSnapshotId(), "snapshot", codes.ResourceExhausted)
+			if err != nil {
+				return spec, s.d.sourceElsewhere("snapshot", src.GetSnapshot().GetSnapshotId())
+			}
+			spec.SourceSnapshotID = id
 		case src.GetVolume() != nil:
-			spec.SourceVolumeID = src.GetVolume().GetVolumeId()
-			if spec.SourceVolumeID == "" {
+			if src.GetVolume().GetVolumeId() == "" {
 				return spec, invalid("volume source has no ID")
 			}
+			id, err := s.d.localID(src.GetVolume().GetVolumeId(), "volume", codes.ResourceExhausted)
+			if err != nil {
+				return spec, s.d.sourceElsewhere("volume", src.GetVolume().GetVolumeId())
+			}
+			spec.SourceVolumeID = id
 		default:
 			return spec, invalid("unsupported volume content source")
 		}
@@ -258,14 +272,14 @@ func (d *Driver) csiVolume(v blockdev.Volume, src *csi.VolumeContentSource) *csi
 		switch {
 		case v.SourceSnapshotID != "":
 			src = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
-				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: v.SourceSnapshotID}}}
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: d.publicID(v.SourceSnapshotID)}}}
 		case v.SourceVolumeID != "":
 			src = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
-				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: v.SourceVolumeID}}}
+				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: d.publicID(v.SourceVolumeID)}}}
 		}
 	}
 	return &csi.Volume{
-		VolumeId:           v.ID,
+		VolumeId:           d.publicID(v.ID),
 		CapacityBytes:      v.SizeBytes,
 		ContentSource:      src,
 		AccessibleTopology: []*csi.Topology{d.topology()},
@@ -276,6 +290,12 @@ func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, invalid("volume ID is missing")
+	}
+	// Another node's volume is not gone: deleting it is its node's job
+	// (the external-provisioner of the PV's node sends it there).
+	id, err := s.d.localID(id, "volume", codes.FailedPrecondition)
+	if err != nil {
+		return nil, err
 	}
 	unlock, err := s.d.lockVolume(ctx, id)
 	if err != nil {
@@ -306,7 +326,11 @@ func (s *Controller) ValidateVolumeCapabilities(ctx context.Context, req *csi.Va
 	if len(req.GetVolumeCapabilities()) == 0 {
 		return nil, invalid("volume capabilities are missing")
 	}
-	v, err := s.d.store.Volume(req.GetVolumeId())
+	id, err := s.d.localID(req.GetVolumeId(), "volume", codes.NotFound)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.d.store.Volume(id)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -327,7 +351,11 @@ func (s *Controller) ControllerGetVolume(ctx context.Context, req *csi.Controlle
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume ID is missing")
 	}
-	v, err := s.d.store.Volume(req.GetVolumeId())
+	id, err := s.d.localID(req.GetVolumeId(), "volume", codes.NotFound)
+	if err != nil {
+		return nil, err
+	}
+	v, err := s.d.store.Volume(id)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -376,19 +404,24 @@ func (s *Controller) ControllerModifyVolume(ctx context.Context, req *csi.Contro
 	if err := checkMutableParams(req.GetMutableParameters()); err != nil {
 		return nil, invalid("%v", err)
 	}
-	v, unlock, err := s.d.lockedVolume(ctx, id)
-	if status.Code(err) == codes.NotFound {
-		// The external-resizer is one elected instance for the cluster,
-		// so it may ask the plugin of another node.
-		return nil, status.Errorf(codes.NotFound, "volume %s is not on node %s (a node-local volume is modified by the plugin on its own node)",
-			id, s.d.cfg.NodeID)
+	// The external-resizer is one elected instance for the cluster, so
+	// it may ask the plugin of another node: refused, the record and the
+	// device of the volume's own node are what count.
+	id, err := s.d.localID(id, "volume", codes.FailedPrecondition)
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "modify: %s; the external-resizer leader runs on node %s "+
+			"and has no per-node mode, so a change of a volume on another node applies only while its node holds the resizer's lease",
+			status.Convert(err).Message(), s.d.cfg.NodeID)
 	}
+	v, unlock, err := s.d.lockedVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
 	if err := s.d.checkLimits(v.WithMutableParams(req.GetMutableParameters())); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "modify volume %s: %v", id, err)
+		// Parameters this node cannot apply: nothing changes, and the
+		// external-resizer marks the change Infeasible with this message.
+		return nil, status.Errorf(codes.InvalidArgument, "modify volume %s on node %s: %v", id, s.d.cfg.NodeID, err)
 	}
 	if v, err = s.d.store.ModifyVolume(ctx, id, req.GetMutableParameters()); err != nil {
 		return nil, toStatus(fmt.Errorf("modify volume %s: %w", id, err))
@@ -421,6 +454,12 @@ func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	size, err := sizeFor(req.GetCapacityRange())
 	if err != nil {
 		return nil, err
+	}
+	// As ControllerModifyVolume: the resizer's leader may be elsewhere.
+	if id, err = s.d.localID(id, "volume", codes.FailedPrecondition); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "expand: %s; the external-resizer leader runs on node %s: "+
+			"leave --controller-expansion off in a cluster (NodeExpandVolume grows the volume on its node)",
+			status.Convert(err).Message(), s.d.cfg.NodeID)
 	}
 	unlock, err := s.d.lockVolume(ctx, id)
 	if err != nil {

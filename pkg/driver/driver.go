@@ -46,6 +46,7 @@ type Driver struct {
 	mounter *mount.SafeFormatAndMount
 	exec    utilexec.Interface
 	locks   *keyLocks
+	tag     string // this node's tag in volume and snapshot IDs (ids.go)
 }
 
 // New validates cfg and returns a Driver over store and backend.
@@ -67,6 +68,7 @@ func New(cfg Config, store *blockdev.Store, backend blockdev.Backend) (*Driver, 
 		mounter: &mount.SafeFormatAndMount{Interface: mount.New(""), Exec: ex},
 		exec:    ex,
 		locks:   newKeyLocks(),
+		tag:     nodeTag(cfg.NodeID),
 	}, nil
 }
 

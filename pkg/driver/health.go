@@ -335,7 +335,7 @@ func (s *Node) NodeGetStorageHealth(ctx context.Context, _ *csi.NodeGetStorageHe
 }
 
 func (s *Node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	id, staging, target := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumePublishPath()
+	id, staging, target := storeVolumeID(req.GetVolumeId()), req.GetStagingTargetPath(), req.GetVolumePublishPath()
 	if id == "" {
 		return nil, invalid("volume ID is missing")
 	}
@@ -354,14 +354,18 @@ func (s *Node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHe
 		return nil, toStatus(fmt.Errorf("volume %s health: %w", id, err))
 	}
 	return &csi.NodeGetVolumeHealthResponse{VolumeHealth: &csi.VolumeHealth{
-		VolumeId: id, HealthStatuses: nodeVolumeHealth(v, f)}}, nil
+		VolumeId: req.GetVolumeId(), HealthStatuses: nodeVolumeHealth(v, f)}}, nil
 }
 
 func (s *Controller) ControllerGetVolumeHealth(ctx context.Context, req *csi.ControllerGetVolumeHealthRequest) (*csi.ControllerGetVolumeHealthResponse, error) {
 	if req.GetVolumeId() == "" {
 		return nil, invalid("volume ID is missing")
 	}
-	h, err := s.d.controllerVolumeHealth(ctx, req.GetVolumeId())
+	id, err := s.d.localID(req.GetVolumeId(), "volume", codes.NotFound)
+	if err != nil {
+		return nil, err
+	}
+	h, err := s.d.controllerVolumeHealth(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +380,7 @@ func (d *Driver) controllerVolumeHealth(ctx context.Context, id string) (*csi.Vo
 		return nil, err
 	}
 	defer unlock()
-	return &csi.VolumeHealth{VolumeId: id, HealthStatuses: volumeFileHealth(v, statFile(d.store.VolumeFile(id)))}, nil
+	return &csi.VolumeHealth{VolumeId: d.publicID(id), HealthStatuses: volumeFileHealth(v, statFile(d.store.VolumeFile(id)))}, nil
 }
 
 // ControllerListVolumeHealth lists only volumes with a health condition, as

@@ -314,7 +314,7 @@ func TestVolumeHealthSeesRealFaults(t *testing.T) {
 		checkEntries(t, n.nodeHealth(fsID))
 	})
 	t.Run("backing file truncated", func(t *testing.T) {
-		file := n.d.store.VolumeFile(blkID)
+		file := n.d.store.VolumeFile(storeVolumeID(blkID))
 		if err := os.Truncate(file, 8<<20); err != nil {
 			t.Fatal(err)
 		}
@@ -330,7 +330,7 @@ func TestVolumeHealthSeesRealFaults(t *testing.T) {
 		checkEntries(t, n.controllerHealth(blkID))
 	})
 	t.Run("device link hijacked", func(t *testing.T) {
-		v, _ := n.d.store.Volume(blkID)
+		v, _ := n.d.store.Volume(storeVolumeID(blkID))
 		dev, err := filepath.EvalSymlinks(v.Node.Device)
 		if err != nil {
 			t.Fatal(err)
@@ -341,7 +341,7 @@ func TestVolumeHealthSeesRealFaults(t *testing.T) {
 		checkEntries(t, n.nodeHealth(blkID))
 	})
 	t.Run("device detached", func(t *testing.T) {
-		if err := n.backend.Detach(ctx, blkID); err != nil {
+		if err := n.backend.Detach(ctx, storeVolumeID(blkID)); err != nil {
 			t.Fatal(err)
 		}
 		checkEntries(t, n.nodeHealth(blkID), want{hInacc, reasonDeviceMissing, []string{"loop"}})

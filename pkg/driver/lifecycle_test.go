@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
@@ -38,6 +39,12 @@ func requireRoot(t *testing.T) {
 
 func newTestNode(t *testing.T, dir string) *testNode {
 	t.Helper()
+	return newTestNodeOn(t, dir, "n1")
+}
+
+// newTestNodeOn is newTestNode for the node nodeID.
+func newTestNodeOn(t *testing.T, dir, nodeID string) *testNode {
+	t.Helper()
 	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +54,7 @@ func newTestNode(t *testing.T, dir string) *testNode {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := New(Config{Name: "fastblk.csi.io", NodeID: "n1"}, store, b)
+	d, err := New(Config{Name: "fastblk.csi.io", NodeID: nodeID, ControllerExpansion: true}, store, b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +112,7 @@ func (n *testNode) stage(id string, c *csi.VolumeCapability, ro bool) string {
 
 func (n *testNode) unstage(id string) {
 	ctx := context.Background()
-	v, err := n.d.store.Volume(id)
+	v, err := n.d.store.Volume(storeVolumeID(id))
 	if err != nil {
 		return
 	}
@@ -262,7 +269,7 @@ func TestSingleWriterRefusesSecondTarget(t *testing.T) {
 	id := n.create("snsw", 16<<20, nil)
 	c := mountCap("ext4", csi.VolumeCapability_AccessMode_SINGLE_NODE_SINGLE_WRITER)
 	n.stage(id, c, false)
-	v, _ := n.d.store.Volume(id)
+	v, _ := n.d.store.Volume(storeVolumeID(id))
 	_, err := n.node.NodePublishVolume(context.Background(), &csi.NodePublishVolumeRequest{VolumeId: id,
 		StagingTargetPath: v.Node.StagingPath, TargetPath: filepath.Join(n.dir, "second"), VolumeCapability: c})
 	if status.Code(err) != codes.FailedPrecondition {
@@ -300,9 +307,11 @@ func TestRestartKeepsStagedVolumes(t *testing.T) {
 }
 
 // TestLoopNodeRefusesRateLimits proves a node whose backend cannot enforce
-// rate limits says so up front: no MODIFY_VOLUME capability, a volume
-// asking for limits is refused at creation (not at stage, after the PVC
-// bound), and a modify that sets limits fails without changing the record.
+// rate limits says so: a volume asking for limits is refused at creation
+// (not at stage, after the PVC bound), and a modify that sets limits fails
+// with InvalidArgument naming the backend, without changing the record.
+// MODIFY_VOLUME is advertised all the same: without it the external-resizer
+// ignores a VolumeAttributesClass change, silently (issue 22).
 func TestLoopNodeRefusesRateLimits(t *testing.T) {
 	requireRoot(t)
 	n := newTestNode(t, t.TempDir())
@@ -311,10 +320,12 @@ func TestLoopNodeRefusesRateLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	modify := false
 	for _, c := range caps.GetCapabilities() {
-		if c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME {
-			t.Fatal("the loop backend advertises MODIFY_VOLUME")
-		}
+		modify = modify || c.GetRpc().GetType() == csi.ControllerServiceCapability_RPC_MODIFY_VOLUME
+	}
+	if !modify {
+		t.Error("the loop backend does not advertise MODIFY_VOLUME: the external-resizer would ignore VolumeAttributesClass changes without a word")
 	}
 	req := &csi.CreateVolumeRequest{Name: "limited", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{blockCap(csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER)},
@@ -326,14 +337,53 @@ func TestLoopNodeRefusesRateLimits(t *testing.T) {
 	id := n.create("plain", 1<<20, nil)
 	_, err = n.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id,
 		MutableParameters: map[string]string{ParamMaxBandwidth: "10Mi"}})
-	if status.Code(err) != codes.FailedPrecondition {
-		t.Fatalf("ControllerModifyVolume setting a limit on loop = %v, want FailedPrecondition", err)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "loop") || !strings.Contains(err.Error(), "ublk") {
+		t.Fatalf("ControllerModifyVolume setting a limit on loop = %v, want InvalidArgument naming the loop and ublk backends", err)
 	}
-	if v, _ := n.d.store.Volume(id); len(v.MutableParams) != 0 {
+	if v, _ := n.d.store.Volume(storeVolumeID(id)); len(v.MutableParams) != 0 {
 		t.Fatalf("a refused modify changed the record: %v", v.MutableParams)
 	}
 	if _, err := n.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id,
 		MutableParameters: map[string]string{ParamMaxIOPS: "0"}}); err != nil {
 		t.Fatalf("ControllerModifyVolume with no limit on loop: %v", err)
+	}
+}
+
+// TestRestoreIntoLargerVolumeGrowsFilesystem restores a snapshot and clones
+// a volume into claims twice the source's size: the staged filesystem must
+// fill the larger device (Kubernetes' "provision correct filesystem size
+// when restoring snapshot to larger size pvc"), not keep the source's size.
+// xfs, which grows online here; ext4 needs CAP_SYS_RESOURCE to grow mounted.
+func TestRestoreIntoLargerVolumeGrowsFilesystem(t *testing.T) {
+	requireRoot(t)
+	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
+		t.Skip("mkfs.xfs not installed (make deps installs xfsprogs)")
+	}
+	n := newTestNode(t, t.TempDir())
+	ctx := context.Background()
+	src := n.create("small-src", 320<<20, nil)
+	target := n.stage(src, mountCap("xfs", snw), false)
+	if err := os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := n.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "small-snap", SourceVolumeId: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{
+		n.create("large-restore", 640<<20, snapshotSource(snap.GetSnapshot().GetSnapshotId())),
+		n.create("large-clone", 640<<20, volumeSource(src)),
+	} {
+		target := n.stage(id, mountCap("xfs", snw), false)
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(target, &st); err != nil {
+			t.Fatal(err)
+		}
+		if size := int64(st.Blocks) * st.Bsize; size < 560<<20 {
+			t.Errorf("volume %s of 640 MiB restored from 320 MiB: filesystem of %d MiB", id, size>>20)
+		}
+		if got, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(got) != "kept" {
+			t.Errorf("volume %s: data %q, %v", id, got, err)
+		}
 	}
 }

@@ -46,7 +46,7 @@ func (s *Node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeG
 }
 
 func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	id, staging, c := req.GetVolumeId(), req.GetStagingTargetPath(), req.GetVolumeCapability()
+	id, staging, c := storeVolumeID(req.GetVolumeId()), req.GetStagingTargetPath(), req.GetVolumeCapability()
 	switch {
 	case id == "":
 		return nil, invalid("volume ID is missing")
@@ -73,7 +73,7 @@ func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 }
 
 func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	id, staging := req.GetVolumeId(), req.GetStagingTargetPath()
+	id, staging := storeVolumeID(req.GetVolumeId()), req.GetStagingTargetPath()
 	if id == "" {
 		return nil, invalid("volume ID is missing")
 	}
@@ -95,7 +95,7 @@ func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 }
 
 func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	id, target, c := req.GetVolumeId(), req.GetTargetPath(), req.GetVolumeCapability()
+	id, target, c := storeVolumeID(req.GetVolumeId()), req.GetTargetPath(), req.GetVolumeCapability()
 	switch {
 	case id == "":
 		return nil, invalid("volume ID is missing")
@@ -126,7 +126,7 @@ func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 }
 
 func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	id, target := req.GetVolumeId(), req.GetTargetPath()
+	id, target := storeVolumeID(req.GetVolumeId()), req.GetTargetPath()
 	if id == "" {
 		return nil, invalid("volume ID is missing")
 	}
@@ -165,7 +165,7 @@ func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 }
 
 func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	id, path := req.GetVolumeId(), req.GetVolumePath()
+	id, path := storeVolumeID(req.GetVolumeId()), req.GetVolumePath()
 	if id == "" {
 		return nil, invalid("volume ID is missing")
 	}
@@ -186,7 +186,7 @@ func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 }
 
 func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	id, path := req.GetVolumeId(), req.GetVolumePath()
+	id, path := storeVolumeID(req.GetVolumeId()), req.GetVolumePath()
 	if id == "" {
 		return nil, invalid("volume ID is missing")
 	}

@@ -72,6 +72,16 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 		err = fmt.Errorf("format and mount %s (%s) at %s: %w", ns.Device, ns.FsType, staging, err)
 		return errors.Join(err, d.undoStage(ctx, v.ID))
 	}
+	// A volume restored or cloned into a larger size has its source's
+	// filesystem on a larger device: grow it to the device, as the claim
+	// asked (a failure leaves the volume unstaged, not smaller than asked).
+	if v.SourceSnapshotID == "" && v.SourceVolumeID == "" {
+		klog.InfoS("volume staged", "volumeID", v.ID, "stagingPath", staging, "fsType", ns.FsType)
+		return nil
+	}
+	if err := d.growToDevice(ns); err != nil {
+		return errors.Join(err, d.unmountIfMounted(staging), d.undoStage(ctx, v.ID))
+	}
 	klog.InfoS("volume staged", "volumeID", v.ID, "stagingPath", staging, "fsType", ns.FsType)
 	return nil
 }
@@ -91,6 +101,30 @@ func refuseLastMountHolder(staging string) error {
 			"the plugin serves the device, and its exit would hang on the filesystem's writeback; give the plugin the "+
 			"kubelet directory with mountPropagation: Bidirectional: %w", why, blockdev.ErrNotSupported)
 	}
+	return nil
+}
+
+// growToDevice grows the filesystem mounted at ns.StagingPath when it is
+// smaller than its device.
+func (d *Driver) growToDevice(ns blockdev.NodeState) error {
+	// resize2fs decides whether to grow online by finding the device in
+	// the mount table, which names the kernel node, not our link.
+	dev, err := filepath.EvalSymlinks(ns.Device)
+	if err != nil {
+		return fmt.Errorf("resolve %s: %w", ns.Device, err)
+	}
+	rs := mount.NewResizeFs(d.exec)
+	need, err := rs.NeedResize(dev, ns.StagingPath)
+	if err != nil {
+		return fmt.Errorf("compare the %s filesystem at %s with its device: %w", ns.FsType, ns.StagingPath, err)
+	}
+	if !need {
+		return nil
+	}
+	if _, err := rs.Resize(dev, ns.StagingPath); err != nil {
+		return fmt.Errorf("grow the %s filesystem at %s to its device: %w", ns.FsType, ns.StagingPath, err)
+	}
+	klog.InfoS("filesystem grown to its device", "device", dev, "stagingPath", ns.StagingPath, "fsType", ns.FsType)
 	return nil
 }
 

@@ -284,14 +284,14 @@ func FuzzCreateVolume(f *testing.F) {
 		}
 		v := resp.GetVolume()
 		id := v.GetVolumeId()
-		if !blockdev.ValidID(id) || id != blockdev.VolumeID(name) {
+		if id != d.publicID(blockdev.VolumeID(name)) {
 			t.Fatalf("CreateVolume(%q) returned id %q", name, id)
 		}
 		size := v.GetCapacityBytes()
 		if size <= 0 || size%sizeAlign != 0 || size < req || (lim > 0 && size > lim) {
 			t.Fatalf("CreateVolume(%q, required %d, limit %d) made %d bytes", name, req, lim, size)
 		}
-		if _, err := os.Stat(filepath.Join(data, "volumes", id+".img")); err != nil {
+		if _, err := os.Stat(filepath.Join(data, "volumes", storeVolumeID(id)+".img")); err != nil {
 			t.Fatalf("volume %s has no data file in the data directory: %v", id, err)
 		}
 		if _, err := ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: id, MutableParameters: paramsOf(mutable)}); err != nil {
@@ -386,7 +386,7 @@ func FuzzSnapshotName(f *testing.F) {
 			return
 		}
 		sn := resp.GetSnapshot()
-		if sn.GetSnapshotId() != blockdev.SnapshotID(name) || sn.GetSourceVolumeId() != src || sn.GetSizeBytes() != 1<<20 {
+		if sn.GetSnapshotId() != d.publicID(blockdev.SnapshotID(name)) || sn.GetSourceVolumeId() != src || sn.GetSizeBytes() != 1<<20 {
 			t.Fatalf("CreateSnapshot(%q) = %v", name, sn)
 		}
 		if _, err := ctrl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: sn.GetSnapshotId()}); err != nil {

@@ -77,8 +77,8 @@ func TestRawBlockCopyInUse(t *testing.T) {
 		}
 		clone := n.create("raw-clone", 64<<20, volumeSource(id))
 		for _, file := range []string{
-			filepath.Join(n.dir, "data", "snapshots", snap.GetSnapshot().GetSnapshotId()+".img"),
-			n.d.store.VolumeFile(clone),
+			filepath.Join(n.dir, "data", "snapshots", storeVolumeID(snap.GetSnapshot().GetSnapshotId())+".img"),
+			n.d.store.VolumeFile(storeVolumeID(clone)),
 		} {
 			got := make([]byte, len(want))
 			f, err := os.Open(file)
@@ -149,7 +149,7 @@ func TestRawBlockUsesBackendQuiescer(t *testing.T) {
 	n.d, n.ctrl, n.node = d, &Controller{d: d}, &Node{d: d}
 	id := n.create("raw", 64<<20, nil)
 	n.stage(id, blockCap(snw), false)
-	v, err := n.d.store.Volume(id)
+	v, err := n.d.store.Volume(storeVolumeID(id))
 	if err != nil {
 		t.Fatal(err)
 	}

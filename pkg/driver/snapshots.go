@@ -40,6 +40,10 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err := s.d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
 	}
+	src, err := s.d.localID(src, "volume", codes.FailedPrecondition)
+	if err != nil {
+		return nil, err
+	}
 	// The source volume's lock keeps it from being staged, unstaged or
 	// deleted while it is copied.
 	unlock, err := s.d.lockVolume(ctx, src)
@@ -129,8 +133,8 @@ func logHeld(id, what string, resume func() error) func() error {
 // for equal values.
 func (d *Driver) csiSnapshot(s blockdev.Snapshot) *csi.Snapshot {
 	return &csi.Snapshot{
-		SnapshotId:     s.ID,
-		SourceVolumeId: s.SourceVolumeID,
+		SnapshotId:     d.publicID(s.ID),
+		SourceVolumeId: d.publicID(s.SourceVolumeID),
 		SizeBytes:      s.SizeBytes,
 		CreationTime:   timestamppb.New(s.CreatedAt),
 		ReadyToUse:     true,
@@ -141,6 +145,11 @@ func (s *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 	id := req.GetSnapshotId()
 	if id == "" {
 		return nil, invalid("snapshot ID is missing")
+	}
+	// Another node's snapshot is not gone: deleting it is its node's job.
+	id, err := s.d.localID(id, "snapshot", codes.FailedPrecondition)
+	if err != nil {
+		return nil, err
 	}
 	unlock, err := s.d.locks.lock(ctx, "snapshot/"+id)
 	if err != nil {
@@ -158,7 +167,11 @@ func (s *Controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotReques
 	if req.GetSnapshotId() == "" {
 		return nil, invalid("snapshot ID is missing")
 	}
-	snap, err := s.d.store.Snapshot(req.GetSnapshotId())
+	id, err := s.d.localID(req.GetSnapshotId(), "snapshot", codes.NotFound)
+	if err != nil {
+		return nil, err
+	}
+	snap, err := s.d.store.Snapshot(id)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -166,12 +179,18 @@ func (s *Controller) GetSnapshot(ctx context.Context, req *csi.GetSnapshotReques
 }
 
 func (s *Controller) ListSnapshots(ctx context.Context, req *csi.ListSnapshotsRequest) (*csi.ListSnapshotsResponse, error) {
+	// Filters naming another node's objects match nothing here.
+	wantID, errID := s.d.localID(req.GetSnapshotId(), "snapshot", codes.NotFound)
+	wantSrc, errSrc := s.d.localID(req.GetSourceVolumeId(), "volume", codes.NotFound)
 	var all []blockdev.Snapshot
 	for _, snap := range s.d.store.Snapshots() {
-		if id := req.GetSnapshotId(); id != "" && snap.ID != id {
+		if errID != nil || errSrc != nil {
+			break
+		}
+		if wantID != "" && snap.ID != wantID {
 			continue
 		}
-		if src := req.GetSourceVolumeId(); src != "" && snap.SourceVolumeID != src {
+		if wantSrc != "" && snap.SourceVolumeID != wantSrc {
 			continue
 		}
 		all = append(all, snap)

@@ -232,12 +232,19 @@ func (p *plugin) release(v *volume) {
 	}
 }
 
+// storeID is the volume's ID in the data directory: its CSI ID without
+// the node tag.
+func (v *volume) storeID() string {
+	id, _, _ := strings.Cut(v.id, "-")
+	return id
+}
+
 // devLink is the stable link to the volume's device.
-func (p *plugin) devLink(v *volume) string { return filepath.Join(p.devDir, v.id) }
+func (p *plugin) devLink(v *volume) string { return filepath.Join(p.devDir, v.storeID()) }
 
 // backingFile is the volume's file in the data directory.
 func (p *plugin) backingFile(v *volume) string {
-	return filepath.Join(p.dataDir, "volumes", v.id+".img")
+	return filepath.Join(p.dataDir, "volumes", v.storeID()+".img")
 }
 
 // ublkDevices lists the ublk devices present.

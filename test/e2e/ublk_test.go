@@ -76,7 +76,7 @@ func TestFioVerifyRawBlock(t *testing.T) {
 	v := p.provision("raw", 128<<20, blockCap(), map[string]string{"queues": "2", "queueDepth": "32"})
 	runFio(t, fioVerify(v.target, "96M", false))
 	// The queue threads' own measurements reach /metrics.
-	labels := fmt.Sprintf(`{name="raw",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, v.id)
+	labels := fmt.Sprintf(`{name="raw",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, v.storeID())
 	if n := p.metric("fastblk_volume_io_latency_seconds_count" + labels); n < 1000 {
 		t.Errorf("latency histogram counted %v I/Os after a 96 MiB fio run", n)
 	}
@@ -96,7 +96,7 @@ func TestMaxIOSize(t *testing.T) {
 	if kb != 256 && kb != 1024 {
 		t.Fatalf("%s max_hw_sectors_kb = %d, want 256 (copy mode) or 1024 (zero copy)", p.devLink(v), kb)
 	}
-	labels := fmt.Sprintf(`{name="maxio",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, v.id)
+	labels := fmt.Sprintf(`{name="maxio",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, v.storeID())
 	if m := p.metric("fastblk_volume_max_io_bytes" + labels); m != float64(kb<<10) {
 		t.Errorf("max i/o metric = %v, want the kernel's %d KiB", m, kb)
 	}
@@ -141,7 +141,7 @@ func TestRecoveryKill9(t *testing.T) {
 	for _, f := range files {
 		runFio(t, fioVerify(f, "96M", true))
 	}
-	if n := p.metric(fmt.Sprintf(`fastblk_volume_recoveries_total{name="rec-raw",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, raw.id)); n != 1 {
+	if n := p.metric(fmt.Sprintf(`fastblk_volume_recoveries_total{name="rec-raw",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, raw.storeID())); n != 1 {
 		t.Errorf("recoveries metric = %v after one kill -9, want 1", n)
 	}
 }

@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"io/fs"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -62,9 +63,17 @@ func loopDevicesUnder(t *testing.T, dir string) []string {
 
 // staleLoopDevices lists loop devices attached to a deleted volume file of
 // a node: the kernel shows it as /volumes/<id>.img (deleted), relative to
-// the node's data directory mount, on the filesystem of dir.
+// the node's data directory mount, on the filesystem of dir. Devices that
+// were there before the cluster started (dir/loop.before, written by
+// cluster.sh up) are not this run's.
 func staleLoopDevices(t *testing.T, dir string) []string {
 	t.Helper()
+	before := map[string]bool{}
+	if b, err := os.ReadFile(filepath.Join(dir, "loop.before")); err == nil {
+		for _, name := range strings.Fields(string(b)) {
+			before[name] = true
+		}
+	}
 	var st syscall.Stat_t
 	if err := syscall.Stat(dir, &st); err != nil {
 		t.Fatal(err)
@@ -90,7 +99,7 @@ func staleLoopDevices(t *testing.T, dir string) []string {
 		}
 		maj, _ := strconv.ParseUint(majMin[0], 10, 32)
 		minor, _ := strconv.ParseUint(majMin[1], 10, 32)
-		if (minor&0xff)|(maj<<8)|((minor&^0xff)<<12) == st.Dev {
+		if (minor&0xff)|(maj<<8)|((minor&^0xff)<<12) == st.Dev && !before[f[0]] {
 			devs = append(devs, f[0]+" "+strings.TrimSpace(rest[1]))
 		}
 	}

@@ -389,10 +389,17 @@ spec:
 }
 
 // TestRestoreFollowsSource restores snapshots of a volume on each node into
-// unpinned pods: a node-local snapshot can only be restored on its node, so
-// the restore must end there (the scheduler knows nothing of snapshots; a
-// provisioner on the other node must send it back, e.g. ResourceExhausted,
-// the one code the external-provisioner reschedules on).
+// unpinned pods. A node-local snapshot can only be restored on its node, and
+// the scheduler knows nothing of snapshots: when it picks the other node,
+// that node's plugin sees the snapshot's node in its ID and answers
+// ResourceExhausted, on which the external-provisioner removes the claim's
+// selected-node annotation and the scheduler tries again. Its scoring is
+// deterministic, so it may pick the same wrong node for ever; each refusal
+// is a ProvisioningFailed event on the claim naming the snapshot's node and
+// the nodeSelector to use. The test waits for either the restore on the
+// snapshot's node or that event; after the event it does what the event
+// says (the pod pinned to the snapshot's node) and the restore must then
+// succeed there.
 func TestRestoreFollowsSource(t *testing.T) {
 	c := requireChart(t)
 	for _, n := range nodes {
@@ -418,16 +425,39 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}
 			}
 			for i := 1; i <= 2; i++ {
 				name := fmt.Sprintf("r%d-%s", i, n)
-				eventually(t, 2*time.Minute, "restore "+name+" of a snapshot on "+n, func() (bool, string) {
+				start := time.Now()
+				refusal := ""
+				eventually(t, 3*time.Minute, "restore "+name+" of a snapshot on "+n+", or an event saying where it must run", func() (bool, string) {
 					phase, _ := c.kubectl("-n", testNS, "get", "pod", name, "-o", "jsonpath={.status.phase} {.spec.nodeName}")
 					if strings.HasPrefix(phase, "Failed") {
 						t.Fatalf("pod %s failed:\n%s", name, c.describe(name))
 					}
 					ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name="+name,
 						"-o", "custom-columns=REASON:.reason,MESSAGE:.message,COUNT:.count", "--no-headers")
+					for _, l := range strings.Split(ev, "\n") {
+						if strings.HasPrefix(l, "ProvisioningFailed") && strings.Contains(l, "lives on node "+n) {
+							refusal = strings.Join(strings.Fields(l), " ")
+						}
+					}
 					node, _ := c.kubectl("-n", testNS, "get", "pvc", name, "-o", "jsonpath={.metadata.annotations.volume\\.kubernetes\\.io/selected-node}")
-					return strings.HasPrefix(phase, "Succeeded"), "pod " + phase + ", PVC for node " + node + ", PVC events:\n" + lastLines(ev, 2)
+					return strings.HasPrefix(phase, "Succeeded") || refusal != "", "pod " + phase + ", PVC for node " + node + ", PVC events:\n" + lastLines(ev, 2)
 				})
+				if refusal != "" {
+					if want := "nodeSelector " + topoKey + ": " + n; !strings.Contains(refusal, want) {
+						t.Errorf("the refusal does not say %q: %s", want, refusal)
+					}
+					t.Logf("%s: the scheduler picked the other node; the event: %s", name, refusal)
+					c.delete(t, "pod", name)
+					c.startPod(t, pod{name: name, claim: name, node: n, restartNever: true, script: "sha256sum -c /data/f.sha256"})
+					c.waitPodPhase(t, name, "Succeeded", 2*time.Minute)
+				}
+				if on := c.volumeNode(t, name); on != n {
+					t.Errorf("restore %s of a snapshot on %s was provisioned on %s", name, n, on)
+				}
+				if logs := c.logs(t, name); !strings.Contains(logs, "/data/f: OK") {
+					t.Errorf("restore %s holds different data:\n%s", name, logs)
+				}
+				t.Logf("restore %s on %s after %v (pinned after a refusal: %v)", name, n, time.Since(start).Round(time.Second), refusal != "")
 			}
 		})
 	}
@@ -533,14 +563,16 @@ func TestVolumeStats(t *testing.T) {
 		if len(got) < 3 {
 			return false, fmt.Sprintf("series %v", got)
 		}
+		// Kubelet measures every volumeStatsAggPeriod (10 s here): a
+		// figure from before the pod's write is retried, not a failure.
 		if int64(got["capacity"]) != size {
-			t.Fatalf("kubelet_volume_stats_capacity_bytes %v, df says %d", got["capacity"], size)
+			return false, fmt.Sprintf("kubelet_volume_stats_capacity_bytes %v, df says %d", got["capacity"], size)
 		}
 		if d := got["used"] - float64(used); d < -(8<<20) || d > 8<<20 {
-			t.Fatalf("kubelet_volume_stats_used_bytes %v, df says %d", got["used"], used)
+			return false, fmt.Sprintf("kubelet_volume_stats_used_bytes %v, df says %d", got["used"], used)
 		}
 		if got["used"] < 64<<20 {
-			t.Fatalf("kubelet_volume_stats_used_bytes %v after writing 64 MiB", got["used"])
+			return false, fmt.Sprintf("kubelet_volume_stats_used_bytes %v after writing 64 MiB", got["used"])
 		}
 		t.Logf("kubelet volume stats %v (df: size %d used %d)", got, size, used)
 		return true, ""
@@ -601,8 +633,9 @@ done`})
 // tier, a VolumeAttributesClass), then an in-use PVC is moved to the tier.
 // The external-resizer's one elected instance sends ModifyVolume: where it
 // lands on the volume's node and the backend has rate limits (ublk) the
-// tier applies; on the loop backend, or from the other node, the refusal
-// must be a clear event on the PVC.
+// tier applies; on the loop backend (this host has no ublk) the refusal is
+// an event on the PVC naming the backend, and from the other node one naming
+// the resizer's leader; the PVC keeps its current class.
 func TestUpgradeModifyVolume(t *testing.T) {
 	c := requireChart(t)
 	chart, err := filepath.Abs(chartPath)
@@ -624,33 +657,156 @@ func TestUpgradeModifyVolume(t *testing.T) {
 			t.Fatalf("plugin pods not ready after the upgrade:%s", detail)
 		}
 	}
-	c.startPod(t, pod{name: "vac", claim: "data", script: "sleep 3600"})
-	c.waitPodPhase(t, "vac", "Running", 2*time.Minute)
-	node := c.volumeNode(t, "data")
-	leader, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
-	if err != nil {
-		t.Logf("no external-resizer lease: %v", err)
-	}
-	t.Logf("volume on %s, external-resizer leader %q", node, leader)
-	c.k(t, "-n", testNS, "patch", "pvc", "data", "--type=merge", "-p", `{"spec":{"volumeAttributesClassName":"gold"}}`)
-	eventually(t, 2*time.Minute, "the tier applied or a clear refusal on PVC data", func() (bool, string) {
-		cur := c.jsonpath(t, "{.status.currentVolumeAttributesClassName} {.status.modifyVolumeStatus}", "-n", testNS, "get", "pvc", "data")
-		if strings.HasPrefix(cur, "gold ") {
-			t.Logf("ModifyVolume applied: %s", cur)
-			return true, ""
+	// The lease may still name a plugin pod an earlier test deleted,
+	// until a live one takes it over.
+	leader, leaderNode := "", ""
+	eventually(t, time.Minute, "a live plugin pod holding the external-resizer's lease", func() (bool, string) {
+		out, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
+		if err != nil {
+			return false, err.Error()
 		}
-		ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name=data",
-			"-o", "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message", "--no-headers")
-		for _, l := range strings.Split(ev, "\n") {
-			if strings.HasPrefix(l, "Warning") && strings.Contains(l, "Modify") {
-				t.Logf("ModifyVolume refused with an event: %s (status %s)", strings.Join(strings.Fields(l), " "), cur)
-				return true, ""
+		leader = strings.TrimSpace(out)
+		ready, detail := c.pluginPods(t)
+		for n, p := range ready {
+			if leader != "" && strings.HasPrefix(leader, p) {
+				leaderNode = n
 			}
 		}
-		return false, "status " + cur + "\nevents:\n" + ev + "\n(no ModifyVolume was attempted: the external-resizer " +
-			"runs ModifyVolume only for a driver advertising MODIFY_VOLUME, which csi-fastblk does not on the loop backend)"
+		return leaderNode != "", "lease holder " + leader + ", plugin pods:" + detail
 	})
-	c.delete(t, "pod", "vac")
+	t.Logf("external-resizer leader %q on %s", leader, leaderNode)
+	// One in-use volume on each node: the leader's node refuses the tier
+	// for its backend, the other node's volume never reaches its plugin.
+	for _, n := range nodes {
+		claim := "vac-" + n
+		c.apply(t, pvc(claim, "256Mi", ""))
+		// A claim that names the class (or targets it with a pending
+		// modify) keeps it from being deleted: gone when the test ends.
+		t.Cleanup(func() {
+			_, _ = c.kubectl("-n", testNS, "delete", "pvc", claim, "--ignore-not-found", "--wait=true", "--timeout=120s")
+		})
+		c.startPod(t, pod{name: claim, claim: claim, node: n, script: "sleep 3600"})
+	}
+	for _, n := range nodes {
+		claim := "vac-" + n
+		c.waitPodPhase(t, claim, "Running", 2*time.Minute)
+		c.k(t, "-n", testNS, "patch", "pvc", claim, "--type=merge", "-p", `{"spec":{"volumeAttributesClassName":"gold"}}`)
+	}
+	for _, n := range nodes {
+		claim := "vac-" + n
+		want := "need the ublk backend; this node serves volumes with loop"
+		if n != leaderNode {
+			want = "the external-resizer leader runs on node " + leaderNode
+		}
+		eventually(t, 2*time.Minute, "a clear refusal of the tier on PVC "+claim, func() (bool, string) {
+			cur := c.jsonpath(t, "{.status.currentVolumeAttributesClassName} {.status.modifyVolumeStatus}", "-n", testNS, "get", "pvc", claim)
+			if strings.HasPrefix(cur, "gold ") {
+				t.Fatalf("PVC %s on %s reports class gold on the loop backend, which cannot apply it: %s", claim, n, cur)
+			}
+			ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name="+claim,
+				"-o", "custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message", "--no-headers")
+			for _, l := range strings.Split(ev, "\n") {
+				if strings.HasPrefix(l, "Warning") && strings.Contains(l, "Modify") && strings.Contains(l, want) {
+					t.Logf("%s on %s: refused with an event: %s (status %s)", claim, n, strings.Join(strings.Fields(l), " "), cur)
+					return true, ""
+				}
+			}
+			return false, "want an event saying " + want + "; status " + cur + "\nevents:\n" + ev
+		})
+	}
+}
+
+// TestUninstallWithVolumeInUse records what helm uninstall does to a
+// volume a pod is using, then installs the chart again: the plugin pods go,
+// the workload keeps its mounted volume and its I/O goes on (on the loop
+// backend the kernel's loop device needs no server), and no new volume can
+// be provisioned or the old one unmounted until the chart is back; the
+// reinstalled plugin adopts the volume, and the pod and the PVC can then be
+// deleted as usual (TestCleanup checks nothing is left).
+func TestUninstallWithVolumeInUse(t *testing.T) {
+	c := requireChart(t)
+	chart, err := filepath.Abs(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.apply(t, pvc("kept", "256Mi", ""))
+	c.startPod(t, pod{name: "keeper", claim: "kept", script: `i=0
+while true; do
+  i=$((i+1))
+  if dd if=/dev/urandom of=/tmp/src bs=64k count=16 2>/dev/null &&
+     dd if=/tmp/src of=/data/io bs=64k conv=fsync 2>/dev/null && cmp /tmp/src /data/io; then
+    echo "ok $i"
+  else
+    echo "IOERROR $i"
+  fi
+  sleep 0.2
+done`})
+	c.waitPodPhase(t, "keeper", "Running", 2*time.Minute)
+	node := c.volumeNode(t, "kept")
+	// A VolumeAttributesClass that a claim still names (or targets with a
+	// pending modify) keeps its kubernetes.io/vac-protection finalizer, and
+	// helm uninstall --wait then waits for it until its timeout: say which.
+	if out, err := c.run("", "helm", "uninstall", release, "--namespace", pluginNS, "--wait", "--timeout", "2m"); err != nil {
+		vacs, _ := c.kubectl("get", "volumeattributesclasses", "-o", "custom-columns=NAME:.metadata.name,DELETING:.metadata.deletionTimestamp,FINALIZERS:.metadata.finalizers", "--no-headers")
+		t.Errorf("helm uninstall: %v\n%s\nVolumeAttributesClasses:\n%s", err, out, vacs)
+	}
+	eventually(t, 2*time.Minute, "the plugin pods to go", func() (bool, string) {
+		out, _ := c.kubectl("-n", pluginNS, "get", "pods", "-o", "name")
+		return strings.TrimSpace(out) == "", out
+	})
+	iterations := func() int {
+		out, _ := c.kubectl("-n", testNS, "logs", "keeper", "--tail=1")
+		f := strings.Fields(out)
+		if len(f) != 2 {
+			return 0
+		}
+		n, _ := strconv.Atoi(f[1])
+		return n
+	}
+	at := iterations()
+	time.Sleep(10 * time.Second)
+	if n := iterations(); n < at+5 {
+		t.Errorf("I/O of the pod stopped after helm uninstall: %d iterations, %d at uninstall", n, at)
+	} else {
+		t.Logf("after helm uninstall the pod's I/O goes on: %d iterations in 10 s", n-at)
+	}
+	if logs := c.logs(t, "keeper"); strings.Contains(logs, "IOERROR") {
+		t.Errorf("the workload saw I/O errors after helm uninstall:\n%s", lastLines(logs, 5))
+	}
+	pv := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "kept")
+	for _, kind := range []string{"storageclass/fastblk", "csidriver/" + driver} {
+		if _, err := c.kubectl("get", kind); err == nil {
+			t.Errorf("%s is still there after helm uninstall", kind)
+		}
+	}
+	if phase := c.jsonpath(t, "{.status.phase}", "get", "pv", pv); phase != "Bound" {
+		t.Errorf("PV %s is %s after helm uninstall, want Bound (uninstall does not touch volumes)", pv, phase)
+	}
+	t.Logf("after helm uninstall: PV %s on %s still Bound, StorageClass and CSIDriver gone, CRDs and snapshots kept", pv, node)
+
+	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS,
+		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
+	if err != nil {
+		t.Fatalf("helm install again: %v\n%s", err, out)
+	}
+	eventually(t, 4*time.Minute, "a Ready plugin pod on each node after reinstalling", func() (bool, string) {
+		ready, detail := c.pluginPods(t)
+		for _, n := range nodes {
+			if ready[n] == "" {
+				return false, detail
+			}
+		}
+		return true, ""
+	})
+	if logs := c.logs(t, "keeper"); strings.Contains(logs, "IOERROR") {
+		t.Errorf("the workload saw I/O errors while the chart was reinstalled:\n%s", lastLines(logs, 5))
+	}
+	c.delete(t, "pod", "keeper")
+	c.delete(t, "pvc", "kept")
+	eventually(t, 2*time.Minute, "PV "+pv+" to go", func() (bool, string) {
+		out, err := c.kubectl("get", "pv", pv, "-o", "name")
+		return err != nil && strings.Contains(err.Error(), "NotFound"), out
+	})
 }
 
 // TestCleanup deletes every pod, snapshot and PVC: no PV, snapshot content,

@@ -71,7 +71,8 @@ func TestKilledWhileFrozenThawsAtStart(t *testing.T) {
 		// The test stopped half-way: undo what the plugin left.
 		unix.Unmount(target, 0)
 		unix.Unmount(staging, 0)
-		file := filepath.Join(dir, "data", "volumes", id+".img")
+		storeID, _, _ := strings.Cut(id, "-") // the CSI ID without its node tag
+		file := filepath.Join(dir, "data", "volumes", storeID+".img")
 		out, _ := exec.Command("losetup", "-j", file).Output()
 		if dev, _, ok := strings.Cut(string(out), ":"); ok {
 			exec.Command("losetup", "-d", dev).Run()

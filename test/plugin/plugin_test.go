@@ -239,8 +239,11 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	id, staging, target := p.provisionAt(t, "metrics-vol", 32<<20, capBlock, filepath.Join(p.dir, "staging"), "dev",
 		map[string]string{"csi.storage.k8s.io/pvc/name": "data", "csi.storage.k8s.io/pvc/namespace": "apps",
 			"csi.storage.k8s.io/pv/name": "metrics-vol"})
+	// Metrics and status name the volume by the store's ID: the CSI ID
+	// without its node tag.
+	storeID, _, _ := strings.Cut(id, "-")
 	labels := func(op string) string {
-		return fmt.Sprintf(`{name="metrics-vol",namespace="apps",%spersistentvolume="metrics-vol",persistentvolumeclaim="data",volume_id="%s"}`, op, id)
+		return fmt.Sprintf(`{name="metrics-vol",namespace="apps",%spersistentvolume="metrics-vol",persistentvolumeclaim="data",volume_id="%s"}`, op, storeID)
 	}
 	writes := "fastblk_volume_ios_total" + labels(`op="write",`)
 	_, body := p.get(t, "/metrics")
@@ -296,7 +299,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	if err != nil {
 		t.Fatalf("status: %v\n%s", err, out)
 	}
-	for _, want := range []string{id, "metrics-vol", "block", testBackend(), "healthy"} {
+	for _, want := range []string{storeID, "metrics-vol", "block", testBackend(), "healthy"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}

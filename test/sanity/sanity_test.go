@@ -25,6 +25,7 @@ type plugin struct {
 	endpoint string
 	base     string
 	backend  blockdev.Backend
+	kind     string // backend: loop or ublk
 	stop     func()
 }
 
@@ -63,7 +64,7 @@ func startPlugin(t *testing.T, name string) *plugin {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- drv.Serve(ctx, lis) }()
-	p := &plugin{endpoint: "unix://" + sock, base: base, backend: backend}
+	p := &plugin{endpoint: "unix://" + sock, base: base, backend: backend, kind: kind}
 	p.stop = func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -84,9 +85,14 @@ func (p *plugin) config(access string) *sanity.TestConfig {
 	cfg.TestVolumeAccessType = access
 	cfg.IdempotentCount = 3
 	cfg.TestNodeVolumeAttachLimit = true
-	// Used by the ModifyVolume specs, which run where the backend can
-	// enforce rate limits (ublk: MODIFY_VOLUME is advertised).
+	// Used by the ModifyVolume and VolumeAttributesClass specs. The loop
+	// backend cannot enforce rate limits (it refuses them with
+	// InvalidArgument) but accepts lifting them, which is what its specs
+	// set.
 	cfg.TestVolumeMutableParameters = map[string]string{"maxIOPS": "5000", "maxBandwidth": "200Mi"}
+	if p.kind == "loop" {
+		cfg.TestVolumeMutableParameters = map[string]string{"maxIOPS": "0", "maxBandwidth": "0"}
+	}
 	// A leftover directory would cascade into every later spec; remove
 	// whatever is left, as csi-driver-host-path's harness does.
 	cfg.RemoveTargetPath = os.RemoveAll
