@@ -241,7 +241,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 			"csi.storage.k8s.io/pv/name": "metrics-vol"})
 	// Metrics and status name the volume by the store's ID: the CSI ID
 	// without its node tag.
-	storeID, _, _ := strings.Cut(id, "-")
+	storeID := storeIDOf(id)
 	labels := func(op string) string {
 		return fmt.Sprintf(`{name="metrics-vol",namespace="apps",%spersistentvolume="metrics-vol",persistentvolumeclaim="data",volume_id="%s"}`, op, storeID)
 	}
@@ -318,4 +318,11 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("plugin did not stop within 30s of SIGTERM")
 	}
+}
+
+// storeIDOf is the store's ID of a volume, which metrics, status and files
+// use: its CSI ID without the node tag.
+func storeIDOf(id string) string {
+	storeID, _, _ := strings.Cut(id, "-")
+	return storeID
 }
