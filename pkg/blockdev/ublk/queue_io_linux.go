@@ -141,14 +141,20 @@ func (l *loop) userCopy(tag uint16) error {
 	if sqe == nil {
 		return errNoSQE
 	}
-	// Plain READ and WRITE: the char device copies to and from user
-	// addresses only (READ_FIXED/WRITE_FIXED on it failed every request
-	// in the 6.12 VM), and copying needs no pinning anyway.
-	op := uint8(uring.IORING_OP_WRITE)
-	if t.plan.act == actWrite { // the server reads the request's data
-		op = uring.IORING_OP_READ
+	read := t.plan.act == actWrite // the server reads the request's data
+	pos := userCopyPos(l.cfg.QID, tag)
+	switch fixed := t.req.len <= l.fixed && l.registered(tag, t.req.len); {
+	case fixed && read:
+		sqe.PrepRW(uring.IORING_OP_READ_FIXED, l.fileChar, l.bufs.addr(tag, 0), t.req.len, pos)
+		sqe.BufIndex = l.bufBase + tag
+	case fixed:
+		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, l.fileChar, l.bufs.addr(tag, 0), t.req.len, pos)
+		sqe.BufIndex = l.bufBase + tag
+	case read:
+		sqe.PrepRW(uring.IORING_OP_READ, l.fileChar, l.bufs.addr(tag, 0), t.req.len, pos)
+	default:
+		sqe.PrepRW(uring.IORING_OP_WRITE, l.fileChar, l.bufs.addr(tag, 0), t.req.len, pos)
 	}
-	sqe.PrepRW(op, l.fileChar, l.bufs.addr(tag, 0), t.req.len, userCopyPos(l.cfg.QID, tag))
 	sqe.Flags |= l.fileFlag
 	sqe.UserData = encodeUD(udCopy, l.slot, tag)
 	l.backingStarted()
