@@ -62,7 +62,6 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.devices.ThreadPerQueue, "ublk-thread-per-queue", false, "benchmarks only: give each ublk queue a thread of its own (the design before shared server threads)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
-	fs.StringVar(&c.devices.UserCopy, "ublk-user-copy", "off", "benchmarks only: on new ublk devices without zero copy, copy the data with reads and writes of the char device (USER_COPY, 6.5+): on or off")
 	fs.StringVar(&c.devices.Ablate, "ublk-ablate", "", "benchmarks only: techniques of the ublk server threads to switch off, comma-separated: "+
 		"submit-each, reap-one, plain-ring, unbounded, no-fixed-files, no-fixed-buffers, hand-off")
 	fs.Func("ublk-batch-io", "fetch and commit ublk requests in batches (UBLK_F_BATCH_IO, Linux 7.0+) on new devices: off, auto (where the kernel offers it) or on (default off)",

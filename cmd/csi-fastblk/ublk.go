@@ -40,7 +40,6 @@ func ublkServe(ctx context.Context, args []string) error {
 	queues := fs.Int("queues", 0, "hardware queues (0 = tuning policy)")
 	depth := fs.Int("depth", 0, "queue depth, a power of two (0 = tuning policy)")
 	zc := fs.String("zero-copy", "auto", "zero copy: auto, on or off")
-	userCopy := fs.String("user-copy", "off", "without zero copy, copy the data with reads and writes of the char device (USER_COPY, 6.5+): on or off")
 	batchIO := fs.String("batch-io", "off", "fetch and commit requests in batches (UBLK_F_BATCH_IO, Linux 7.0+): auto (where offered), on or off")
 	null := fs.Bool("null", false, "serve a null device (benchmarks only; no data is kept)")
 	sizeStr := fs.String("size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
@@ -66,10 +65,6 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	nowaitMode, err := ublk.ParseMode("--nowait-writes", *nowait)
-	if err != nil {
-		return err
-	}
-	ucMode, err := ublk.ParseMode("--user-copy", *userCopy)
 	if err != nil {
 		return err
 	}
@@ -111,7 +106,7 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(stateDir)
-	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, UserCopy: ucMode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: qo,
+	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: qo,
 		Threads: *threads, ThreadPerQueue: *perQueue, Thread: ublk.ThreadConfig{IOWQWorkers: qo.IOWQWorkers}})
 	if err != nil {
 		return err

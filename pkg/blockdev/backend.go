@@ -51,12 +51,10 @@ type BackendConfig struct {
 	ThreadPerQueue bool
 	// Benchmark knobs (ublk only; zero: the product's defaults):
 	// ThreadTags sizes each server thread (ublk.ThreadConfig.Tags),
-	// ZeroCopy is "auto", "on" or "off", UserCopy "on" or "off"
-	// (ublk.ServerConfig.UserCopy), and Ablate lists techniques to switch
-	// off (ublk.ParseAblation).
+	// ZeroCopy is "auto", "on" or "off", and Ablate lists techniques to
+	// switch off (ublk.ParseAblation).
 	ThreadTags int
 	ZeroCopy   string
-	UserCopy   string
 	Ablate     string
 	// UblkControl is the ublk control device whose presence makes "auto"
 	// try ublk ("" = /dev/ublk-control). The ublk backend itself always

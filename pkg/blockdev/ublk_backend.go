@@ -51,10 +51,6 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 			return nil, ublkErr("ublk backend", err)
 		}
 	}
-	uc, err := ublk.ParseMode("ublk user copy", cfg.UserCopy)
-	if err != nil {
-		return nil, ublkErr("ublk backend", err)
-	}
 	ablation, err := ublk.ParseAblation(cfg.Ablate)
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
@@ -64,7 +60,6 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 		Owner:    cfg.Owner,
 		BatchIO:  batch,
 		ZeroCopy: zc,
-		UserCopy: uc,
 		Threads:  cfg.Threads, ThreadPerQueue: cfg.ThreadPerQueue,
 		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation},
 		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},

@@ -125,14 +125,7 @@ const (
 	udRegBuf  = 4 // zero copy: REGISTER_IO_BUF/UNREGISTER_IO_BUF for the tag
 	udFetch   = 5 // batch mode: the multishot FETCH_IO_CMDS (tag unused)
 	udBatch   = 6 // batch mode: PREP_IO_CMDS or COMMIT_IO_CMDS (tag: element array)
-	udCopy    = 7 // USER_COPY: the tag's data read from or written to the char device
 )
-
-// userCopyPos is where USER_COPY reads and writes the data of (qid, tag) on
-// the char device (UBLKSRV_IO_BUF_OFFSET, UBLK_QID_OFF, UBLK_TAG_OFF).
-func userCopyPos(qid, tag uint16) uint64 {
-	return 0x8000_0000 + uint64(qid)<<41 + uint64(tag)<<25
-}
 
 func encodeUD(kind uint8, slot, tag uint16) uint64 {
 	return uint64(kind)<<32 | uint64(slot)<<16 | uint64(tag)

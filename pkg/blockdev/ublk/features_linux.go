@@ -154,20 +154,5 @@ func addFlags(features uint64, zc, batch Mode) (uint64, error) {
 	return want, nil
 }
 
-// withUserCopy adds USER_COPY to the ADD_DEV flags where uc is on and the
-// device runs without zero copy. Pure function.
-func withUserCopy(flags, features uint64, uc Mode) (uint64, error) {
-	if uc != ModeOn || zeroCopy(flags) {
-		return flags, nil
-	}
-	switch {
-	case features&FlagUserCopy == 0:
-		return 0, fmt.Errorf("ublk: user copy needs USER_COPY (Linux 6.5+): %w", errors.ErrUnsupported)
-	case flags&FlagBatchIO != 0:
-		return 0, fmt.Errorf("ublk: user copy does not go with batch i/o: %w", errors.ErrUnsupported)
-	}
-	return flags | FlagUserCopy, nil
-}
-
 // zeroCopy reports whether negotiated flags mean buffer-less queues.
 func zeroCopy(flags uint64) bool { return flags&(FlagAutoBufReg|FlagSupportZeroCopy) != 0 }

@@ -105,31 +105,3 @@ func TestDeviceParams(t *testing.T) {
 		t.Fatal("read-only device without UBLK_ATTR_READ_ONLY")
 	}
 }
-
-// TestWithUserCopy proves the USER_COPY choice: only when asked, only for a
-// device without zero copy, and a clear refusal where the kernel lacks it
-// or batch i/o is on.
-func TestWithUserCopy(t *testing.T) {
-	const copyMode = FlagCmdIoctlEncode | FlagUserRecovery
-	for _, c := range []struct {
-		name            string
-		flags, features uint64
-		mode            Mode
-		want            uint64
-		err             bool
-	}{
-		{"off", copyMode, FlagUserCopy, ModeOff, copyMode, false},
-		{"auto is off", copyMode, FlagUserCopy, ModeAuto, copyMode, false},
-		{"on", copyMode, FlagUserCopy, ModeOn, copyMode | FlagUserCopy, false},
-		{"zero copy wins", copyMode | FlagAutoBufReg, FlagUserCopy | FlagAutoBufReg, ModeOn, copyMode | FlagAutoBufReg, false},
-		{"kernel lacks it", copyMode, 0, ModeOn, 0, true},
-		{"batch i/o", copyMode | FlagBatchIO, FlagUserCopy | FlagBatchIO, ModeOn, 0, true},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			got, err := withUserCopy(c.flags, c.features, c.mode)
-			if (err != nil) != c.err || got != c.want {
-				t.Fatalf("withUserCopy = %#x, %v; want %#x, error %v", got, err, c.want, c.err)
-			}
-		})
-	}
-}

@@ -62,12 +62,6 @@ type queueCase struct {
 func queueCases(t *testing.T, c *Control) []queueCase {
 	cases := []queueCase{{"copy/1q", 0, 1, false, false}, {"copy/2q", 0, 2, false, false},
 		{"copy-fixed/2q", 0, 2, true, false}, {"copy-nowait/2q", 0, 2, true, true}}
-	if features(t, c)&FlagUserCopy != 0 {
-		cases = append(cases, queueCase{"usercopy/2q", FlagUserCopy, 2, false, false},
-			queueCase{"usercopy-fixed/2q", FlagUserCopy, 2, true, false}, queueCase{"usercopy-nowait/1q", FlagUserCopy, 1, true, true})
-	} else {
-		t.Logf("kernel has no USER_COPY (features %#x): user copy not tested", features(t, c))
-	}
 	if features(t, c)&FlagAutoBufReg != 0 {
 		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1, false, false},
 			queueCase{"autobuf/2q", FlagAutoBufReg, 2, false, false}, queueCase{"autobuf-nowait/2q", FlagAutoBufReg, 2, false, true})

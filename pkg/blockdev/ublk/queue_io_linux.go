@@ -61,7 +61,7 @@ func (l *loop) accept(tag uint16) error {
 	t := &l.tags[tag]
 	t.req = l.descs.request(tag)
 	t.plan = planFor(t.req, l.cfg.Target.Kind)
-	t.done, t.retries, t.start, t.copied = 0, 0, monoNow(), false
+	t.done, t.retries, t.start = 0, 0, monoNow()
 	l.q.stats.inFlight.Add(1)
 	l.s.serving++
 	l.noteTailUse(t)
@@ -82,13 +82,9 @@ func (l *loop) accept(tag uint16) error {
 	return l.issue(tag)
 }
 
-// issue queues the backing operation for the unserved part of tag's request
-// (with USER_COPY, a write's data is first read out of the request).
+// issue queues the backing operation for the unserved part of tag's request.
 func (l *loop) issue(tag uint16) error {
 	t := &l.tags[tag]
-	if l.uc && t.plan.act == actWrite && !t.copied {
-		return l.userCopy(tag)
-	}
 	sqe := l.ring.GetSQE()
 	if sqe == nil {
 		return errNoSQE
@@ -108,72 +104,10 @@ func (l *loop) issue(tag uint16) error {
 		sqe.Flags |= uring.IOSQE_ASYNC
 	}
 	sqe.UserData = encodeUD(udBacking, l.slot, tag)
-	l.backingStarted()
-	return nil
-}
-
-// backingStarted and backingEnded count an operation of the tag's request
-// in the kernel (backing I/O or USER_COPY), which Pause and the queue's end
-// wait for.
-func (l *loop) backingStarted() {
 	l.backing++
 	l.s.backing++
 	l.q.stats.backing.Add(1)
-}
-
-func (l *loop) backingEnded() {
-	l.backing--
-	l.s.backing--
-	l.q.stats.backing.Add(-1)
-	if l.backing == 0 && (l.failed || l.aborted > 0) {
-		l.mayEnd()
-	}
-}
-
-// userCopy queues the USER_COPY of tag's data: out of the request into the
-// tag's buffer before a write goes to the backing file, or from the buffer
-// into the request once a read came from it. The char device copies with
-// the CPU into and out of our pages, where copy mode pins them for the
-// kernel's copy at every request.
-func (l *loop) userCopy(tag uint16) error {
-	t := &l.tags[tag]
-	sqe := l.ring.GetSQE()
-	if sqe == nil {
-		return errNoSQE
-	}
-	// Plain READ and WRITE: the char device copies to and from user
-	// addresses only (READ_FIXED/WRITE_FIXED on it failed every request
-	// in the 6.12 VM), and copying needs no pinning anyway.
-	op := uint8(uring.IORING_OP_WRITE)
-	if t.plan.act == actWrite { // the server reads the request's data
-		op = uring.IORING_OP_READ
-	}
-	sqe.PrepRW(op, l.fileChar, l.bufs.addr(tag, 0), t.req.len, userCopyPos(l.cfg.QID, tag))
-	sqe.Flags |= l.fileFlag
-	sqe.UserData = encodeUD(udCopy, l.slot, tag)
-	l.backingStarted()
 	return nil
-}
-
-// onCopy handles the completion of a USER_COPY: a write goes on to the
-// backing file, a read is committed. The char device copies all or fails.
-func (l *loop) onCopy(tag uint16, res int32) error {
-	if int(tag) >= len(l.tags) {
-		return errBadTag
-	}
-	l.backingEnded()
-	t := &l.tags[tag]
-	switch {
-	case res < 0:
-		return l.commit(tag, res)
-	case uint32(res) != t.req.len:
-		return l.commit(tag, -int32(unix.EIO))
-	}
-	t.copied = true
-	if t.plan.act == actWrite {
-		return l.issue(tag)
-	}
-	return l.commit(tag, fullResult(t.req))
 }
 
 // prepRW fills a read or write of n bytes at off. In zero-copy mode the
@@ -218,7 +152,12 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 	if int(tag) >= len(l.tags) {
 		return errBadTag
 	}
-	l.backingEnded()
+	l.backing--
+	l.s.backing--
+	l.q.stats.backing.Add(-1)
+	if l.backing == 0 && (l.failed || l.aborted > 0) {
+		l.mayEnd()
+	}
 	t := &l.tags[tag]
 	switch {
 	case res == -int32(unix.EAGAIN) && t.retries < maxEAGAIN:
@@ -239,9 +178,6 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 		if t.done < t.req.len {
 			t.retries = 0
 			return l.issue(tag)
-		}
-		if l.uc && t.plan.act == actRead {
-			return l.userCopy(tag)
 		}
 	}
 	return l.commit(tag, fullResult(t.req))

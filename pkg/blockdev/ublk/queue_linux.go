@@ -58,10 +58,8 @@ type QueueConfig struct {
 	// Flags are the negotiated UBLK_F_* flags as returned by ADD_DEV.
 	// With FlagAutoBufReg the queue runs zero copy (the kernel registers
 	// each request's pages in the queue's ring); otherwise it copies
-	// through per-tag buffers: the kernel copies at FETCH and COMMIT
-	// (copy mode), or with FlagUserCopy the server does, with reads and
-	// writes of the char device (no page pinning for the copy; 6.5+).
-	// Manual SUPPORT_ZERO_COPY without AUTO_BUF_REG is refused.
+	// through per-tag buffers. USER_COPY and manual SUPPORT_ZERO_COPY
+	// without AUTO_BUF_REG are refused.
 	Flags uint64
 	// MaxIOBytes is the device's max_io_buf_bytes: the size of each
 	// per-tag buffer in copy mode.
@@ -168,10 +166,8 @@ func (c *QueueConfig) validate() error {
 		return fmt.Errorf("backing file fd %d", c.Target.FD)
 	case c.Target.Kind != TargetFile && c.Target.Kind != TargetNull:
 		return fmt.Errorf("target kind %d", c.Target.Kind)
-	case c.Flags&FlagAutoBufReg == 0 && c.Flags&FlagSupportZeroCopy != 0:
-		return fmt.Errorf("flags %#x: manual zero copy is not supported, use AUTO_BUF_REG or copy mode", c.Flags)
-	case c.Flags&FlagUserCopy != 0 && c.Flags&(FlagAutoBufReg|FlagBatchIO) != 0:
-		return fmt.Errorf("flags %#x: USER_COPY goes with neither zero copy nor batch i/o", c.Flags)
+	case c.Flags&FlagAutoBufReg == 0 && c.Flags&(FlagUserCopy|FlagSupportZeroCopy) != 0:
+		return fmt.Errorf("flags %#x: USER_COPY and manual zero copy are not supported, use AUTO_BUF_REG or copy mode", c.Flags)
 	case c.Flags&FlagNeedGetData != 0:
 		// PER_IO_DAEMON is fine: newer drivers always report it, and one
 		// thread serving every tag of a queue is a valid per-I/O daemon.

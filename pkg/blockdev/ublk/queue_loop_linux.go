@@ -29,7 +29,6 @@ type tagState struct {
 	due     int64  // monoNow at which a rate-limited request may start
 	reg     uint32 // copy mode: bytes at the head of the tag's buffer registered (registered)
 	retries uint8  // -EAGAIN retries of the current backing op
-	copied  bool   // USER_COPY: the data has crossed between request and buffer
 	aborted bool   // the kernel said -ENODEV: never re-fetch
 }
 
@@ -44,7 +43,6 @@ type loop struct {
 	bufs  *bufArea // nil in zero-copy mode
 	b     *batch   // nil unless UBLK_F_BATCH_IO (queue_batch_linux.go)
 	zc    bool     // AUTO_BUF_REG: request pages are fixed buffer #bufBase+tag
-	uc    bool     // USER_COPY: the server copies between the request and the buffer
 	fixed uint32   // copy mode: most bytes at the head of each tag buffer registered as fixed
 	tags  []tagState
 	// slot is the queue's number on its thread (in every user_data);
@@ -92,7 +90,7 @@ type loop struct {
 // newLoop returns the serving state of q, before its thread takes it.
 func newLoop(q *Queue) *loop {
 	cfg := &q.cfg
-	l := &loop{q: q, cfg: cfg, zc: cfg.Flags&FlagAutoBufReg != 0, uc: cfg.Flags&FlagUserCopy != 0, tags: make([]tagState, cfg.Depth),
+	l := &loop{q: q, cfg: cfg, zc: cfg.Flags&FlagAutoBufReg != 0, tags: make([]tagState, cfg.Depth),
 		started: make(chan error, 1), mtimeTick: cfg.MtimeTick}
 	if l.mtimeTick == nil {
 		l.mtimeTick = new(atomic.Int64)
@@ -253,11 +251,7 @@ func (l *loop) prepCmd(op uint32, tag uint16, result int32) error {
 		putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, 0)
 		return nil
 	}
-	var addr uint64 // USER_COPY: none
-	if !l.uc {
-		addr = l.bufs.addr(tag, 0)
-	}
-	putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, addr)
+	putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, l.bufs.addr(tag, 0))
 	return nil
 }
 

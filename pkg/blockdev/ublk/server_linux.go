@@ -40,11 +40,6 @@ type ServerConfig struct {
 	// the choice in the device's State; on and off apply to every device,
 	// re-adopted ones included.
 	NowaitWrites Mode
-	// UserCopy, when on, has the server copy the data of a device that
-	// runs without zero copy with reads and writes of its char device
-	// (UBLK_F_USER_COPY, 6.5+) instead of the kernel copying it at FETCH
-	// and COMMIT ("" and auto = off). It applies to new devices.
-	UserCopy Mode
 	// CPUs is the CPU count the tuning policy uses (0 = runtime.NumCPU).
 	CPUs int
 	// MemoryBudget is the copy-mode buffer budget per device (0 = default).
@@ -270,9 +265,6 @@ func (s *Server) adoptRecorded(ctx context.Context, spec AttachSpec) (Served, bo
 func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, size int64, dio uint32) (*served, error) {
 	flags, err := addFlags(s.features, s.cfg.ZeroCopy, s.cfg.BatchIO)
 	if err != nil {
-		return nil, err
-	}
-	if flags, err = withUserCopy(flags, s.features, s.cfg.UserCopy); err != nil {
 		return nil, err
 	}
 	tun, err := ChooseTuning(TuningInput{CPUs: s.cfg.CPUs, Queues: spec.Queues, Depth: spec.Depth, MaxIOBytes: spec.MaxIOBytes,

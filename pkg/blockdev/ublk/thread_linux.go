@@ -530,8 +530,6 @@ func (s *threadLoop) handle(c *uring.CQE) {
 		err = l.onCmd(tag, c.Res)
 	case udBacking:
 		err = l.onBacking(tag, c.Res)
-	case udCopy:
-		err = l.onCopy(tag, c.Res)
 	case udFetch:
 		err = l.onFetch(c)
 	default:
