@@ -73,7 +73,8 @@ func TestClaimMetadataKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	v, err := store.Volume(id)
+	storeID, _ := splitID(id)
+	v, err := store.Volume(storeID)
 	if err != nil {
 		t.Fatal(err)
 	}
