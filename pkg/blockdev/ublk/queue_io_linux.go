@@ -100,7 +100,7 @@ func (l *loop) issue(tag uint16) error {
 		sqe.PrepFallocate(l.fileBacking, t.plan.mode, off, uint64(n))
 	}
 	sqe.Flags |= l.fileFlag
-	if l.s.t.cfg.Ablation.HandOff {
+	if l.s.ab.HandOff {
 		sqe.Flags |= uring.IOSQE_ASYNC
 	}
 	sqe.UserData = encodeUD(udBacking, l.slot, tag)

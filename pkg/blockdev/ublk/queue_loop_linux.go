@@ -141,7 +141,7 @@ const FixedHeadBytes = 16 << 10
 // KiB I/O pins 4 KiB per tag, not the whole head (64 volumes of 2 queues x
 // 64 tags: 32 MiB, not 128 MiB).
 func (l *loop) registerBuffers() error {
-	if !l.cfg.Options.FixedBuffers || l.s.t.cfg.Ablation.NoFixedBuffers {
+	if !l.cfg.Options.FixedBuffers || l.s.ab.NoFixedBuffers {
 		return nil
 	}
 	l.fixed = min(uint32(FixedHeadBytes), uint32(l.bufs.size))

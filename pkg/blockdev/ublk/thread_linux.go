@@ -339,7 +339,7 @@ func (t *Thread) setup() (*threadLoop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server thread %d: create ring: %w", t.id, err)
 	}
-	s := &threadLoop{t: t, ring: ring, cqes: make([]uring.CQE, reap),
+	s := &threadLoop{t: t, ab: ab, ring: ring, cqes: make([]uring.CQE, reap),
 		slots: make([]*loop, t.cfg.Queues), bufSlots: newRangeAlloc(t.cfg.Tags)}
 	for i := t.cfg.Queues - 1; i >= 0; i-- {
 		s.free = append(s.free, uint16(i))
@@ -389,6 +389,7 @@ var roundHook atomic.Pointer[func(*threadLoop)]
 // threadLoop is the state of one server thread. Only that thread touches it.
 type threadLoop struct {
 	t        *Thread
+	ab       Ablation // t.cfg.Ablation: techniques switched off (benchmarks)
 	ring     *uring.Ring
 	cqes     []uring.CQE
 	cur      *loop    // the queue handling a CQE now (dispatch)
@@ -495,7 +496,7 @@ func (s *threadLoop) dispatchFrom(i, n int) (next int) {
 	}()
 	for ; i < n; i++ {
 		s.handle(&s.cqes[i])
-		if s.t.cfg.Ablation.SubmitEach {
+		if s.ab.SubmitEach {
 			s.submitEach()
 		}
 	}
@@ -633,7 +634,7 @@ func (s *threadLoop) wait(now int64) (int, error) {
 // commands this wait submits or left unreaped, which come at once.
 func (s *threadLoop) waitFor() uint32 {
 	want := max(1, s.backing/4)
-	if s.fetchers > 0 || s.t.cfg.Ablation.ReapOne {
+	if s.fetchers > 0 || s.ab.ReapOne {
 		want = 1
 	}
 	return uint32(want + s.batchCmds)
@@ -814,7 +815,7 @@ func (s *threadLoop) attach(l *loop) error {
 	slot := s.free[len(s.free)-1]
 	l.s, l.ring, l.slot, l.bufBase = s, s.ring, slot, uint16(base)
 	l.fileChar, l.fileBacking, l.fileFlag = int32(2*slot), int32(2*slot+1), uring.IOSQE_FIXED_FILE
-	if s.t.cfg.Ablation.NoFixedFiles {
+	if s.ab.NoFixedFiles {
 		l.fileChar, l.fileBacking, l.fileFlag = int32(l.cfg.CharFD), int32(l.cfg.Target.FD), 0
 	}
 	if err := l.setup(); err != nil {
