@@ -207,9 +207,9 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 // the server threads' rings and the devices' char devices, the devices stay
 // QUIESCED with their I/O held, and the next plugin re-adopts them. Closing
 // the rings of live server threads first, in Close, now and then left the
-// next plugin's START_USER_RECOVERY hanging in Linux 6.12 (about one SIGTERM
-// restart in twenty under I/O, TestUpgradeStall), where exiting never did
-// (TestCrashStall).
+// next plugin's START_USER_RECOVERY hanging in Linux 6.12 (4 of about 70
+// SIGTERM restarts under I/O in TestUpgradeStall), where exiting as a crash
+// does never has (TestCrashStall, the kill -9 recovery tests).
 func closeBackend(b blockdev.Backend) {
 	if b.Name() == "ublk" {
 		klog.InfoS("leaving the ublk devices to the kernel for the next plugin to re-adopt")
