@@ -2,6 +2,6 @@
 # timeout: 600
 # 41-ublk-backend: the blockdev backend conformance suite on the ublk backend.
 . /opt/fastblk/vm/lib.sh
-gotest pkg/blockdev -test.run 'TestUblkBackend'
+gotest pkg/blockdev -test.run 'TestUblkBackend' || exit 1
 # Alone in the VM: a mount namespace child copies no other test's mounts.
 FASTBLK_EXCLUSIVE_MOUNTS=1 gotest pkg/blockdev -test.run '^TestMountDiesWithProcess$' || exit 1
