@@ -49,7 +49,8 @@ integration:
 	$(GO) test -count=1 -timeout 10m ./test/plugin/
 
 sanity:
-	$(GO) test -count=1 -timeout 30m -v ./test/sanity/ 2>&1 | tee $(BIN)/sanity.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|Ran )' ; test $${PIPESTATUS[0]} -eq 0
+	mkdir -p $(BIN)
+	$(GO) test -count=1 -timeout 30m -v ./test/sanity/ 2>&1 | tee $(BIN)/sanity.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok)|Ran [0-9]+ of' ; test $${PIPESTATUS[0]} -eq 0
 
 # Real-kernel ublk tests in qemu on Debian's 6.12 and 7.3 kernels.
 e2e-vm: static
