@@ -68,13 +68,7 @@ guest+=" /opt/fastblk/vm/bench-scale.sh"
 # IOPS, its share of the same kind's single device (the anchor), its ratio
 # to loop with as many devices, and the plugin's figures (medians).
 table() {
-	awk '
-	function median(list,   n, v, i, j, t) {
-		n = split(list, v, " ")
-		for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j-1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j-1]; v[j-1] = t }
-		if (n == 0) return ""
-		return n % 2 ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
-	}
+	awk "$AWK_MEDIAN"'
 	/^SCALE / && $4 != "failed" {
 		label = $3; delete kv
 		for (i = 4; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] }
@@ -113,13 +107,7 @@ table() {
 # median p50/p99/p99.9 completion latency (us) and its p50 and p99 as a
 # ratio of loop's in the same run.
 lattable() {
-	awk '
-	function median(list,   n, v, i, j, t) {
-		n = split(list, v, " ")
-		for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j-1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j-1]; v[j-1] = t }
-		if (n == 0) return ""
-		return n % 2 ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
-	}
+	awk "$AWK_MEDIAN"'
 	/^LAT / && $4 != "failed" {
 		label = $3; delete kv
 		for (i = 4; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] }

@@ -67,13 +67,7 @@ guest+=" /opt/fastblk/vm/bench.sh"
 # ublk2 with --compare), the medians, their ratio to loop's and the median
 # of the per-repetition ratios to loop ("pairs") of the BENCH lines in LOG.
 table() {
-	awk '
-	function median(list,   n, v, i, j, t) {
-		n = split(list, v, " ")
-		for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j-1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j-1]; v[j-1] = t }
-		if (n == 0) return ""
-		return n % 2 ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
-	}
+	awk "$AWK_MEDIAN"'
 	/^BENCH / {
 		wl = $2; dev = $3
 		if (!(wl in seen)) { seen[wl] = 1; order[++nw] = wl }

@@ -47,3 +47,14 @@ lock() {
 	exec 9>"$VM_CACHE/$1.lock"
 	flock 9
 }
+
+# AWK_MEDIAN is an awk function for the bench tables: median(list) of a
+# space-separated list of numbers ("" for none).
+AWK_MEDIAN='
+	function median(list,   n, v, i, j, t) {
+		n = split(list, v, " ")
+		for (i = 2; i <= n; i++) for (j = i; j > 1 && v[j-1] + 0 > v[j] + 0; j--) { t = v[j]; v[j] = v[j-1]; v[j-1] = t }
+		if (n == 0) return ""
+		return n % 2 ? v[(n+1)/2] : (v[n/2] + v[n/2+1]) / 2
+	}
+'
