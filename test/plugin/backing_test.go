@@ -292,7 +292,7 @@ func TestFullDisk(t *testing.T) {
 		if e := metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{name="full-disk",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, storeIDOf(id))); e < 1 {
 			t.Errorf("fastblk_volume_errors_total = %v after a failed write, want ≥ 1", e)
 		}
-		p.waitLog(t, "volume I/O failed", `volumeID="`+id+`"`)
+		p.waitLog(t, "volume I/O failed", `volumeID="`+storeIDOf(id)+`"`)
 	}
 
 	// Space comes back: the same write goes through, and nothing written
@@ -373,7 +373,7 @@ func TestBackingEIO(t *testing.T) {
 		if e := metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{name="backing-eio",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, storeIDOf(id))); e < 4 {
 			t.Errorf("fastblk_volume_errors_total = %v after 4 failed I/Os, want ≥ 4", e)
 		}
-		p.waitLog(t, "volume I/O failed", `volumeID="`+id+`"`)
+		p.waitLog(t, "volume I/O failed", `volumeID="`+storeIDOf(id)+`"`)
 	}
 	// The plugin goes on answering; its error texts on the network port
 	// name no host path.

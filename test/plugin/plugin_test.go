@@ -283,8 +283,9 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	if free := metric(t, body, "fastblk_node_filesystem_free_bytes"); free <= 0 {
 		t.Errorf("node filesystem free = %v", free)
 	}
-	if metric(t, body, "fastblk_healthy ") != 1 || metric(t, body, `fastblk_build_info{backend="loop",`) != 1 {
-		t.Error("fastblk_healthy (no labels) or fastblk_build_info{backend=\"loop\"} not 1")
+	buildInfo := fmt.Sprintf(`fastblk_build_info{backend=%q,`, testBackend())
+	if metric(t, body, "fastblk_healthy ") != 1 || metric(t, body, buildInfo) != 1 {
+		t.Errorf("fastblk_healthy (no labels) or %s...} not 1", buildInfo)
 	}
 	if code, _ := p.get(t, "/healthz"); code != http.StatusOK {
 		t.Errorf("/healthz = %d, want 200", code)
