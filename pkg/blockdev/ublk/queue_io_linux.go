@@ -104,10 +104,26 @@ func (l *loop) issue(tag uint16) error {
 		sqe.Flags |= uring.IOSQE_ASYNC
 	}
 	sqe.UserData = encodeUD(udBacking, l.slot, tag)
+	l.backingStarted()
+	return nil
+}
+
+// backingStarted and backingEnded count a backing operation of the queue in
+// the kernel: for the queue (its end waits for none), its thread (the batch
+// wait) and its device (Pause waits for none).
+func (l *loop) backingStarted() {
 	l.backing++
 	l.s.backing++
 	l.q.stats.backing.Add(1)
-	return nil
+}
+
+func (l *loop) backingEnded() {
+	l.backing--
+	l.s.backing--
+	l.q.stats.backing.Add(-1)
+	if l.backing == 0 && (l.failed || l.aborted > 0) {
+		l.mayEnd()
+	}
 }
 
 // prepRW fills a read or write of n bytes at off. In zero-copy mode the
@@ -152,12 +168,7 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 	if int(tag) >= len(l.tags) {
 		return errBadTag
 	}
-	l.backing--
-	l.s.backing--
-	l.q.stats.backing.Add(-1)
-	if l.backing == 0 && (l.failed || l.aborted > 0) {
-		l.mayEnd()
-	}
+	l.backingEnded()
 	t := &l.tags[tag]
 	switch {
 	case res == -int32(unix.EAGAIN) && t.retries < maxEAGAIN:
