@@ -45,6 +45,26 @@ func within(t *testing.T, what string, got, want, lo, hi float64) {
 	}
 }
 
+// paced measures a paced rate and fails unless it is within [lo, hi] ×
+// want. Above the limit fails at once. Below it, the rate is measured once
+// more: a guest stalled by a busy host for a second loses that second's
+// I/O for good, as the limiter keeps only qos.Burst of credit by design
+// (seen once in CI: 0.69× on an overloaded host, 1.03× in every run
+// before and since), while a limiter that underdelivers fails both times.
+func paced(t *testing.T, what string, measure func() float64, want, lo, hi float64) {
+	t.Helper()
+	got := measure()
+	if got >= lo*want && got <= hi*want {
+		t.Logf("%s: %.0f (limit %.0f, %.3f×)", what, got, want, got/want)
+		return
+	}
+	if got < lo*want {
+		t.Logf("%s: %.0f, below %.2f× the limit %.0f; measuring once more", what, got, lo, want)
+		got = measure()
+	}
+	within(t, what, got, want, lo, hi)
+}
+
 // TestRateLimits proves the StorageClass's maxIOPS and maxBandwidth pace
 // the device: fio far below what the device does unpaced measures the
 // limit; ControllerModifyVolume changes it on the live device; the limit
@@ -63,9 +83,11 @@ func TestRateLimits(t *testing.T) {
 		t.Fatalf("fio fill: %v\n%s", err, out)
 	}
 
-	iops, _ := fioRate(t, dev, "randread", "4k", 32)
 	// 4 s at the limit plus the 50 ms burst; fio's ramp may lose a little.
-	within(t, "randread qd32 at maxIOPS 400", iops, 400, 0.9, 1.05)
+	paced(t, "randread qd32 at maxIOPS 400", func() float64 {
+		iops, _ := fioRate(t, dev, "randread", "4k", 32)
+		return iops
+	}, 400, 0.9, 1.05)
 	if l := p.metric("fastblk_volume_limit_iops" + labels); l != 400 {
 		t.Errorf("limit metric = %v, want 400", l)
 	}
@@ -87,21 +109,25 @@ func TestRateLimits(t *testing.T) {
 	}
 
 	modify(map[string]string{"maxIOPS": "0", "maxBandwidth": "8Mi"})
-	_, bps := fioRate(t, dev, "read", "1M", 4)
-	within(t, "1M read qd4 at maxBandwidth 8Mi", bps, 8<<20, 0.85, 1.1)
+	paced(t, "1M read qd4 at maxBandwidth 8Mi", func() float64 {
+		_, bps := fioRate(t, dev, "read", "1M", 4)
+		return bps
+	}, 8<<20, 0.85, 1.1)
 
 	// The limit is the device's, and it outlives the process.
 	p.kill9()
 	p.start()
-	_, bps = fioRate(t, dev, "write", "1M", 4)
-	within(t, "1M write qd4 at maxBandwidth 8Mi after kill -9", bps, 8<<20, 0.85, 1.1)
+	paced(t, "1M write qd4 at maxBandwidth 8Mi after kill -9", func() float64 {
+		_, bps := fioRate(t, dev, "write", "1M", 4)
+		return bps
+	}, 8<<20, 0.85, 1.1)
 	if l := p.metric("fastblk_volume_limit_bytes_per_second" + labels); l != 8<<20 {
 		t.Errorf("bandwidth limit metric after restart = %v, want %d", l, 8<<20)
 	}
 
 	// Lifted: the device runs unpaced again.
 	modify(map[string]string{"maxBandwidth": "0"})
-	iops, _ = fioRate(t, dev, "randread", "4k", 32)
+	iops, _ := fioRate(t, dev, "randread", "4k", 32)
 	if iops < 2*400 {
 		t.Errorf("randread qd32 with the limits lifted: %.0f IOPS, want well above the first limit (400)", iops)
 	}
@@ -121,6 +147,8 @@ func TestRateLimitsOnCreate(t *testing.T) {
 	p := newPlugin(t)
 	v := p.provisionReq(&csi.CreateVolumeRequest{Name: "vac", MutableParameters: map[string]string{"maxIOPS": "300"},
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 64 << 20}, VolumeCapabilities: []*csi.VolumeCapability{blockCap()}})
-	iops, _ := fioRate(t, p.devLink(v), "randread", "4k", 16)
-	within(t, "randread qd16 at maxIOPS 300 from the mutable parameters", iops, 300, 0.9, 1.05)
+	paced(t, "randread qd16 at maxIOPS 300 from the mutable parameters", func() float64 {
+		iops, _ := fioRate(t, p.devLink(v), "randread", "4k", 16)
+		return iops
+	}, 300, 0.9, 1.05)
 }
