@@ -23,13 +23,17 @@
 #               design, loop, and the backing files themselves ("file")
 #   --lat-only  only the latency probe
 #   --smp N     the VM's CPUs (default 2)
+#   --profile   also one run of each csi-fastblk design and workload under perf
+#               (whole guest, cpu-clock samples with call graphs; the plugin
+#               is rebuilt with symbols), its top commands, DSOs and symbols
+#               printed per kernel; the profiled runs are not in the medians
 # Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
 #   (default bin/vm).
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0 variants="" loop=1 lat=0 noscale=0 smp=2
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0 variants="" loop=1 lat=0 noscale=0 smp=2 profile=0
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -43,6 +47,7 @@ while (($#)); do
 	--lat) lat=1; shift ;;
 	--lat-only) lat=1 noscale=1; shift ;;
 	--smp) smp=${2:?}; shift 2 ;;
+	--profile) profile=1; shift ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
@@ -50,8 +55,12 @@ done
 logdir=${BENCH_VM_LOGDIR:-$REPO_ROOT/bin/vm}
 mkdir -p "$logdir"
 if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
+	if ((profile)); then
+		# Symbols for perf: make static strips them.
+		(cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -o bin/csi-fastblk-static ./cmd/csi-fastblk)
+	fi
 	"$VM_DIR/kernels.sh"
-	"$VM_DIR/initramfs.sh"
+	VM_PERF=$profile "$VM_DIR/initramfs.sh"
 fi
 nlabels=$((1 + compare + loop))
 [[ -n $variants ]] && nlabels=$(($(wc -w <<<"$variants") + loop))
@@ -62,6 +71,7 @@ nruns=$((nruns * (1 - noscale) + lat * (nlabels + loop) * $(wc -w <<<"$rws") * 2
 timeout=$((reps * nruns * (runtime + 60) + 600))
 guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SCALE_VOLUMES='$volumes' BENCH_SCALE_RW='$rws' BENCH_SCALE_COMPARE=$compare"
 guest+=" BENCH_SCALE_VARIANTS='$variants' BENCH_SCALE_LOOP=$loop BENCH_SCALE_LAT=$lat BENCH_SCALE_NOSCALE=$noscale"
+guest+=" BENCH_SCALE_PROFILE=$profile"
 guest+=" /opt/fastblk/vm/bench-scale.sh"
 
 # table LOG prints, per workload, device kind and volume count, the median
@@ -154,5 +164,6 @@ for k in "${kernels[@]}"; do
 	grep -a -E '^bench-scale: ' "$log" | sed 's/^/  /' | head -20 || true
 	((noscale)) || table "$log"
 	lattable "$log"
+	grep -a -E '^(PROFILED|PROFILE) ' "$log" | sed 's/^/  /' || true
 done
 exit "$failed"

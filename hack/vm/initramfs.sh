@@ -8,7 +8,8 @@
 #   tools.img                  a read-only ext4 image, the guest's /usr and /opt
 #                              (attached as /dev/vdb and bind-mounted by /init):
 #     /usr/bin, /usr/sbin        real tools (fio, util-linux, e2fsprogs,
-#                                xfsprogs) with their shared libraries; call
+#                                xfsprogs; perf with VM_PERF=1) with their
+#                                shared libraries; call
 #                                them by absolute path: busybox sh runs its own
 #                                applet before a same-named program on PATH
 #     /usr/bin/csi-fastblk       bin/csi-fastblk-static (make static), if built
@@ -33,6 +34,9 @@ TOOLS=(
 	blkid:util-linux losetup:mount mount:mount umount:mount findmnt:util-linux fsck:util-linux
 	blockdev:util-linux lsblk:util-linux fallocate:util-linux wipefs:util-linux
 )
+# With VM_PERF=1, also perf (Debian's linux-perf, about 33 MiB with its
+# libraries) for the benchmarks' profiles (bench-scale.sh --profile).
+[[ ${VM_PERF:-0} != 1 ]] || TOOLS+=(perf:linux-perf)
 KEEP_GOING=0
 
 # busybox_static prints the path of a statically linked busybox.

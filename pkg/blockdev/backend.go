@@ -52,10 +52,13 @@ type BackendConfig struct {
 	// Benchmark knobs (ublk only; zero: the product's defaults):
 	// ThreadTags sizes each server thread (ublk.ThreadConfig.Tags),
 	// ZeroCopy is "auto", "on" or "off", and Ablate lists techniques to
-	// switch off (ublk.ParseAblation).
-	ThreadTags int
-	ZeroCopy   string
-	Ablate     string
+	// switch off (ublk.ParseAblation), PollInFlight is the most requests
+	// in service with which a server thread still polls
+	// (ublk.ThreadConfig.PollInFlight).
+	ThreadTags   int
+	ZeroCopy     string
+	Ablate       string
+	PollInFlight int
 	// UblkControl is the ublk control device whose presence makes "auto"
 	// try ublk ("" = /dev/ublk-control). The ublk backend itself always
 	// opens /dev/ublk-control; tests point this elsewhere to exercise the

@@ -23,7 +23,8 @@
 # and with BENCH_SCALE_LAT_BUSY others at iodepth DEPTH, default 15, its
 # p50/p99/p99.9 printed as LAT lines; with loop, the backing files
 # themselves ("file", direct I/O) are measured too), BENCH_SCALE_NOSCALE
-# (1: only the latency probe).
+# (1: only the latency probe), BENCH_SCALE_PROFILE (1: in the first rep,
+# each csi-fastblk workload once more under /usr/bin/perf, see profile).
 . /opt/fastblk/vm/lib.sh
 VOLUMES=${BENCH_SCALE_VOLUMES:-"1 16 64"}
 RWS=${BENCH_SCALE_RW:-"randread randwrite"}
@@ -85,6 +86,30 @@ run() {
 	fi
 }
 
+# profile LABEL ARGS: one bench scale run of a csi-fastblk design under perf
+# (the whole guest; cpu-clock, as the VM has no PMU; call graphs), then its
+# SCALE line as PROFILED and the report's top entries as PROFILE lines: by
+# command and DSO, by symbol (self), the plugin's symbols (self, the share
+# of all samples), and by symbol with callees (children).
+profile() {
+	_label=$1
+	shift
+	_what="$_label $(echo "$*" | sed -n 's/.*--volumes \([0-9]*\) --rw \([a-z]*\).*/v\1 \2/p')"
+	if ! /usr/bin/perf record -q -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- \
+		$BIN bench scale --runtime "$RUNTIME" --size "$SIZE" --dir "$FASTBLK_DATA/scale-work" "$@" >/tmp/perf-run.out 2>&1; then
+		echo "bench-scale: profile $_what: $(tail -5 /tmp/perf-run.out)"
+		return 0
+	fi
+	sed -n "s/^SCALE /PROFILED $_what /p" /tmp/perf-run.out
+	for _view in "dso:--no-children --sort comm,dso --percent-limit 1.5" "self:--no-children --sort sym --percent-limit 0.7" \
+		"plugin:--no-children --comms csi-fastblk --sort sym --percent-limit 1" "children:--children --sort sym --percent-limit 8"; do
+		# shellcheck disable=SC2086
+		/usr/bin/perf report -i /tmp/perf.data --stdio -g none ${_view#*:} 2>/dev/null | grep -v -e '^#' -e '^ *$' |
+			sed "s/^ */PROFILE $_what ${_view%%:*} /"
+	done
+	rm -f /tmp/perf.data
+}
+
 variants=${BENCH_SCALE_VARIANTS:-shared}
 [ -z "${BENCH_SCALE_VARIANTS:-}" ] && [ "${BENCH_SCALE_COMPARE:-0}" = 1 ] && variants="shared perqueue"
 labels=""
@@ -132,6 +157,17 @@ while [ $rep -le "$REPS" ]; do
 					--iodepth "$DEPTH" --mkfs-sample $sample
 			done
 		done
+		if [ "${BENCH_SCALE_PROFILE:-0}" = 1 ] && [ $rep = 1 ] && [ $mode = csi ]; then
+			for rw in $RWS; do
+				profile $label --mode csi --pid "$PLUGIN_PID" --endpoint "unix://$SOCK" --volumes 1 --rw "$rw" \
+					--jobs "$jobs" --iodepth "$adepth" --mkfs-sample 0
+				for n in $VOLUMES; do
+					[ "$n" = 1 ] && continue
+					profile $label --mode csi --pid "$PLUGIN_PID" --endpoint "unix://$SOCK" --volumes "$n" --rw "$rw" \
+						--iodepth "$DEPTH" --mkfs-sample 0
+				done
+			done
+		fi
 		stop_plugin
 		left=$(ublk_devices)
 		[ -z "$left" ] || echo "bench-scale: ublk devices left behind by $label: $left"

@@ -64,6 +64,10 @@ type ThreadConfig struct {
 	IOWQWorkers uint32
 	// Ablation switches techniques off for benchmarks (zero: none).
 	Ablation Ablation
+	// PollInFlight is the most requests the thread may be serving and
+	// still poll (Options.Poll) before a sleeping wait; 0 means
+	// pollMaxInFlight. A benchmark knob.
+	PollInFlight int
 }
 
 const (
@@ -339,8 +343,11 @@ func (t *Thread) setup() (*threadLoop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server thread %d: create ring: %w", t.id, err)
 	}
-	s := &threadLoop{t: t, ab: ab, ring: ring, cqes: make([]uring.CQE, reap),
+	s := &threadLoop{t: t, ab: ab, ring: ring, cqes: make([]uring.CQE, reap), pollMax: t.cfg.PollInFlight,
 		slots: make([]*loop, t.cfg.Queues), bufSlots: newRangeAlloc(t.cfg.Tags)}
+	if s.pollMax <= 0 {
+		s.pollMax = pollMaxInFlight
+	}
 	for i := t.cfg.Queues - 1; i >= 0; i-- {
 		s.free = append(s.free, uint16(i))
 	}
@@ -390,6 +397,7 @@ var roundHook atomic.Pointer[func(*threadLoop)]
 type threadLoop struct {
 	t        *Thread
 	ab       Ablation // t.cfg.Ablation: techniques switched off (benchmarks)
+	pollMax  int      // t.cfg.PollInFlight or pollMaxInFlight
 	ring     *uring.Ring
 	cqes     []uring.CQE
 	cur      *loop    // the queue handling a CQE now (dispatch)
@@ -560,7 +568,7 @@ const pollMaxInFlight = 4
 func (s *threadLoop) next(busy bool) (int, error) {
 	poll := int64(s.poll)
 	start := monoNow()
-	if poll > 0 && busy && s.gapNs <= poll && s.serving <= pollMaxInFlight {
+	if poll > 0 && busy && s.gapNs <= poll && s.serving <= s.pollMax {
 		if _, err := s.ring.Submit(); err != nil {
 			return 0, fmt.Errorf("submit: %w", err)
 		}
