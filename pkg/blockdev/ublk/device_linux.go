@@ -55,6 +55,9 @@ type Device struct {
 	info   DevInfo
 	char   int // /dev/ublkcN, -1 once released
 	queues []*Queue
+	// started: START_DEV succeeded, so removing the device takes STOP_DEV
+	// even when a later step of its creation failed.
+	started bool
 	// mtimeTick is the queues' shared QueueConfig.MtimeTick, gate
 	// their QueueConfig.Gate.
 	mtimeTick atomic.Int64
@@ -179,6 +182,10 @@ func (d *Device) bringUp(ctx context.Context, cfg DeviceConfig) error {
 		return err
 	}
 	if err := d.ctl.StartDev(d.ID(), os.Getpid()); err != nil {
+		return err
+	}
+	d.started = true
+	if err := failAt(fpStarted); err != nil {
 		return err
 	}
 	return waitNode(ctx, d.BlockPath())
@@ -373,28 +380,56 @@ func (d *Device) closeChar() error {
 	return err
 }
 
+// errQueuesLive is the class of a removal that left the device's fds
+// open because a queue did not end: closing them under its thread could
+// hand their numbers to other files while it still uses them.
+var errQueuesLive = errors.New("queues still running, their fds left open")
+
 // teardown removes the device: STOP_DEV when it was started (the queues
-// then see -ENODEV and leave), queues stopped, /dev/ublkcN closed, then
-// DEL_DEV_ASYNC (DEL_DEV, bounded, on kernels before 6.9) so a process
-// still holding /dev/ublkbN open cannot hang us.
+// then see -ENODEV and leave) and waiting for its queues, or stopping the
+// queues that have threads of their own; once every queue has ended,
+// /dev/ublkcN is closed and DEL_DEV_ASYNC sent (DEL_DEV, bounded, on kernels
+// before 6.9) so a process still holding /dev/ublkbN open cannot hang us.
+// If a queue does not end, the fds stay open, DEL_DEV is not sent and the
+// error wraps errQueuesLive; a later teardown can finish the removal.
 func (d *Device) teardown(ctx context.Context, started bool) error {
 	var errs []error
-	// A device that never started has its queues' FETCHes parked all the
-	// same; on shared threads only STOP_DEV ends them.
-	started = started || d.sharedLive()
-	if started {
+	// A started device, whoever calls, is stopped: closing the rings of
+	// its queues' own threads instead would leave it live, then quiesced
+	// (user recovery) with its I/O held, until DEL_DEV. A device that
+	// never started has its queues' FETCHes parked all the same; on
+	// shared threads only STOP_DEV ends them.
+	if started || d.started || d.sharedLive() {
 		if err := d.ctl.StopDev(d.ID()); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, err)
+		} else {
+			errs = append(errs, d.waitQueues(ctx))
 		}
 	}
-	if started && len(errs) == 0 {
-		errs = append(errs, d.waitQueues(ctx))
-	} else {
+	if !d.queuesEnded() {
+		// Never started, or STOP_DEV failed or did not end them in
+		// time: queues with threads of their own end when their rings
+		// close (a device with user recovery is quiesced until DEL_DEV).
 		errs = append(errs, d.stopQueues(ctx))
 	}
-	errs = append(errs, d.closeChar())
-	errs = append(errs, deleteDev(d.ctl, d.ID()))
+	if !d.queuesEnded() {
+		errs = append(errs, fmt.Errorf("remove ublk device %d: %w", d.ID(), errQueuesLive))
+		return errors.Join(errs...)
+	}
+	errs = append(errs, d.closeChar(), failAt(fpDeleting), deleteDev(d.ctl, d.ID()))
 	return errors.Join(errs...)
+}
+
+// queuesEnded reports whether every queue of the device has ended.
+func (d *Device) queuesEnded() bool {
+	for _, q := range d.queues {
+		select {
+		case <-q.Done():
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // Delete stops and removes the device. The block device disappears; a

@@ -1,20 +1,29 @@
 package ublk
 
 // failpoint, when set, is called at named points of operations that span
-// several durable steps, so that a test can kill the process exactly there
-// and check that a restart converges. Only tests set it (see
+// several steps, so that a test can kill the process exactly there, make
+// the operation fail there (a non-nil error is returned as the step's), or
+// look at the kernel's state there. Only tests set it (see
 // failpoint_test.go); in the plugin it stays nil.
-var failpoint func(name string)
+var failpoint func(name string) error
 
 // Failpoints.
 const (
 	// fpStateSaved is after a new device's state file is durable and
 	// before the device is started (START_DEV).
 	fpStateSaved = "ublk-state-saved"
+	// fpStarted is after a new device's START_DEV succeeded, before the
+	// wait for its block device: the creation's last step.
+	fpStarted = "ublk-started"
+	// fpDeleting is in the removal of a device (Delete, or a failed
+	// creation) after its queues ended and /dev/ublkcN was closed, before
+	// DEL_DEV.
+	fpDeleting = "ublk-deleting"
 )
 
-func failAt(name string) {
+func failAt(name string) error {
 	if failpoint != nil {
-		failpoint(name)
+		return failpoint(name)
 	}
+	return nil
 }

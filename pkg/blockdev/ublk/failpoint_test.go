@@ -17,10 +17,11 @@ const crashExit = 75
 // closes the descriptors).
 func TestMain(m *testing.M) {
 	if at := os.Getenv("FASTBLK_CRASH_AT"); at != "" {
-		failpoint = func(name string) {
+		failpoint = func(name string) error {
 			if name == at {
 				os.Exit(crashExit)
 			}
+			return nil
 		}
 	}
 	os.Exit(m.Run())

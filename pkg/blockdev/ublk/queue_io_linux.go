@@ -169,6 +169,10 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 		return errBadTag
 	}
 	l.backingEnded()
+	if l.q.faultEAGAIN.Load() > 0 {
+		l.q.faultEAGAIN.Add(-1)
+		res = -int32(unix.EAGAIN)
+	}
 	t := &l.tags[tag]
 	switch {
 	case res == -int32(unix.EAGAIN) && t.retries < maxEAGAIN:

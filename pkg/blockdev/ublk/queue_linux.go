@@ -152,6 +152,11 @@ type Queue struct {
 	failure atomic.Pointer[error]
 	done    chan struct{}
 	err     error // set before done is closed
+	// faultEAGAIN is a failpoint, set only by tests: how many more of the
+	// queue's backing completions its thread takes for -EAGAIN whatever
+	// the kernel answered (the operation did run), so that the retry
+	// path (onBacking, maxEAGAIN) can be driven. 0 in the plugin.
+	faultEAGAIN atomic.Int32
 }
 
 func (c *QueueConfig) validate() error {

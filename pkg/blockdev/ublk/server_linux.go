@@ -219,7 +219,9 @@ func (s *Server) Attach(ctx context.Context, spec AttachSpec) (Served, error) {
 	}
 	sv, err := s.create(ctx, spec, file, size, dio)
 	if err != nil {
-		if file != nil {
+		if file != nil && !errors.Is(err, errQueuesLive) {
+			// A queue that did not end may still use it: leaked, not
+			// closed under its thread.
 			file.Close()
 		}
 		return Served{}, err
@@ -291,8 +293,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 			if err := saveState(s.cfg.StateDir, st); err != nil {
 				return err
 			}
-			failAt(fpStateSaved)
-			return nil
+			return failAt(fpStateSaved)
 		}}
 	dev, err := CreateDevice(ctx, s.ctl, cfg)
 	if err != nil {
