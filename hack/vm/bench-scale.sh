@@ -16,7 +16,9 @@
 #   --variants  the plugin set-ups to measure (default shared, or shared and
 #               perqueue with --compare): LABEL=FLAGS runs the plugin with
 #               serve FLAGS joined by '+' (hidden benchmark flags such as
-#               --ublk-ablate=reap-one or --ublk-thread-tags=1024)
+#               --ublk-ablate=reap-one or --ublk-thread-tags=1024, NAME=VALUE
+#               for its environment, params=queues=1,queueDepth=64 for the
+#               volumes' StorageClass parameters)
 #   --no-loop   leave out the kernel loop devices
 #   --lat       also the latency probe: 4k at iodepth 1 on one device, alone and
 #               with 15 others busy at iodepth 4 (p50/p99/p99.9), for each

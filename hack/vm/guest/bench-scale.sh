@@ -16,8 +16,9 @@
 # BENCH_SCALE_COMPARE (1: also the thread-per-queue design),
 # BENCH_SCALE_VARIANTS (plugin set-ups to measure instead: space-separated
 # LABEL or LABEL=FLAGS, FLAGS being serve flags (or NAME=VALUE for its
-# environment) joined by '+', e.g.
-# "shared ring1k=--ublk-thread-tags=1024 each=--ublk-ablate=submit-each"),
+# environment, or params=K=V,K=V for the StorageClass parameters of the
+# volumes) joined by '+', e.g. "shared ring1k=--ublk-thread-tags=1024
+# each=--ublk-ablate=submit-each q1=params=queues=1,queueDepth=64"),
 # BENCH_SCALE_LOOP (0: leave out the kernel loop devices),
 # BENCH_SCALE_LAT (1: also the latency probe: one device at iodepth 1 alone
 # and with BENCH_SCALE_LAT_BUSY others at iodepth DEPTH, default 15, its
@@ -54,6 +55,7 @@ start_plugin() {
 	_env="" _flags=""
 	for w in $2; do
 		case $w in
+		params=*) ;; # the volumes', not the plugin's (run)
 		-*) _flags="$_flags $w" ;;
 		*=*) _env="$_env $w" ;;
 		*) _flags="$_flags $w" ;;
@@ -78,6 +80,7 @@ start_plugin() {
 run() {
 	_rep=$1 _label=$2
 	shift 2
+	[ -z "$PARAMS" ] || set -- "$@" --params "$PARAMS"
 	if out=$($BIN bench scale --runtime "$RUNTIME" --size "$SIZE" --dir "$FASTBLK_DATA/scale-work" "$@" 2>&1); then
 		echo "$out" | sed -n -e "s/^SCALE /SCALE $_rep $_label /p" -e "s/^LAT /LAT $_rep $_label /p"
 	else
@@ -94,6 +97,7 @@ run() {
 profile() {
 	_label=$1
 	shift
+	[ -z "$PARAMS" ] || set -- "$@" --params "$PARAMS"
 	_what="$_label $(echo "$*" | sed -n 's/.*--volumes \([0-9]*\) --rw \([a-z]*\).*/v\1 \2/p')"
 	if ! /usr/bin/perf record -q -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- \
 		$BIN bench scale --runtime "$RUNTIME" --size "$SIZE" --dir "$FASTBLK_DATA/scale-work" "$@" >/tmp/perf-run.out 2>&1; then
@@ -132,10 +136,13 @@ jobs=${ANCHOR%x*} adepth=${ANCHOR#*x}
 rep=1
 while [ $rep -le "$REPS" ]; do
 	for label in $labels; do
-		mode=csi
+		mode=csi PARAMS=""
 		case $label in
 		loop | file) mode=$label ;;
-		*) start_plugin "$label" "$(flags_of "$label")" || exit 1 ;;
+		*)
+			start_plugin "$label" "$(flags_of "$label")" || exit 1
+			PARAMS=$(flags_of "$label" | tr ' ' '\n' | sed -n 's/^params=//p')
+			;;
 		esac
 		if [ "${BENCH_SCALE_LAT:-0}" = 1 ]; then
 			for rw in $RWS; do

@@ -29,6 +29,7 @@
 package ublk
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"runtime"
@@ -345,9 +346,6 @@ func (t *Thread) setup() (*threadLoop, error) {
 	}
 	s := &threadLoop{t: t, ab: ab, ring: ring, cqes: make([]uring.CQE, reap), pollMax: t.cfg.PollInFlight,
 		slots: make([]*loop, t.cfg.Queues), bufSlots: newRangeAlloc(t.cfg.Tags)}
-	if s.pollMax <= 0 {
-		s.pollMax = pollMaxInFlight
-	}
 	for i := t.cfg.Queues - 1; i >= 0; i-- {
 		s.free = append(s.free, uint16(i))
 	}
@@ -397,7 +395,7 @@ var roundHook atomic.Pointer[func(*threadLoop)]
 type threadLoop struct {
 	t        *Thread
 	ab       Ablation // t.cfg.Ablation: techniques switched off (benchmarks)
-	pollMax  int      // t.cfg.PollInFlight or pollMaxInFlight
+	pollMax  int      // t.cfg.PollInFlight (0: pollMaxInFlight)
 	ring     *uring.Ring
 	cqes     []uring.CQE
 	cur      *loop    // the queue handling a CQE now (dispatch)
@@ -568,7 +566,7 @@ const pollMaxInFlight = 4
 func (s *threadLoop) next(busy bool) (int, error) {
 	poll := int64(s.poll)
 	start := monoNow()
-	if poll > 0 && busy && s.gapNs <= poll && s.serving <= s.pollMax {
+	if poll > 0 && busy && s.gapNs <= poll && s.serving <= cmp.Or(s.pollMax, pollMaxInFlight) {
 		if _, err := s.ring.Submit(); err != nil {
 			return 0, fmt.Errorf("submit: %w", err)
 		}
