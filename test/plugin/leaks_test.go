@@ -23,7 +23,7 @@ import (
 const (
 	// leakCycles is how many lifecycles TestLifecycleLeaks runs unless
 	// FASTBLK_LEAK_CYCLES says otherwise.
-	leakCycles = 200
+	leakCycles = 1000
 	// leakWarmup lifecycles run before the first count, so that pools,
 	// caches and lazily started goroutines of the plugin exist in both.
 	leakWarmup = 5
