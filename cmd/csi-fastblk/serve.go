@@ -62,6 +62,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.devices.ThreadPerQueue, "ublk-thread-per-queue", false, "benchmarks only: give each ublk queue a thread of its own (the design before shared server threads)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
+	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
 	fs.StringVar(&c.devices.Ablate, "ublk-ablate", "", "benchmarks only: techniques of the ublk server threads to switch off, comma-separated: "+
 		"submit-each, reap-one, plain-ring, unbounded, no-fixed-files, no-fixed-buffers, hand-off")

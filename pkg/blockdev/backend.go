@@ -54,11 +54,13 @@ type BackendConfig struct {
 	// ZeroCopy is "auto", "on" or "off", and Ablate lists techniques to
 	// switch off (ublk.ParseAblation), PollInFlight is the most requests
 	// in service with which a server thread still polls
-	// (ublk.ThreadConfig.PollInFlight).
+	// (ublk.ThreadConfig.PollInFlight), PinThreads pins server thread i
+	// to the i-th CPU (ublk.ThreadConfig.Pin).
 	ThreadTags   int
 	ZeroCopy     string
 	Ablate       string
 	PollInFlight int
+	PinThreads   bool
 	// UblkControl is the ublk control device whose presence makes "auto"
 	// try ublk ("" = /dev/ublk-control). The ublk backend itself always
 	// opens /dev/ublk-control; tests point this elsewhere to exercise the

@@ -61,7 +61,7 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 		BatchIO:  batch,
 		ZeroCopy: zc,
 		Threads:  cfg.Threads, ThreadPerQueue: cfg.ThreadPerQueue,
-		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight},
+		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads},
 		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 		ThreadRoom: func() (int64, error) {
 			room, err := PidsHeadroom(os.Getpid())

@@ -157,6 +157,22 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	return s, s.adopt(ctx), nil
 }
 
+// usableCPUList lists the CPUs the process may run on (its affinity
+// mask); nil when it cannot be read.
+func usableCPUList() []int {
+	var set unix.CPUSet
+	if unix.SchedGetaffinity(0, &set) != nil {
+		return nil
+	}
+	var cpus []int
+	for c := 0; len(cpus) < set.Count(); c++ {
+		if set.IsSet(c) {
+			cpus = append(cpus, c)
+		}
+	}
+	return cpus
+}
+
 // usableCPUs is how many CPUs the process may run on (its affinity mask).
 func usableCPUs() int {
 	var set unix.CPUSet

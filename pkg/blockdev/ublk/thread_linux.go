@@ -56,7 +56,8 @@ type ThreadConfig struct {
 	// files each); 0 means DefaultThreadQueues.
 	Queues int
 	// CPU, when >= 0, is where the thread sets up its ring; Pin keeps it
-	// there for its life. Shared threads leave both unset.
+	// there for its life. Shared threads leave CPU unset; with Pin,
+	// NewThreads sets it per thread.
 	CPU int
 	Pin bool
 	// IOWQWorkers caps the thread's io-wq workers (bounded work: writes

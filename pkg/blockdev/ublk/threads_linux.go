@@ -14,14 +14,23 @@ type Threads struct {
 	threads []*Thread
 }
 
-// NewThreads starts n server threads of cfg.
+// NewThreads starts n server threads of cfg. With cfg.Pin and no cfg.CPU,
+// thread i is pinned to the i-th CPU the process may use (round robin).
 func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("server threads: %d: %w", n, errInvalid)
 	}
+	var cpus []int
+	if cfg.Pin && cfg.CPU < 0 {
+		cpus = usableCPUList()
+	}
 	p := &Threads{}
 	for i := range n {
-		t, err := NewThread(i, cfg)
+		tc := cfg
+		if len(cpus) > 0 {
+			tc.CPU = cpus[i%len(cpus)]
+		}
+		t, err := NewThread(i, tc)
 		if err != nil {
 			return nil, errors.Join(err, p.Close())
 		}
