@@ -82,8 +82,10 @@ type Tuning struct {
 //     bad value is an error wrapping os.ErrInvalid, never silently fixed.
 //  2. max_io_buf_bytes is 128 KiB in copy mode (unless overridden, a
 //     multiple of 4 KiB up to 1 MiB) and 1 MiB with zero copy.
-//  3. Without overrides: queues = min(CPUs, 4) (one thread per queue, so 64
-//     volumes on a 2-CPU node cost 128 threads), depth = 64.
+//  3. Without overrides: queues = min(CPUs, 4), depth = 64. The queues are
+//     served by the shared server threads (one per CPU, SpreadQueues), so
+//     they cost no threads of their own. A sweep of fixed settings at 1, 2
+//     and 4 VM CPUs found no setting reproducibly better (docs/benchmarks.md).
 //  4. Copy mode must fit the memory budget (default 16 MiB per volume,
 //     Queues × Depth × max_io_buf_bytes): chosen values shrink, depth first
 //     (halving, down to 16), then queues; an overridden value never
