@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # powercut.sh runs the power-cut test (TestPowerCut in test/e2e) on one
 # kernel in two boots of the VM on one data disk: the first boot serves a
-# raw and an ext4 ublk volume, writes and flushes data through them (each
-# acknowledged write recorded in a log fsynced on the data disk), goes on
-# writing without flushing and resets the guest kernel in the middle (sysrq
-# b: no sync, no unmount); the second boot mounts the same disk as it was
-# left (ext4 replays its journal), starts the plugin on the same data
-# directory, stages and publishes the volumes again as kubelet would after
-# a reboot, and verifies every acknowledged block and file by its CRC.
+# raw, an ext4 and an xfs ublk volume, writes and flushes data through them
+# (fdatasync on the raw device, fsync of files and their directory on the
+# filesystems; each acknowledged write recorded in a log fsynced on the
+# data disk), goes on writing without flushing and resets the guest kernel
+# in the middle (sysrq b: no sync, no unmount); the second boot mounts the
+# same disk as it was left (ext4 replays its journal), starts the plugin on
+# the same data directory, stages and publishes the volumes again as
+# kubelet would after a reboot (their ext4 and xfs replay their logs), and
+# verifies every acknowledged block and file by its CRC (the line
+# "verified after the reset" counts them per volume).
 #
 # Usage: hack/vm/powercut.sh --kernel 6.12|7.3 [--log-dir DIR] [--no-flush]
 #   --no-flush  check the test itself: the write boot records its writes as
 #               acknowledged without flushing them, and the verify boot must
-#               then find some lost (this run passes when it does)
+#               then find some lost (this run passes when it does; the
+#               "verified after the reset" line says how many per volume)
 #   Needs the images of kernels.sh and initramfs.sh (e2e.sh builds them and
 #   runs this, without --no-flush, after the steps of each kernel).
 set -euo pipefail

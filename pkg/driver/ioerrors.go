@@ -9,6 +9,13 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
 
+// fullBelow is the free space of the data directory under which
+// WatchIOErrors calls it full. Not one block: xfs takes a block for a file
+// only with the worst case of the file's extent map growing reserved too
+// (xfs_bmap_worst_indlen, fs/xfs/libxfs/xfs_bmap.c), so a full xfs refuses
+// every write while statfs still counts a few blocks free.
+const fullBelow = 1 << 20
+
 // ioWatch is what WatchIOErrors remembers between two looks.
 type ioWatch struct {
 	errors map[string]uint64 // volume ID -> errors counted so far
@@ -39,10 +46,11 @@ func (d *Driver) WatchIOErrors(ctx context.Context, interval time.Duration) {
 // lookForIOErrors is one look of WatchIOErrors.
 func (d *Driver) lookForIOErrors(w *ioWatch) {
 	if st, err := blockdev.StatDir(d.store.Dir()); err == nil {
-		full := st.AvailableBytes < blockdev.SizeAlign
+		full := st.AvailableBytes < fullBelow
 		switch {
 		case full && !w.full:
-			klog.ErrorS(nil, "the data directory is full: writes into unallocated parts of volumes fail with ENOSPC until space is freed",
+			klog.ErrorS(nil, "the data directory is full: writes into unallocated parts of volumes, and overwrites of blocks they share with "+
+				"snapshots or clones, fail with ENOSPC until space is freed",
 				"availableBytes", st.AvailableBytes, "totalBytes", st.TotalBytes)
 		case !full && w.full:
 			klog.InfoS("the data directory has free space again", "availableBytes", st.AvailableBytes)

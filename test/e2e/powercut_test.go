@@ -20,11 +20,12 @@ import (
 )
 
 // The power-cut test runs in two boots of the VM on one data disk
-// (hack/vm/powercut.sh). FASTBLK_POWERCUT=write: the plugin serves a raw
-// and an ext4 volume from $FASTBLK_POWERCUT_DIR; blocks written to the raw
-// device with O_DIRECT and fdatasync, and files written and fsynced on the
-// ext4 volume, are acknowledged, each then recorded with its CRC in a log
-// fsynced on the data disk; more writes follow that are never flushed, and
+// (hack/vm/powercut.sh). FASTBLK_POWERCUT=write: the plugin serves a raw,
+// an ext4 and an xfs volume from $FASTBLK_POWERCUT_DIR; blocks written to
+// the raw device with O_DIRECT and fdatasync (FLUSH), and files written and
+// fsynced (with their directory) on each filesystem volume, are
+// acknowledged, each then recorded with its CRC in a log fsynced on the
+// data disk; more writes follow that are never flushed, and
 // in the middle of them the guest kernel is reset (sysrq b: no sync, no
 // unmount, the ublk server gone with everything else). FASTBLK_POWERCUT=
 // verify, on the next boot: the plugin starts on the same data directory,
@@ -42,10 +43,24 @@ const (
 	pcBlock     = 4 << 10
 	pcRawStride = 16 << 10 // acknowledged blocks: one every 16 KiB, each into a hole
 	pcBatch     = 32       // blocks written between two fdatasyncs
-	pcFiles     = 48
+	pcFiles     = 48       // per filesystem
 	pcFileSize  = 48 << 10
 	pcDuration  = 10 * time.Second // of acknowledged writes before the reset
 )
+
+// pcFS are the filesystems of the volumes written with files, one volume
+// each, in the order their files are written; the ack log names each
+// file's filesystem.
+var pcFS = []string{"ext4", "xfs"}
+
+// pcSize is the size of the volume formatted with fs ("" for raw):
+// mkfs.xfs refuses filesystems under 300 MB (xfsprogs 5.19 and later).
+func pcSize(fs string) int64 {
+	if fs == "xfs" {
+		return 320 << 20
+	}
+	return pcRawSize
+}
 
 func TestPowerCut(t *testing.T) {
 	phase := os.Getenv("FASTBLK_POWERCUT")
@@ -63,16 +78,23 @@ func TestPowerCut(t *testing.T) {
 	p := &plugin{t: t, bin: bin, dir: dir, dataDir: filepath.Join(pcDataFS(t, dir, phase == "write"), "data"),
 		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock")}
 	p.start()
-	raw := p.pcVolume("pc-raw", blockCap())
-	fs := p.pcVolume("pc-ext4", mountCap("ext4"))
+	raw := p.pcVolume("pc-raw", pcSize(""), blockCap())
+	vols := []*volume{raw}
+	mnts := map[string]string{}
+	for _, fs := range pcFS {
+		v := p.pcVolume("pc-"+fs, pcSize(fs), mountCap(fs))
+		vols = append(vols, v)
+		mnts[fs] = v.target
+	}
 	ack := filepath.Join(dir, "ack.log")
 	switch phase {
 	case "write":
-		pcWrite(t, raw.target, fs.target, ack)
+		pcWrite(t, raw.target, mnts, ack)
 	case "verify":
-		pcVerify(t, raw.target, fs.target, ack)
-		p.release(raw)
-		p.release(fs)
+		pcVerify(t, raw.target, mnts, ack)
+		for _, v := range vols {
+			p.release(v)
+		}
 		p.stop()
 	default:
 		t.Fatalf("FASTBLK_POWERCUT=%q: want write or verify", phase)
@@ -91,7 +113,7 @@ func pcDataFS(t *testing.T, dir string, fresh bool) string {
 		if err := os.WriteFile(img, nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if err := os.Truncate(img, 512<<20); err != nil {
+		if err := os.Truncate(img, 1<<30); err != nil {
 			t.Fatal(err)
 		}
 		if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
@@ -113,13 +135,13 @@ func pcDataFS(t *testing.T, dir string, fresh bool) string {
 }
 
 // pcVolume creates (or finds again: CreateVolume is idempotent), stages
-// and publishes volume name at fixed paths, as kubelet does at first and
-// again after a reboot.
-func (p *plugin) pcVolume(name string, c *csi.VolumeCapability) *volume {
+// and publishes volume name of size bytes at fixed paths, as kubelet does
+// at first and again after a reboot.
+func (p *plugin) pcVolume(name string, size int64, c *csi.VolumeCapability) *volume {
 	p.t.Helper()
 	ctx := context.Background()
 	cr, err := p.ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: pcRawSize}, VolumeCapabilities: []*csi.VolumeCapability{c}})
+		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{c}})
 	if err != nil {
 		p.t.Fatalf("CreateVolume %s: %v", name, err)
 	}
@@ -157,7 +179,10 @@ func (l *ackLog) add(t *testing.T, lines ...string) {
 	l.n += len(lines)
 }
 
-func pcWrite(t *testing.T, dev, mnt, ackPath string) {
+// pcWrite writes acknowledged blocks to the raw device dev and files to
+// each filesystem mounted at mnts (filesystem -> mount point), recording
+// them in the ack log, then unflushed ones, and resets the kernel.
+func pcWrite(t *testing.T, dev string, mnts map[string]string, ackPath string) {
 	flush := os.Getenv("FASTBLK_POWERCUT_NOFLUSH") == ""
 	f, err := os.OpenFile(ackPath, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -173,10 +198,12 @@ func pcWrite(t *testing.T, dev, mnt, ackPath string) {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
-	deadline := time.Now().Add(pcDuration)
-	var rawBytes, fileBytes int64
+	start := time.Now()
+	deadline := start.Add(pcDuration)
+	var rawBytes int64
+	files := 0 // per filesystem
 	// Acknowledged raw blocks and files, interleaved, for pcDuration.
-	for off, file := int64(0), 0; time.Now().Before(deadline) && off+pcBatch*pcRawStride <= pcRawSize; {
+	for off := int64(0); time.Now().Before(deadline) && off+pcBatch*pcRawStride <= pcRawSize; {
 		var lines []string
 		for range pcBatch {
 			fillRand(rng, buf)
@@ -193,14 +220,20 @@ func pcWrite(t *testing.T, dev, mnt, ackPath string) {
 		}
 		log.add(t, lines...)
 		rawBytes += pcBatch * pcBlock
-		if file < pcFiles {
-			name, crc := pcFile(t, mnt, file, rng, flush)
-			log.add(t, fmt.Sprintf("file %s %08x\n", name, crc))
-			fileBytes += pcFileSize
-			file++
+		// Files spread over pcDuration: the last are younger than a
+		// filesystem's own periodic commit (ext4's is 5 s), which would
+		// otherwise make them durable without a flush and blind the
+		// --no-flush self-check.
+		if files < pcFiles && time.Since(start) >= time.Duration(files)*pcDuration/pcFiles {
+			for _, fs := range pcFS {
+				name, crc := pcFile(t, mnts[fs], files, rng, flush)
+				log.add(t, fmt.Sprintf("%s %s %08x\n", fs, name, crc))
+			}
+			files++
 		}
 	}
-	t.Logf("acknowledged: %d raw blocks (%d KiB) and files (%d KiB), %d log lines", rawBytes/pcBlock, rawBytes>>10, fileBytes>>10, log.n)
+	t.Logf("acknowledged: %d raw blocks (%d KiB), %d files (%d KiB) on each of %s, %d log lines",
+		rawBytes/pcBlock, rawBytes>>10, files, files*pcFileSize>>10, strings.Join(pcFS, " and "), log.n)
 	// Unflushed writes, between the acknowledged blocks and to new files,
 	// still going when the kernel is reset.
 	go func() {
@@ -208,7 +241,9 @@ func pcWrite(t *testing.T, dev, mnt, ackPath string) {
 		for i := 0; ; i++ {
 			fillRand(rng, b)
 			rawf.WriteAt(b, int64(i%(pcRawSize/pcRawStride))*pcRawStride+pcRawStride/2)
-			os.WriteFile(filepath.Join(mnt, fmt.Sprintf("unflushed-%d", i)), b, 0o600)
+			for _, fs := range pcFS {
+				os.WriteFile(filepath.Join(mnts[fs], fmt.Sprintf("unflushed-%d", i)), b, 0o600)
+			}
 		}
 	}()
 	time.Sleep(500 * time.Millisecond)
@@ -227,8 +262,8 @@ func pcWrite(t *testing.T, dev, mnt, ackPath string) {
 	t.Fatal("the guest was not reset")
 }
 
-// pcFile writes file number i of the ext4 volume, fsyncs it and its
-// directory, and returns its name and CRC.
+// pcFile writes file number i of the filesystem mounted at mnt, fsyncs it
+// and its directory (unless flush is false), and returns its name and CRC.
 func pcFile(t *testing.T, mnt string, i int, rng *rand.Rand, flush bool) (string, uint32) {
 	t.Helper()
 	name := fmt.Sprintf("acked-%03d", i)
@@ -268,7 +303,16 @@ func fillRand(rng *rand.Rand, b []byte) {
 	}
 }
 
-func pcVerify(t *testing.T, dev, mnt, ackPath string) {
+// pcCount is what pcVerify found of one kind of acknowledged write: raw
+// blocks, or the files of one filesystem.
+type pcCount struct {
+	n, bad int
+	bytes  int64
+}
+
+// pcVerify reads back every write the ack log lists: raw blocks from dev,
+// files from the filesystems mounted at mnts (filesystem -> mount point).
+func pcVerify(t *testing.T, dev string, mnts map[string]string, ackPath string) {
 	f, err := os.Open(ackPath)
 	if err != nil {
 		t.Fatal(err)
@@ -284,21 +328,24 @@ func pcVerify(t *testing.T, dev, mnt, ackPath string) {
 		t.Fatal(err)
 	}
 	defer unix.Munmap(buf)
-	var blocks, files, bad int
-	var bytes int64
+	kinds := append([]string{"raw"}, pcFS...)
+	counts := map[string]*pcCount{}
+	for _, k := range kinds {
+		counts[k] = &pcCount{}
+	}
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) != 3 {
+		if len(fields) != 3 || counts[fields[0]] == nil {
 			t.Fatalf("ack log line %q", sc.Text())
 		}
 		want, err := strconv.ParseUint(fields[2], 16, 32)
 		if err != nil {
 			t.Fatalf("ack log line %q: %v", sc.Text(), err)
 		}
+		kind, c := fields[0], counts[fields[0]]
 		var got uint32
-		switch fields[0] {
-		case "raw":
+		if kind == "raw" {
 			off, err := strconv.ParseInt(fields[1], 10, 64)
 			if err != nil {
 				t.Fatalf("ack log line %q: %v", sc.Text(), err)
@@ -307,31 +354,41 @@ func pcVerify(t *testing.T, dev, mnt, ackPath string) {
 				t.Fatalf("read %s at %d: %v", dev, off, err)
 			}
 			got = crc32.ChecksumIEEE(buf)
-			blocks++
-			bytes += pcBlock
-		case "file":
-			b, err := os.ReadFile(filepath.Join(mnt, fields[1]))
+			c.bytes += pcBlock
+		} else {
+			b, err := os.ReadFile(filepath.Join(mnts[kind], fields[1]))
 			if err != nil {
-				t.Errorf("acknowledged file %s: %v", fields[1], err)
-				bad++
+				// hack/vm/powercut.sh --no-flush counts these lines.
+				t.Errorf("acknowledged file %s/%s: %v", kind, fields[1], err)
+				c.n++
+				c.bad++
 				continue
 			}
 			got = crc32.ChecksumIEEE(b)
-			files++
-			bytes += int64(len(b))
-		default:
-			t.Fatalf("ack log line %q", sc.Text())
+			c.bytes += int64(len(b))
 		}
+		c.n++
 		if got != uint32(want) {
-			bad++
-			t.Errorf("acknowledged %s %s: CRC %08x after the reset, %08x written", fields[0], fields[1], got, want)
+			c.bad++
+			// hack/vm/powercut.sh --no-flush counts these lines too.
+			t.Errorf("acknowledged %s %s: CRC %08x after the reset, %08x written", kind, fields[1], got, want)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		t.Fatal(err)
 	}
-	if blocks == 0 || files == 0 {
-		t.Fatalf("the ack log lists %d raw blocks and %d files: the write phase did not run", blocks, files)
+	var report []string
+	for _, k := range kinds {
+		c, what := counts[k], "files"
+		if k == "raw" {
+			what = "blocks"
+		}
+		report = append(report, fmt.Sprintf("%s %d %s (%d KiB, %d bad)", k, c.n, what, c.bytes>>10, c.bad))
 	}
-	t.Logf("verified after the reset: %d acknowledged raw blocks and %d files, %d KiB, %d bad", blocks, files, bytes>>10, bad)
+	t.Logf("verified after the reset: %s", strings.Join(report, ", "))
+	for _, k := range kinds {
+		if counts[k].n == 0 {
+			t.Fatalf("the ack log lists no %s writes: the write phase did not run", k)
+		}
+	}
 }

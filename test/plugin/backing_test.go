@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -33,35 +32,6 @@ import (
 
 // ioLimit bounds every I/O these tests make: longer is a hang.
 const ioLimit = 60 * time.Second
-
-// smallFS mounts a new ext4 filesystem of size bytes (an image file on a
-// loop device) at dir and unmounts it when the test ends.
-func smallFS(t *testing.T, dir string, size int64) {
-	t.Helper()
-	img := filepath.Join(t.TempDir(), "fs.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, size); err != nil {
-		t.Fatal(err)
-	}
-	// -m 0: no blocks reserved for root, which the plugin is.
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
-		t.Fatalf("mkfs.ext4 %s: %v\n%s", img, err, out)
-	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mount", "-o", "loop", img, dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount %s: %v\n%s", img, err, out)
-	}
-	t.Cleanup(func() {
-		if err := unix.Unmount(dir, 0); err != nil {
-			t.Logf("unmount %s: %v; detaching it", dir, err)
-			unix.Unmount(dir, unix.MNT_DETACH)
-		}
-	})
-}
 
 // alignedBuf returns n bytes of page-aligned memory for O_DIRECT, filled
 // with fill.
@@ -120,35 +90,6 @@ func mustIO(t *testing.T, what, dev string, write bool, buf []byte, off int64, w
 	if !write && !bytes.Equal(buf, bytes.Repeat([]byte{want}, len(buf))) {
 		t.Fatalf("%s: other bytes than were written", what)
 	}
-}
-
-// fillUp writes a file at path until its filesystem has no block left and
-// returns how many bytes it took.
-func fillUp(t *testing.T, path string) int64 {
-	t.Helper()
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_EXCL, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	var n int64
-	for _, chunk := range []int{1 << 20, 4 << 10} {
-		buf := make([]byte, chunk)
-		for {
-			k, err := f.Write(buf)
-			n += int64(k)
-			if errors.Is(err, unix.ENOSPC) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("fill %s: %v", path, err)
-			}
-		}
-	}
-	if err := f.Sync(); err != nil && !errors.Is(err, unix.ENOSPC) {
-		t.Fatalf("fill %s: %v", path, err)
-	}
-	return n
 }
 
 // waitLog waits for a line of the plugin's log to contain every one of parts.

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -25,39 +24,14 @@ func TestDedicatedDisk(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root: mkfs, mount and loop devices")
 	}
-	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
-		t.Skipf("mkfs.xfs not installed (apt-get install -y xfsprogs): %v", err)
-	}
 	dir := t.TempDir()
-	img, data := filepath.Join(t.TempDir(), "disk.img"), filepath.Join(dir, "data")
-	run := func(name string, args ...string) {
-		t.Helper()
-		if out, err := exec.Command(name, args...).CombinedOutput(); err != nil {
-			t.Fatalf("%s %v: %v\n%s", name, args, err, out)
-		}
-	}
-	run("truncate", "-s", "1G", img)
-	run("mkfs.xfs", "-q", "-f", "-m", "reflink=1", img)
-	if err := os.MkdirAll(data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	run("mount", "-o", "loop", img, data)
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", data).CombinedOutput(); err != nil {
-			t.Errorf("umount %s: %v: %s", data, err, out)
-		}
-	})
+	data := filepath.Join(dir, "data")
+	reflinkFS(t, data, 1<<30)
 	const reserve = 256 << 20
 	p := launchArgs(t, buildBinary(t), dir, []string{"--reserve=256Mi"})
 	ctx := context.Background()
 	ctrl := csi.NewControllerClient(p.conn)
-	free := func() int64 {
-		var st unix.Statfs_t
-		if err := unix.Statfs(data, &st); err != nil {
-			t.Fatal(err)
-		}
-		return int64(st.Bavail) * st.Bsize
-	}
+	free := func() int64 { return freeBytes(t, data) }
 	capacity := func() int64 {
 		resp, err := ctrl.GetCapacity(ctx, &csi.GetCapacityRequest{})
 		if err != nil {

@@ -145,15 +145,23 @@ func (p *runningPlugin) provision(t *testing.T, name string, size int64, c *csi.
 func (p *runningPlugin) provisionAt(t *testing.T, name string, size int64, c *csi.VolumeCapability, staging, targetName string,
 	params map[string]string) (id, _, target string) {
 	t.Helper()
-	ctx := context.Background()
-	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
-	vol, err := ctrl.CreateVolume(ctx, &csi.CreateVolumeRequest{Name: name, Parameters: params,
-		CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{c}})
+	vol, err := csi.NewControllerClient(p.conn).CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: name,
+		Parameters: params, CapacityRange: &csi.CapacityRange{RequiredBytes: size}, VolumeCapabilities: []*csi.VolumeCapability{c}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	id = vol.GetVolume().GetVolumeId()
-	target = filepath.Join(p.dir, "pod", targetName)
+	return id, staging, p.publish(t, id, c, staging, targetName)
+}
+
+// publish stages volume id at staging and publishes it at
+// <dir>/pod/<targetName>, as kubelet does when a pod starts, and returns
+// the target path.
+func (p *runningPlugin) publish(t *testing.T, id string, c *csi.VolumeCapability, staging, targetName string) string {
+	t.Helper()
+	ctx := context.Background()
+	node := csi.NewNodeClient(p.conn)
+	target := filepath.Join(p.dir, "pod", targetName)
 	os.MkdirAll(staging, 0o750)
 	if _, err := node.NodeStageVolume(ctx, &csi.NodeStageVolumeRequest{VolumeId: id, StagingTargetPath: staging, VolumeCapability: c}); err != nil {
 		t.Fatal(err)
@@ -162,22 +170,43 @@ func (p *runningPlugin) provisionAt(t *testing.T, name string, size int64, c *cs
 		TargetPath: target, VolumeCapability: c}); err != nil {
 		t.Fatal(err)
 	}
-	return id, staging, target
+	return target
 }
 
-// release unpublishes, unstages and deletes what provision made.
-func (p *runningPlugin) release(t *testing.T, id, staging, target string) {
+// unpublish unpublishes and unstages what publish did, as kubelet does
+// when the pod goes.
+func (p *runningPlugin) unpublish(t *testing.T, id, staging, target string) {
 	t.Helper()
 	ctx := context.Background()
-	ctrl, node := csi.NewControllerClient(p.conn), csi.NewNodeClient(p.conn)
+	node := csi.NewNodeClient(p.conn)
 	if _, err := node.NodeUnpublishVolume(ctx, &csi.NodeUnpublishVolumeRequest{VolumeId: id, TargetPath: target}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := node.NodeUnstageVolume(ctx, &csi.NodeUnstageVolumeRequest{VolumeId: id, StagingTargetPath: staging}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
+}
+
+// release unpublishes, unstages and deletes what provision made.
+func (p *runningPlugin) release(t *testing.T, id, staging, target string) {
+	t.Helper()
+	p.unpublish(t, id, staging, target)
+	if _, err := csi.NewControllerClient(p.conn).DeleteVolume(context.Background(), &csi.DeleteVolumeRequest{VolumeId: id}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// stop sends the plugin SIGTERM and waits for it to exit cleanly.
+func (p *runningPlugin) stop(t *testing.T) {
+	t.Helper()
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.exited:
+		if err != nil {
+			t.Errorf("plugin exit after SIGTERM: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("plugin did not stop within 30s of SIGTERM")
 	}
 }
 
@@ -310,15 +339,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	}
 
 	p.release(t, id, staging, target)
-	p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case err := <-p.exited:
-		if err != nil {
-			t.Errorf("plugin exit after SIGTERM: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("plugin did not stop within 30s of SIGTERM")
-	}
+	p.stop(t)
 }
 
 // storeIDOf is the store's ID of a volume, which metrics, status and files
