@@ -115,7 +115,13 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", cfg.backend, err)
 	}
-	defer closeBackend(backend)
+	// The backend is not closed at exit: its devices outlive the process
+	// and the next plugin adopts them, exactly as after a crash. Closing
+	// the ublk server first (its live threads' rings, then each device)
+	// now and then left the next plugin's START_USER_RECOVERY hanging on
+	// Linux 6.12 (4 of about 70 SIGTERM restarts under I/O in
+	// TestUpgradeStall), where exiting as a crash does never has
+	// (TestCrashStall and the kill -9 recovery tests); docs/upgrades.md.
 	var startup metrics.Startup
 	if fallback != nil {
 		klog.ErrorS(fallback.Err, "ublk does not work on this node; serving volumes with loop devices",
@@ -267,23 +273,5 @@ func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backen
 	}
 	for _, err := range startupErrs {
 		klog.ErrorS(err, "device recovery at start-up")
-	}
-}
-
-// closeBackend releases the backend as the plugin exits. The ublk backend is
-// left to the kernel instead, as a crash leaves it: the process exit closes
-// the server threads' rings and the devices' char devices, the devices stay
-// QUIESCED with their I/O held, and the next plugin re-adopts them. Closing
-// the rings of live server threads first, in Close, now and then left the
-// next plugin's START_USER_RECOVERY hanging in Linux 6.12 (4 of about 70
-// SIGTERM restarts under I/O in TestUpgradeStall), where exiting as a crash
-// does never has (TestCrashStall, the kill -9 recovery tests).
-func closeBackend(b blockdev.Backend) {
-	if b.Name() == "ublk" {
-		klog.InfoS("leaving the ublk devices to the kernel for the next plugin to re-adopt")
-		return
-	}
-	if err := b.Close(); err != nil {
-		klog.ErrorS(err, "close the device backend")
 	}
 }

@@ -55,8 +55,9 @@ type Device struct {
 	info   DevInfo
 	char   int // /dev/ublkcN, -1 once released
 	queues []*Queue
-	// started: START_DEV succeeded, so removing the device takes STOP_DEV
-	// even when a later step of its creation failed.
+	// started: START_DEV succeeded (or the device was recovered), so
+	// removing it takes STOP_DEV, even when a later step of its creation
+	// failed.
 	started bool
 	// mtimeTick is the queues' shared QueueConfig.MtimeTick, gate
 	// their QueueConfig.Gate.
@@ -161,7 +162,7 @@ func CreateDevice(ctx context.Context, ctl *Control, cfg DeviceConfig) (*Device,
 	}
 	d := &Device{ctl: ctl, info: info, char: -1}
 	if err := d.bringUp(ctx, cfg); err != nil {
-		return nil, errors.Join(err, d.teardown(context.WithoutCancel(ctx), false))
+		return nil, errors.Join(err, d.teardown(context.WithoutCancel(ctx)))
 	}
 	return d, nil
 }
@@ -392,14 +393,14 @@ var errQueuesLive = errors.New("queues still running, their fds left open")
 // before 6.9) so a process still holding /dev/ublkbN open cannot hang us.
 // If a queue does not end, the fds stay open, DEL_DEV is not sent and the
 // error wraps errQueuesLive; a later teardown can finish the removal.
-func (d *Device) teardown(ctx context.Context, started bool) error {
+func (d *Device) teardown(ctx context.Context) error {
 	var errs []error
 	// A started device, whoever calls, is stopped: closing the rings of
 	// its queues' own threads instead would leave it live, then quiesced
 	// (user recovery) with its I/O held, until DEL_DEV. A device that
 	// never started has its queues' FETCHes parked all the same; on
 	// shared threads only STOP_DEV ends them.
-	if started || d.started || d.sharedLive() {
+	if d.started || d.sharedLive() {
 		if err := d.ctl.StopDev(d.ID()); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, err)
 		} else {
@@ -435,7 +436,7 @@ func (d *Device) queuesEnded() bool {
 // Delete stops and removes the device. The block device disappears; a
 // mount on it must be gone first (the caller unmounts before Detach).
 func (d *Device) Delete(ctx context.Context) error {
-	return d.teardown(ctx, true)
+	return d.teardown(ctx)
 }
 
 // Release stops serving without stopping the device: its queues leave,

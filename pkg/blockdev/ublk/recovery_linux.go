@@ -42,7 +42,8 @@ func RecoverDevice(ctx context.Context, ctl *Control, id uint32, cfg DeviceConfi
 	if err := startRecovery(ctx, ctl, id); err != nil {
 		return nil, err
 	}
-	d := &Device{ctl: ctl, info: info, char: -1}
+	// START_USER_RECOVERY succeeds only on a device that was started.
+	d := &Device{ctl: ctl, info: info, char: -1, started: true}
 	if err := d.resume(ctx, cfg); err != nil {
 		// Leave the device quiesced for a later attempt; only drop what we opened.
 		return nil, errors.Join(err, d.Release(context.WithoutCancel(ctx)))

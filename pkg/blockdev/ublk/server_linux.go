@@ -175,11 +175,10 @@ func usableCPUList() []int {
 
 // usableCPUs is how many CPUs the process may run on (its affinity mask).
 func usableCPUs() int {
-	var set unix.CPUSet
-	if unix.SchedGetaffinity(0, &set) != nil || set.Count() == 0 {
-		return runtime.NumCPU()
+	if cpus := usableCPUList(); len(cpus) > 0 {
+		return len(cpus)
 	}
-	return set.Count()
+	return runtime.NumCPU()
 }
 
 // Threads returns the server threads (nil with ThreadPerQueue).
