@@ -317,6 +317,45 @@ func TestStartQueueRejectsBadConfig(t *testing.T) {
 // TestLoopPoll proves the poll path: after a busy round a completion that
 // is already there is picked up without sleeping in io_uring_enter, and
 // with nothing in flight the poll gives up after its budget.
+// TestLoopPollInFlight proves the bound on polling by requests in service:
+// with more than pollMaxInFlight the thread sleeps in io_uring_enter
+// rather than poll, and ThreadConfig.PollInFlight (--ublk-poll-inflight)
+// raises the bound so that it polls.
+func TestLoopPollInFlight(t *testing.T) {
+	l, _ := hostLoop(t, 2, TargetFile)
+	l.cfg.Options.Poll = time.Second
+	l.s.setPollWindow()
+	others := pollMaxInFlight // requests of other queues in service
+	for _, c := range []struct {
+		pollMax int
+		enters  uint64 // waits in io_uring_enter for the completion
+	}{{0, 1}, {pollMaxInFlight + others, 0}} {
+		l.s.pollMax = c.pollMax
+		l.s.gapNs = int64(100 * time.Millisecond) // completions come within Poll
+		setDesc(l, 0, ioOpRead, 8, 0)
+		if err := l.onCmd(0, ioResOK); err != nil {
+			t.Fatal(err)
+		}
+		l.s.serving += others
+		before := l.s.t.stats.enters.Load()
+		if n, err := l.s.next(true); err != nil || n != 1 {
+			t.Fatalf("pollMax %d: next(busy) = %d, %v; want the backing completion", c.pollMax, n, err)
+		}
+		if e := l.s.t.stats.enters.Load() - before; e != c.enters {
+			t.Errorf("pollMax %d with %d requests in service: %d waits in io_uring_enter, want %d",
+				c.pollMax, l.s.serving, e, c.enters)
+		}
+		l.s.serving -= others
+		if err := l.onBacking(0, l.s.cqes[0].Res); err != nil {
+			t.Fatal(err)
+		}
+		// The COMMIT fails at once on a regular file; reap it.
+		if n, err := l.s.next(true); err != nil || n != 1 {
+			t.Fatalf("next(busy) = %d, %v; want the commit's completion", n, err)
+		}
+	}
+}
+
 func TestLoopPoll(t *testing.T) {
 	l, _ := hostLoop(t, 2, TargetFile)
 	l.cfg.Options.Poll = time.Second

@@ -3,6 +3,7 @@ package ublk
 import (
 	"errors"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -272,6 +273,59 @@ func TestThreadsPick(t *testing.T) {
 	ths, err := p.pick(2, 64)
 	if err != nil || ths[0] == ths[1] {
 		t.Fatalf("pick(2 queues) = %v, %v: want two threads", ths, err)
+	}
+}
+
+// TestThreadsPinnedOnePerCPU proves that Pin without a CPU pins server
+// thread i to the i-th CPU the process may use (--ublk-pin-threads), and
+// that without Pin no thread is pinned: the process's tasks allowed on
+// exactly one CPU are counted before and after. Host test.
+func TestThreadsPinnedOnePerCPU(t *testing.T) {
+	cpus := usableCPUList()
+	if len(cpus) < 2 {
+		t.Skipf("%d usable CPUs: pinning is not observable", len(cpus))
+	}
+	pinned := func() map[int]int { // CPU -> tasks allowed only there
+		t.Helper()
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int]int{}
+		for _, e := range tasks {
+			tid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			var set unix.CPUSet
+			if unix.SchedGetaffinity(tid, &set) != nil || set.Count() != 1 {
+				continue // gone, or not pinned
+			}
+			for _, c := range cpus {
+				if set.IsSet(c) {
+					out[c]++
+				}
+			}
+		}
+		return out
+	}
+	before := pinned()
+	for _, pin := range []bool{false, true} {
+		p, err := NewThreads(2, ThreadConfig{CPU: -1, Pin: pin})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := pinned()
+		p.Close()
+		for i, c := range cpus[:2] {
+			want := before[c]
+			if pin {
+				want++
+			}
+			if got[c] != want {
+				t.Errorf("Pin %v: %d tasks pinned to CPU %d (thread %d's), want %d", pin, got[c], c, i, want)
+			}
+		}
 	}
 }
 
