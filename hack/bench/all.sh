@@ -4,20 +4,25 @@
 # benchmark's table (medians of several runs, with the ratios to its anchor
 # measured in the same run): the engine against fio on this machine
 # (hack/bench/engine.sh), one ublk volume against the kernel loop device in
-# the VM on each kernel (hack/vm/bench.sh), and many volumes at once against
-# as many loop devices (hack/vm/bench-scale.sh --compare). Benchmarks, not
-# tests: it fails only when a benchmark fails to run.
+# the VM on each kernel (hack/vm/bench.sh), first writes into a fresh sparse
+# volume against loop on a fresh sparse file (bench.sh --sparse), and 1, 8,
+# 16 and 64 volumes at once against as many loop devices
+# (hack/vm/bench-scale.sh). Benchmarks, not tests: it fails only when a
+# benchmark fails to run. Studies beyond this report (profiles, ablations,
+# sweeps) are in docs/benchmark-studies.md.
 #
 # Environment: BENCH_REPS (default 3), BENCH_RUNTIME (seconds per fio run,
-#   default 10), BENCH_ONLY (space-separated subset of: engine vm scale),
-#   BENCH_OUT (default bin/benchmarks.md); UPDATE_DOCS=1 also copies the
-#   report to docs/benchmarks.md.
+#   default 10), BENCH_ONLY (space-separated subset of: engine vm sparse
+#   scale), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g. --compare for
+#   the thread-per-queue design beside), BENCH_OUT (default
+#   bin/benchmarks.md); UPDATE_DOCS=1 also copies the report to
+#   docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 reps=${BENCH_REPS:-3}
 runtime=${BENCH_RUNTIME:-10}
-only=${BENCH_ONLY:-"engine vm scale"}
+only=${BENCH_ONLY:-"engine vm sparse scale"}
 out=${BENCH_OUT:-bin/benchmarks.md}
 mkdir -p "$(dirname "$out")"
 tmp=$(mktemp -d)
@@ -53,6 +58,7 @@ section() {
 		"$(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), host kernel $(uname -r)."
 	echo "VM figures are measured under qemu TCG (no KVM): only ratios within one run mean anything."
 	echo "Repetitions: $reps; fio runs of ${runtime} s. Every ratio is to an anchor measured in the same run."
+	echo "Profiles, ablations, tuning sweeps and A/Bs of server options: [benchmark-studies.md](benchmark-studies.md)."
 	echo
 } >"$tmp/report"
 
@@ -60,8 +66,14 @@ for b in $only; do
 	case $b in
 	engine) section "Engine against fio (this machine)" env REPS="$reps" RUNTIME="$runtime" hack/bench/engine.sh ;;
 	vm) section "One ublk volume against the kernel loop device (VM)" hack/vm/bench.sh --reps "$reps" --runtime "$runtime" ;;
-	scale) section "Many volumes at once (VM)" hack/vm/bench-scale.sh --compare --reps "$reps" --runtime "$runtime" ;;
-	*) echo "unknown benchmark $b (want engine, vm or scale)" >&2; exit 2 ;;
+	sparse) section "First writes into a fresh sparse volume (VM)" hack/vm/bench.sh --sparse \
+		--only 'randwrite-qd32-j1 randwrite-qd32-j2' --reps "$reps" --runtime "$runtime" ;;
+	scale)
+		# shellcheck disable=SC2086 # flags, split on purpose
+		section "Many volumes at once (VM)" hack/vm/bench-scale.sh --volumes '8 16 64' ${BENCH_SCALE_ARGS:-} \
+			--reps "$reps" --runtime "$runtime"
+		;;
+	*) echo "unknown benchmark $b (want engine, vm, sparse or scale)" >&2; exit 2 ;;
 	esac
 done
 cp "$tmp/report" "$out"
