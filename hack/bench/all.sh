@@ -12,8 +12,8 @@
 # sweeps) are in docs/benchmark-studies.md.
 #
 # Environment: BENCH_REPS (default 3), BENCH_RUNTIME (seconds per fio run,
-#   default 10), BENCH_ONLY (space-separated subset of: engine vm sparse
-#   scale), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g. --compare for
+#   default 10), BENCH_ONLY (space-separated subset, in order, of: scale vm
+#   sparse engine), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g. --compare for
 #   the thread-per-queue design beside), BENCH_OUT (default
 #   bin/benchmarks.md); UPDATE_DOCS=1 also copies the report to
 #   docs/benchmarks.md.
@@ -22,7 +22,7 @@ cd "$(dirname "$0")/../.."
 
 reps=${BENCH_REPS:-3}
 runtime=${BENCH_RUNTIME:-10}
-only=${BENCH_ONLY:-"engine vm sparse scale"}
+only=${BENCH_ONLY:-"scale vm sparse engine"}
 out=${BENCH_OUT:-bin/benchmarks.md}
 mkdir -p "$(dirname "$out")"
 tmp=$(mktemp -d)
@@ -48,6 +48,8 @@ section() {
 		echo
 	} >>"$tmp/report"
 	((rc == 0)) || { status=1; tail -20 "$tmp/err" >&2; }
+	# The report so far, so that an interrupted run keeps what it measured.
+	cp "$tmp/report" "$out"
 }
 
 {
