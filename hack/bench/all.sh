@@ -29,6 +29,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
 
+# report_lines drops from a benchmark's output what only its log needs: the
+# per-run lines the medians are made of (SCALE, BENCH), the guest's console
+# and kernel messages, and per-queue counters (all kept in bin/vm/*.log).
+report_lines() {
+	grep -Ev '^(SCALE|BENCH) |^\[ *[0-9]+\.[0-9]+\]|^SeaBIOS|^Booting from|^Probing EDD|^bench: ublk queue [0-9]+:|^@@FASTBLK' || true
+}
+
 # section TITLE COMMAND... runs a benchmark, keeps its output for the
 # report, and records a failure without stopping the others.
 section() {
@@ -43,7 +50,7 @@ section() {
 		echo "Command: \`$*\` ($((SECONDS - t0)) s$( ((rc == 0)) || echo ", FAILED with exit $rc"))"
 		echo
 		echo '```'
-		cat "$tmp/out"
+		report_lines <"$tmp/out"
 		echo '```'
 		echo
 	} >>"$tmp/report"
