@@ -13,8 +13,8 @@
 #
 # Environment: BENCH_REPS (default 3), BENCH_RUNTIME (seconds per fio run,
 #   default 10), BENCH_ONLY (space-separated subset, in order, of: scale vm
-#   sparse engine), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g. --compare for
-#   the thread-per-queue design beside), BENCH_OUT (default
+#   sparse engine), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g.
+#   --compare for the thread-per-queue design beside), BENCH_OUT (default
 #   bin/benchmarks.md); UPDATE_DOCS=1 also copies the report to
 #   docs/benchmarks.md.
 set -euo pipefail
@@ -47,7 +47,7 @@ section() {
 	{
 		echo "## $title"
 		echo
-		echo "Command: \`$*\` ($((SECONDS - t0)) s$( ((rc == 0)) || echo ", FAILED with exit $rc"))"
+		echo "Command: \`$(printf '%q ' "$@" | sed 's/ $//')\` ($((SECONDS - t0)) s$( ((rc == 0)) || echo ", FAILED with exit $rc"))"
 		echo
 		echo '```'
 		report_lines <"$tmp/out"
@@ -85,7 +85,6 @@ for b in $only; do
 	*) echo "unknown benchmark $b (want engine, vm, sparse or scale)" >&2; exit 2 ;;
 	esac
 done
-cp "$tmp/report" "$out"
 echo "report: $out" >&2
 if [[ ${UPDATE_DOCS:-0} == 1 ]]; then
 	cp "$out" docs/benchmarks.md
