@@ -61,6 +61,39 @@ func InCluster() (*Client, error) {
 	return NewClient("https://"+net.JoinHostPort(host, port), strings.TrimSpace(string(token)), ca)
 }
 
+// errNotFound is what get returns for an object that does not exist.
+var errNotFound = errors.New("not found")
+
+// get GETs path (with query q) and returns the body of a 200 answer.
+func (c *Client) get(ctx context.Context, path string, q url.Values) ([]byte, error) {
+	u := c.base + path
+	if len(q) > 0 {
+		u += "?" + q.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Authorization", "Bearer "+c.token)
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return nil, err
+	}
+	switch resp.StatusCode {
+	case http.StatusOK:
+		return body, nil
+	case http.StatusNotFound:
+		return nil, errNotFound
+	}
+	return nil, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(body)))
+}
+
 // list GETs every page of the collection at path and calls add with the
 // raw items of each.
 func (c *Client) list(ctx context.Context, path string, add func(items json.RawMessage) error) error {
@@ -70,23 +103,9 @@ func (c *Client) list(ctx context.Context, path string, add func(items json.RawM
 		if cont != "" {
 			q.Set("continue", cont)
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path+"?"+q.Encode(), nil)
+		body, err := c.get(ctx, path, q)
 		if err != nil {
 			return fmt.Errorf("list %s: %w", path, err)
-		}
-		req.Header.Set("Authorization", "Bearer "+c.token)
-		req.Header.Set("Accept", "application/json")
-		resp, err := c.hc.Do(req)
-		if err != nil {
-			return fmt.Errorf("list %s: %w", path, err)
-		}
-		body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-		resp.Body.Close()
-		if err != nil {
-			return fmt.Errorf("list %s: %w", path, err)
-		}
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("list %s: %s: %s", path, resp.Status, strings.TrimSpace(string(body)))
 		}
 		var page struct {
 			Metadata struct {

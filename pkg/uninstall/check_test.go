@@ -38,6 +38,12 @@ func apiServer(t *testing.T, forbid bool) (*httptest.Server, []byte) {
 			  {"metadata":{"name":"csi-b"},"spec":{"attacher":"other.csi.io","nodeName":"n2","source":{"persistentVolumeName":"other"}}}]}`,
 		},
 	}
+	csiDrivers := map[string]string{
+		"/apis/storage.k8s.io/v1/csidrivers/fastblk.csi.io": `{"kind":"CSIDriver","metadata":{"name":"fastblk.csi.io",
+		  "annotations":{"fastblk.csi.io/allow-uninstall-with-volumes":"true"}}}`,
+		"/apis/storage.k8s.io/v1/csidrivers/plain.csi.io": `{"kind":"CSIDriver","metadata":{"name":"plain.csi.io",
+		  "annotations":{"fastblk.csi.io/allow-uninstall-with-volumes":"yes please"}}}`,
+	}
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer tok" {
 			http.Error(w, `{"kind":"Status","reason":"Unauthorized"}`, http.StatusUnauthorized)
@@ -45,6 +51,11 @@ func apiServer(t *testing.T, forbid bool) (*httptest.Server, []byte) {
 		}
 		if forbid && strings.Contains(r.URL.Path, "volumeattachments") {
 			http.Error(w, `{"kind":"Status","reason":"Forbidden"}`, http.StatusForbidden)
+			return
+		}
+		if d, ok := csiDrivers[r.URL.Path]; ok {
+			w.Header().Set("Content-Type", "application/json")
+			w.Write([]byte(d))
 			return
 		}
 		p, ok := pages[r.URL.Path]
@@ -95,6 +106,30 @@ func TestCheckListsTheDriversObjects(t *testing.T) {
 	none, err := Check(context.Background(), c, "unused.csi.io")
 	if err != nil || none.InUse() {
 		t.Errorf("driver without objects: %+v, %v", none, err)
+	}
+}
+
+// TestAllowedReadsTheCSIDriversAnnotation: only "true" in the annotation of
+// the driver's own CSIDriver allows; a missing CSIDriver does not; an API
+// error is an error.
+func TestAllowedReadsTheCSIDriversAnnotation(t *testing.T) {
+	srv, ca := apiServer(t, false)
+	c, err := NewClient(srv.URL, "tok", ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for driver, want := range map[string]bool{"fastblk.csi.io": true, "plain.csi.io": false, "gone.csi.io": false} {
+		got, err := Allowed(context.Background(), c, driver)
+		if err != nil || got != want {
+			t.Errorf("Allowed(%s) = %v, %v; want %v", driver, got, err, want)
+		}
+	}
+	bad, err := NewClient(srv.URL, "nope", ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Allowed(context.Background(), bad, "fastblk.csi.io"); err == nil || !strings.Contains(err.Error(), "401 Unauthorized") {
+		t.Errorf("Allowed with a bad token: %v, want 401", err)
 	}
 }
 

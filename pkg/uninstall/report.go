@@ -3,8 +3,10 @@ package uninstall
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net/url"
 )
 
 // Volume is a PersistentVolume of the driver.
@@ -66,6 +68,36 @@ func Check(ctx context.Context, c *Client, driver string) (Report, error) {
 		return nil
 	})
 	return r, err
+}
+
+// AllowAnnotation, set to "true" on the driver's CSIDriver object, lets the
+// check pass with volumes left. It is the override that still works after a
+// refused helm uninstall: Helm then keeps the release as "uninstalling" and
+// refuses helm upgrade, so a chart value cannot be changed until helm
+// rollback; the annotation goes with the CSIDriver when the uninstall
+// completes.
+const AllowAnnotation = "fastblk.csi.io/allow-uninstall-with-volumes"
+
+// Allowed reports whether the driver's CSIDriver object carries
+// AllowAnnotation="true" (false when there is no such object).
+func Allowed(ctx context.Context, c *Client, driver string) (bool, error) {
+	path := "/apis/storage.k8s.io/v1/csidrivers/" + url.PathEscape(driver)
+	body, err := c.get(ctx, path, nil)
+	if errors.Is(err, errNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get %s: %w", path, err)
+	}
+	var d struct {
+		Metadata struct {
+			Annotations map[string]string `json:"annotations"`
+		} `json:"metadata"`
+	}
+	if err := json.Unmarshal(body, &d); err != nil {
+		return false, fmt.Errorf("get %s: decode: %w", path, err)
+	}
+	return d.Metadata.Annotations[AllowAnnotation] == "true", nil
 }
 
 // Write prints the report for an operator.

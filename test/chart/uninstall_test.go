@@ -21,9 +21,10 @@ type hookJob struct {
 
 type clusterRole struct {
 	Rules []struct {
-		APIGroups []string `yaml:"apiGroups"`
-		Resources []string `yaml:"resources"`
-		Verbs     []string `yaml:"verbs"`
+		APIGroups     []string `yaml:"apiGroups"`
+		Resources     []string `yaml:"resources"`
+		ResourceNames []string `yaml:"resourceNames"`
+		Verbs         []string `yaml:"verbs"`
 	} `yaml:"rules"`
 }
 
@@ -53,8 +54,10 @@ func hooks(objs []object) map[string]object {
 // TestUninstallCheck checks the pre-delete hook that refuses helm uninstall
 // while the driver has volumes: a Job in the plugin's image running
 // uninstall-check for the chart's driver name, under a ServiceAccount whose
-// ClusterRole lists PersistentVolumes and VolumeAttachments and nothing
-// else; the RBAC objects come first (lower weights); every object is
+// ClusterRole lists PersistentVolumes and VolumeAttachments and reads the
+// driver's own CSIDriver (the override annotation), nothing else; the
+// release's name, namespace and revision reach the check for the commands
+// it prints; the RBAC objects come first (lower weights); every object is
 // replaced by the next attempt and deleted after success; the override
 // passes --allow-volumes; disabled, nothing is rendered.
 func TestUninstallCheck(t *testing.T) {
@@ -87,11 +90,16 @@ func TestUninstallCheck(t *testing.T) {
 	var got []string
 	for _, r := range role.Rules {
 		for _, res := range r.Resources {
-			got = append(got, strings.Join(r.APIGroups, ",")+"/"+res+":"+strings.Join(r.Verbs, ","))
+			rule := strings.Join(r.APIGroups, ",") + "/" + res + ":" + strings.Join(r.Verbs, ",")
+			if len(r.ResourceNames) > 0 {
+				rule += "[" + strings.Join(r.ResourceNames, ",") + "]"
+			}
+			got = append(got, rule)
 		}
 	}
 	slices.Sort(got)
-	if want := []string{"/persistentvolumes:list", "storage.k8s.io/volumeattachments:list"}; !slices.Equal(got, want) {
+	want := []string{"/persistentvolumes:list", "storage.k8s.io/csidrivers:get[blk.example.com]", "storage.k8s.io/volumeattachments:list"}
+	if !slices.Equal(got, want) {
 		t.Errorf("ClusterRole grants %v, want exactly %v", got, want)
 	}
 	var rb roleBinding
@@ -116,7 +124,8 @@ func TestUninstallCheck(t *testing.T) {
 		t.Fatalf("Job containers %+v, want one in the plugin's image %s", spec.Containers, plugin.Image)
 	}
 	c := spec.Containers[0]
-	if !slices.Equal(c.Args, []string{"uninstall-check", "--driver-name=blk.example.com"}) {
+	if !slices.Equal(c.Args, []string{"uninstall-check", "--driver-name=blk.example.com",
+		"--release=csi-fastblk", "--release-namespace=csi-fastblk", "--release-revision=1"}) {
 		t.Errorf("Job args %q", c.Args)
 	}
 	if c := hooks(render(t, "uninstallCheck.allowWithVolumes=true"))["Job"]; true {

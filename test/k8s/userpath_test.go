@@ -12,6 +12,93 @@ import (
 	"time"
 )
 
+// snapshotCRDs are the CRDs of the chart's crds/ directory.
+var snapshotCRDs = []string{
+	"volumesnapshotclasses.snapshot.storage.k8s.io",
+	"volumesnapshotcontents.snapshot.storage.k8s.io",
+	"volumesnapshots.snapshot.storage.k8s.io",
+}
+
+// pluginNamespace creates the plugin's namespace, labelled to admit
+// privileged pods, as the chart README says (kept when it exists).
+func (c *cluster) pluginNamespace(t *testing.T) {
+	t.Helper()
+	if _, err := c.kubectl("get", "namespace", pluginNS); err != nil {
+		c.k(t, "create", "namespace", pluginNS)
+	}
+	c.k(t, "label", "--overwrite", "namespace", pluginNS, "pod-security.kubernetes.io/enforce=privileged")
+}
+
+// waitPluginPods waits for a Ready plugin pod on each node.
+func (c *cluster) waitPluginPods(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, "a Ready plugin pod on each node", func() (bool, string) {
+		ready, detail := c.pluginPods(t)
+		for _, n := range nodes {
+			if ready[n] == "" {
+				return false, detail
+			}
+		}
+		return true, ""
+	})
+}
+
+// TestInstallWithoutSnapshotCRDs: on a cluster without the
+// snapshot.storage.k8s.io CRDs, a default install that leaves the chart's
+// CRDs out (--skip-crds, as where another component owns them) succeeds,
+// creates no VolumeSnapshotClass, says so in its notes, and runs the plugin
+// on both nodes; helm uninstall then passes the pre-delete check (no
+// volumes) and removes everything but the namespace.
+func TestInstallWithoutSnapshotCRDs(t *testing.T) {
+	c := requireCluster(t)
+	chart, err := filepath.Abs(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, crd := range snapshotCRDs {
+		if _, err := c.kubectl("get", "crd", crd); err == nil {
+			t.Fatalf("the cluster already has CRD %s: this test needs a fresh cluster", crd)
+		}
+	}
+	c.pluginNamespace(t)
+	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS, "--skip-crds")
+	if err != nil {
+		t.Fatalf("a default install on a cluster without the snapshot CRDs: %v\n%s", err, out)
+	}
+	if want := "the cluster has no snapshot.storage.k8s.io/v1 API"; !strings.Contains(strings.Join(strings.Fields(out), " "), want) {
+		t.Errorf("the notes do not say %q:\n%s", want, out)
+	}
+	manifest, err := c.run("", "helm", "get", "manifest", release, "--namespace", pluginNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(manifest, "kind: VolumeSnapshotClass") {
+		t.Errorf("the release has a VolumeSnapshotClass on a cluster without its API")
+	}
+	c.waitPluginPods(t, 4*time.Minute)
+	if got := c.jsonpath(t, "{.metadata.name}", "get", "csidriver", driver); got != driver {
+		t.Errorf("CSIDriver %s: got %q", driver, got)
+	}
+
+	start := time.Now()
+	if out, err := c.run("", "helm", "uninstall", release, "--namespace", pluginNS, "--wait", "--timeout", "3m"); err != nil {
+		t.Fatalf("helm uninstall with no volumes: %v\n%s", err, out)
+	}
+	t.Logf("helm uninstall with the pre-delete check took %v", time.Since(start).Round(time.Second))
+	eventually(t, 2*time.Minute, "the plugin pods and the check's Job to go", func() (bool, string) {
+		out, _ := c.kubectl("-n", pluginNS, "get", "pods,jobs", "-o", "name")
+		return strings.TrimSpace(out) == "", out
+	})
+	if _, err := c.kubectl("get", "csidriver", driver); err == nil {
+		t.Errorf("CSIDriver %s is still there after helm uninstall", driver)
+	}
+	for _, crd := range snapshotCRDs {
+		if _, err := c.kubectl("get", "crd", crd); err == nil {
+			t.Errorf("CRD %s appeared though the install skipped the chart's CRDs", crd)
+		}
+	}
+}
+
 // TestHelmInstall installs the chart with its defaults, plus the
 // snapshot-controller (the cluster has none) and the StorageClass as the
 // default class: the images are the locally built ones under the chart's own
@@ -25,8 +112,7 @@ func TestHelmInstall(t *testing.T) {
 	// As the chart README says: a namespace that admits privileged pods,
 	// then the chart, with the snapshot-controller the cluster lacks (the
 	// CRDs come from the chart's crds/) and its class as the default.
-	c.k(t, "create", "namespace", pluginNS)
-	c.k(t, "label", "namespace", pluginNS, "pod-security.kubernetes.io/enforce=privileged")
+	c.pluginNamespace(t)
 	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS,
 		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
 	if err != nil {
@@ -51,17 +137,16 @@ func TestHelmInstall(t *testing.T) {
 		t.Logf("%d objects accepted with strict field validation", strings.Count(out, "\n"))
 	})
 
-	t.Run("DaemonSet ready on both nodes", func(t *testing.T) {
-		eventually(t, 4*time.Minute, "a Ready plugin pod on each node", func() (bool, string) {
-			ready, detail := c.pluginPods(t)
-			for _, n := range nodes {
-				if ready[n] == "" {
-					return false, detail
-				}
-			}
-			return true, ""
-		})
+	t.Run("snapshot CRDs and class from the chart", func(t *testing.T) {
+		for _, crd := range snapshotCRDs {
+			c.k(t, "get", "crd", crd)
+		}
+		if got := c.jsonpath(t, "{.driver}", "get", "volumesnapshotclass", "fastblk"); got != driver {
+			t.Errorf("VolumeSnapshotClass fastblk: driver %q, want %s", got, driver)
+		}
 	})
+
+	t.Run("DaemonSet ready on both nodes", func(t *testing.T) { c.waitPluginPods(t, 4*time.Minute) })
 
 	t.Run("snapshot-controller ready", func(t *testing.T) {
 		out := c.k(t, "-n", pluginNS, "get", "deployments", "-o", "name")
@@ -716,13 +801,19 @@ func TestUpgradeModifyVolume(t *testing.T) {
 	}
 }
 
-// TestUninstallWithVolumeInUse records what helm uninstall does to a
-// volume a pod is using, then installs the chart again: the plugin pods go,
-// the workload keeps its mounted volume and its I/O goes on (on the loop
-// backend the kernel's loop device needs no server), and no new volume can
-// be provisioned or the old one unmounted until the chart is back; the
-// reinstalled plugin adopts the volume, and the pod and the PVC can then be
-// deleted as usual (TestCleanup checks nothing is left).
+// TestUninstallWithVolumeInUse: helm uninstall while a pod writes to a
+// volume is refused by the chart's pre-delete check, which names the
+// volume in its Job's log with the ways on. Helm then lists the release as
+// "uninstalling" (it records a failed pre-delete hook) and refuses helm
+// upgrade, but the plugin keeps serving; helm rollback to the printed
+// revision makes it deployed again without restarting the plugin pods. The
+// override that works after a refusal (the CSIDriver's annotation) then lets
+// helm uninstall through: the plugin pods go, the workload keeps its
+// mounted volume and its I/O goes on (on the loop backend the kernel's loop
+// device needs no server), and the PV stays Bound. The chart is installed
+// again on a cluster whose snapshot CRDs another owner manages (Helm leaves
+// them alone), adopts the volume, and the pod and the PVC are deleted as
+// usual (TestCleanup checks nothing is left).
 func TestUninstallWithVolumeInUse(t *testing.T) {
 	c := requireChart(t)
 	chart, err := filepath.Abs(chartPath)
@@ -743,17 +834,7 @@ while true; do
 done`})
 	c.waitPodPhase(t, "keeper", "Running", 2*time.Minute)
 	node := c.volumeNode(t, "kept")
-	// A VolumeAttributesClass that a claim still names (or targets with a
-	// pending modify) keeps its kubernetes.io/vac-protection finalizer, and
-	// helm uninstall --wait then waits for it until its timeout: say which.
-	if out, err := c.run("", "helm", "uninstall", release, "--namespace", pluginNS, "--wait", "--timeout", "2m"); err != nil {
-		vacs, _ := c.kubectl("get", "volumeattributesclasses", "-o", "custom-columns=NAME:.metadata.name,DELETING:.metadata.deletionTimestamp,FINALIZERS:.metadata.finalizers", "--no-headers")
-		t.Errorf("helm uninstall: %v\n%s\nVolumeAttributesClasses:\n%s", err, out, vacs)
-	}
-	eventually(t, 2*time.Minute, "the plugin pods to go", func() (bool, string) {
-		out, _ := c.kubectl("-n", pluginNS, "get", "pods", "-o", "name")
-		return strings.TrimSpace(out) == "", out
-	})
+	pv := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "kept")
 	iterations := func() int {
 		out, _ := c.kubectl("-n", testNS, "logs", "keeper", "--tail=1")
 		f := strings.Fields(out)
@@ -763,41 +844,122 @@ done`})
 		n, _ := strconv.Atoi(f[1])
 		return n
 	}
-	at := iterations()
-	time.Sleep(10 * time.Second)
-	if n := iterations(); n < at+5 {
-		t.Errorf("I/O of the pod stopped after helm uninstall: %d iterations, %d at uninstall", n, at)
-	} else {
-		t.Logf("after helm uninstall the pod's I/O goes on: %d iterations in 10 s", n-at)
-	}
-	if logs := c.logs(t, "keeper"); strings.Contains(logs, "IOERROR") {
-		t.Errorf("the workload saw I/O errors after helm uninstall:\n%s", lastLines(logs, 5))
-	}
-	pv := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "kept")
-	for _, kind := range []string{"storageclass/fastblk", "csidriver/" + driver} {
-		if _, err := c.kubectl("get", kind); err == nil {
-			t.Errorf("%s is still there after helm uninstall", kind)
+	ioGoesOn := func(t *testing.T, when string) {
+		t.Helper()
+		at := iterations()
+		time.Sleep(10 * time.Second)
+		if n := iterations(); n < at+5 {
+			t.Errorf("I/O of the pod stopped %s: %d iterations, %d before", when, n, at)
+		} else {
+			t.Logf("%s the pod's I/O goes on: %d iterations in 10 s", when, n-at)
+		}
+		if logs := c.logs(t, "keeper"); strings.Contains(logs, "IOERROR") {
+			t.Errorf("the workload saw I/O errors %s:\n%s", when, lastLines(logs, 5))
 		}
 	}
-	if phase := c.jsonpath(t, "{.status.phase}", "get", "pv", pv); phase != "Bound" {
-		t.Errorf("PV %s is %s after helm uninstall, want Bound (uninstall does not touch volumes)", pv, phase)
+	revision := c.releaseRevision(t)
+	uninstall := func() (string, error) {
+		return c.run("", "helm", "uninstall", release, "--namespace", pluginNS, "--wait", "--timeout", "3m")
 	}
-	t.Logf("after helm uninstall: PV %s on %s still Bound, StorageClass and CSIDriver gone, CRDs and snapshots kept", pv, node)
 
+	t.Run("refused while a volume exists", func(t *testing.T) {
+		before, _ := c.pluginPods(t)
+		start := time.Now()
+		out, err := uninstall()
+		if err == nil {
+			t.Fatalf("helm uninstall succeeded with volume %s in use:\n%s", pv, out)
+		}
+		t.Logf("helm uninstall refused after %v: %v", time.Since(start).Round(time.Second), err)
+		if !strings.Contains(err.Error(), "uninstall-check") {
+			t.Errorf("helm's error does not name the check's Job: %v", err)
+		}
+		logs := c.k(t, "-n", pluginNS, "logs", "job/"+release+"-uninstall-check")
+		for _, want := range []string{"pv " + pv, "claim " + testNS + "/kept",
+			"kubectl annotate csidriver " + driver + " fastblk.csi.io/allow-uninstall-with-volumes=true",
+			fmt.Sprintf("helm rollback %s %d -n %s", release, revision, pluginNS)} {
+			if !strings.Contains(logs, want) {
+				t.Errorf("the check's log does not say %q:\n%s", want, logs)
+			}
+		}
+		t.Logf("the check's log:\n%s", logs)
+		if _, err := c.kubectl("get", "csidriver", driver); err != nil {
+			t.Errorf("CSIDriver gone after a refused uninstall: %v", err)
+		}
+		if after, detail := c.pluginPods(t); after[node] == "" || after[node] != before[node] {
+			t.Errorf("plugin pod on %s was %q, after the refused uninstall %q:%s", node, before[node], after[node], detail)
+		}
+		ioGoesOn(t, "after the refused uninstall")
+
+		// What Helm leaves, as docs/upgrades.md and the check's log say
+		// (a change here means they need updating), and the way back.
+		if st := c.releaseStatus(t); st != "uninstalling" {
+			t.Errorf("release status after the refused uninstall: %q; docs/upgrades.md says Helm leaves it \"uninstalling\"", st)
+		}
+		if out, err := c.run("", "helm", "upgrade", release, chart, "--namespace", pluginNS, "--reuse-values"); err == nil {
+			t.Errorf("helm upgrade accepted the release after a refused uninstall; docs/upgrades.md says it refuses:\n%s", firstLines(out, 3))
+		} else if !strings.Contains(err.Error(), "has no deployed releases") {
+			t.Errorf("helm upgrade after the refused uninstall: %v; docs/upgrades.md quotes \"has no deployed releases\"", err)
+		}
+		if out, err := c.run("", "helm", "rollback", release, strconv.Itoa(revision), "--namespace", pluginNS, "--wait"); err != nil {
+			t.Fatalf("helm rollback %d: %v\n%s", revision, err, out)
+		}
+		if st := c.releaseStatus(t); st != "deployed" {
+			t.Errorf("release status after helm rollback %d: %q, want deployed", revision, st)
+		}
+		if after, detail := c.pluginPods(t); after[node] != before[node] {
+			t.Errorf("helm rollback replaced the plugin pod on %s (%q, now %q):%s", node, before[node], after[node], detail)
+		}
+		if out, err := c.run("", "helm", "upgrade", release, chart, "--namespace", pluginNS, "--reuse-values"); err != nil {
+			t.Errorf("helm upgrade after the rollback: %v\n%s", err, out)
+		}
+	})
+
+	t.Run("override by the CSIDriver annotation", func(t *testing.T) {
+		if _, err := uninstall(); err == nil {
+			t.Fatal("helm uninstall went through after the rollback, without an override")
+		}
+		c.k(t, "annotate", "csidriver", driver, "fastblk.csi.io/allow-uninstall-with-volumes=true")
+		if out, err := uninstall(); err != nil {
+			vacs, _ := c.kubectl("get", "volumeattributesclasses", "-o", "custom-columns=NAME:.metadata.name,DELETING:.metadata.deletionTimestamp,FINALIZERS:.metadata.finalizers", "--no-headers")
+			t.Fatalf("helm uninstall with the annotation: %v\n%s\nVolumeAttributesClasses:\n%s", err, out, vacs)
+		}
+		eventually(t, 2*time.Minute, "the plugin pods and the check's Job to go", func() (bool, string) {
+			out, _ := c.kubectl("-n", pluginNS, "get", "pods,jobs", "-o", "name")
+			return strings.TrimSpace(out) == "", out
+		})
+		ioGoesOn(t, "after helm uninstall with the override")
+		for _, kind := range []string{"storageclass/fastblk", "csidriver/" + driver} {
+			if _, err := c.kubectl("get", kind); err == nil {
+				t.Errorf("%s is still there after helm uninstall", kind)
+			}
+		}
+		if phase := c.jsonpath(t, "{.status.phase}", "get", "pv", pv); phase != "Bound" {
+			t.Errorf("PV %s is %s after helm uninstall, want Bound (uninstall does not touch volumes)", pv, phase)
+		}
+		t.Logf("after helm uninstall: PV %s on %s still Bound, StorageClass and CSIDriver gone", pv, node)
+	})
+	if t.Failed() {
+		return
+	}
+
+	// The CRDs the first install created are left by helm uninstall; mark
+	// them as another release's, as on a cluster where a separate chart
+	// installed them: helm install skips CRDs that exist, whoever owns them.
+	for _, crd := range snapshotCRDs {
+		c.k(t, "annotate", "--overwrite", "crd", crd, "meta.helm.sh/release-name=snapshot-crds", "meta.helm.sh/release-namespace=kube-system")
+		c.k(t, "label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
+	}
 	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS,
 		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
 	if err != nil {
-		t.Fatalf("helm install again: %v\n%s", err, out)
+		t.Fatalf("helm install on a cluster whose snapshot CRDs another release owns: %v\n%s", err, out)
 	}
-	eventually(t, 4*time.Minute, "a Ready plugin pod on each node after reinstalling", func() (bool, string) {
-		ready, detail := c.pluginPods(t)
-		for _, n := range nodes {
-			if ready[n] == "" {
-				return false, detail
-			}
+	for _, crd := range snapshotCRDs {
+		if owner := c.jsonpath(t, `{.metadata.annotations.meta\.helm\.sh/release-name}`, "get", "crd", crd); owner != "snapshot-crds" {
+			t.Errorf("CRD %s changed owner to %q", crd, owner)
 		}
-		return true, ""
-	})
+	}
+	c.waitPluginPods(t, 4*time.Minute)
 	if logs := c.logs(t, "keeper"); strings.Contains(logs, "IOERROR") {
 		t.Errorf("the workload saw I/O errors while the chart was reinstalled:\n%s", lastLines(logs, 5))
 	}
@@ -808,6 +970,33 @@ done`})
 		return err != nil && strings.Contains(err.Error(), "NotFound"), out
 	})
 }
+
+// helmStatus is what helm status says of the chart's release.
+type helmStatus struct {
+	Version int `json:"version"`
+	Info    struct {
+		Status string `json:"status"`
+	} `json:"info"`
+}
+
+func (c *cluster) helmStatus(t *testing.T) helmStatus {
+	t.Helper()
+	out, err := c.run("", "helm", "status", release, "--namespace", pluginNS, "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st helmStatus
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("helm status: %v\n%s", err, out)
+	}
+	return st
+}
+
+// releaseStatus is the release's status (deployed, uninstalling, ...).
+func (c *cluster) releaseStatus(t *testing.T) string { return c.helmStatus(t).Info.Status }
+
+// releaseRevision is the release's current revision.
+func (c *cluster) releaseRevision(t *testing.T) int { return c.helmStatus(t).Version }
 
 // TestCleanup deletes every pod, snapshot and PVC: no PV, snapshot content,
 // volume file, mount or loop device may remain on the nodes.
