@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -712,6 +713,117 @@ done`})
 		t.Errorf("the workload saw I/O errors:\n%s", logs)
 	}
 	c.delete(t, "pod", "io")
+}
+
+// TestUpgradeUnderIO: helm upgrade that rolls the plugin DaemonSet (a
+// changed pod annotation, as a new image would) while a pod writes 4 KiB
+// blocks to a raw block volume and syncs each. On every upgrade the plugin
+// pod of the volume's node is replaced; the test prints, per upgrade, how
+// long that node had no Ready plugin pod (from the last poll that saw the
+// old one Ready to the first that saw the new one: what a ublk volume's I/O
+// would wait for at most in a cluster, since the new plugin re-adopts its
+// devices before it is Ready) and the writer's longest gap between two
+// completed writes (loop devices need no server, so only the writer's own
+// jitter), then their medians. The workload must see no error and go on.
+func TestUpgradeUnderIO(t *testing.T) {
+	c := requireChart(t)
+	chart, err := filepath.Abs(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.apply(t, pvc("upg", "64Mi", "  volumeMode: Block\n"))
+	c.startPod(t, pod{name: "upg", claim: "upg", block: true, script: `i=0
+while true; do
+  if dd if=/dev/urandom of=/dev/xvda bs=4k count=1 seek=$((i % 4096)) conv=fsync 2>/dev/null; then
+    echo "ok $i"
+  else
+    echo "IOERROR $i"
+  fi
+  i=$((i+1))
+  sleep 0.05
+done`})
+	c.waitPodPhase(t, "upg", "Running", 2*time.Minute)
+	node := c.volumeNode(t, "upg")
+	const upgrades = 3
+	var windows, gaps []time.Duration
+	for i := 1; i <= upgrades; i++ {
+		before, detail := c.pluginPods(t)
+		old := before[node]
+		if old == "" {
+			t.Fatalf("no Ready plugin pod on %s:%s", node, detail)
+		}
+		start := time.Now()
+		done := make(chan error, 1)
+		go func() {
+			out, err := c.run("", "helm", "upgrade", release, chart, "--namespace", pluginNS, "--reuse-values",
+				"--set-string", fmt.Sprintf("podAnnotations.e2e-upgrade=%d", i), "--wait", "--timeout", "5m")
+			if err != nil {
+				err = fmt.Errorf("%w\n%s", err, out)
+			}
+			done <- err
+		}()
+		// Poll the node's plugin pod until the new one is Ready.
+		lastOld, firstNew := start, time.Time{}
+		for firstNew.IsZero() {
+			if time.Since(start) > 5*time.Minute {
+				t.Fatalf("upgrade %d: no new Ready plugin pod on %s after 5 min", i, node)
+			}
+			now := time.Now()
+			ready, _ := c.pluginPods(t)
+			switch p := ready[node]; {
+			case p == old:
+				lastOld = now
+			case p != "":
+				firstNew = now
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("upgrade %d: helm upgrade: %v", i, err)
+		}
+		end := time.Now()
+		gap := c.longestLogGap(t, "upg", start, end)
+		windows = append(windows, firstNew.Sub(lastOld))
+		gaps = append(gaps, gap)
+		t.Logf("upgrade %d: helm upgrade --wait %v; node %s without a Ready plugin pod for %v; the writer's longest gap %v",
+			i, end.Sub(start).Round(10*time.Millisecond), node, firstNew.Sub(lastOld).Round(10*time.Millisecond), gap.Round(time.Millisecond))
+	}
+	t.Logf("%d upgrades: node without a Ready plugin pod, median %v (worst %v); the writer's longest gap, median %v (worst %v)",
+		upgrades, median(windows).Round(10*time.Millisecond), slices.Max(windows).Round(10*time.Millisecond),
+		median(gaps).Round(time.Millisecond), slices.Max(gaps).Round(time.Millisecond))
+	if logs := c.logs(t, "upg"); strings.Contains(logs, "IOERROR") {
+		t.Errorf("the workload saw I/O errors during the upgrades:\n%s", lastLines(logs, 5))
+	}
+	c.delete(t, "pod", "upg")
+	c.delete(t, "pvc", "upg")
+}
+
+// longestLogGap is the longest time between two lines a pod logged in
+// [from, to] (by the container runtime's timestamps), counting from from
+// to the first line and from the last line to to.
+func (c *cluster) longestLogGap(t *testing.T, pod string, from, to time.Time) time.Duration {
+	t.Helper()
+	out := c.k(t, "-n", testNS, "logs", pod, "--timestamps", "--since-time="+from.UTC().Format(time.RFC3339))
+	prev, longest := from, time.Duration(0)
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		ts, _, _ := strings.Cut(l, " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil || at.Before(from) {
+			continue
+		}
+		if at.After(to) {
+			break
+		}
+		longest = max(longest, at.Sub(prev))
+		prev = at
+	}
+	return max(longest, to.Sub(prev))
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // TestUpgradeModifyVolume: helm upgrade to a changed value (a rate-limit
