@@ -3,6 +3,8 @@ package k8s
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,6 +14,17 @@ import (
 	"testing"
 	"time"
 )
+
+// chartDir is the absolute path of the chart (cluster.sh runs helm from
+// another directory).
+func chartDir(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(chartPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
 
 // snapshotCRDs are the CRDs of the chart's crds/ directory.
 var snapshotCRDs = []string{
@@ -52,10 +65,7 @@ func (c *cluster) waitPluginPods(t *testing.T, timeout time.Duration) {
 // volumes) and removes everything but the namespace.
 func TestInstallWithoutSnapshotCRDs(t *testing.T) {
 	c := requireCluster(t)
-	chart, err := filepath.Abs(chartPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	chart := chartDir(t)
 	for _, crd := range snapshotCRDs {
 		if _, err := c.kubectl("get", "crd", crd); err == nil {
 			t.Fatalf("the cluster already has CRD %s: this test needs a fresh cluster", crd)
@@ -106,10 +116,7 @@ func TestInstallWithoutSnapshotCRDs(t *testing.T) {
 // references.
 func TestHelmInstall(t *testing.T) {
 	c := requireCluster(t)
-	chart, err := filepath.Abs(chartPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	chart := chartDir(t)
 	// As the chart README says: a namespace that admits privileged pods,
 	// then the chart, with the snapshot-controller the cluster lacks (the
 	// CRDs come from the chart's crds/) and its class as the default.
@@ -295,6 +302,24 @@ func (c *cluster) capacities() (map[string]int64, error) {
 	return caps, nil
 }
 
+// capacityOwners maps the plugin's CSIStorageCapacity objects' UIDs to
+// their owners (kind/name).
+func (c *cluster) capacityOwners(t *testing.T) map[string]string {
+	t.Helper()
+	out := c.k(t, "-n", pluginNS, "get", "csistoragecapacities", "-o",
+		`jsonpath={range .items[*]}{.metadata.uid} {.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}{"\n"}{end}`)
+	m := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		if uid, owner, ok := strings.Cut(l, " "); ok {
+			m[uid] = owner
+		}
+	}
+	if len(m) == 0 {
+		t.Fatal("no CSIStorageCapacity objects")
+	}
+	return m
+}
+
 // parseQuantity parses the integer quantities the API server prints for
 // capacities ("123456", "10Gi", "3500Mi", "12G").
 func parseQuantity(q string) (int64, error) {
@@ -317,6 +342,70 @@ func firstLines(s string, n int) string {
 		l = l[:n]
 	}
 	return strings.Join(l, "\n")
+}
+
+// TestNotesSeeTheClustersSnapshotController: on a live cluster the chart's
+// notes look the cluster's snapshot-controllers up and say when the
+// combination is wrong. Beside a foreign snapshot-controller Deployment
+// (scaled to zero, so it never acts), helm upgrade --dry-run=server warns of
+// two controllers while the release installs its own, of a foreign one
+// without the distributed flag when distributedInCluster is declared, and
+// tells to declare it when the foreign one has the flag.
+func TestNotesSeeTheClustersSnapshotController(t *testing.T) {
+	c := requireChart(t)
+	chart := chartDir(t)
+	image := c.jsonpath(t, `{.spec.template.spec.containers[0].image}`, "-n", pluginNS, "get", "deployment", release+"-snapshot-controller")
+	foreign := func(args string) string {
+		return fmt.Sprintf(`apiVersion: apps/v1
+kind: Deployment
+metadata: {name: snapshot-controller, namespace: %s}
+spec:
+  replicas: 0
+  selector: {matchLabels: {app: foreign-snapshot-controller}}
+  template:
+    metadata: {labels: {app: foreign-snapshot-controller}}
+    spec:
+      containers:
+      - name: snapshot-controller
+        image: %s
+        args: [%s]
+`, testNS, image, args)
+	}
+	t.Cleanup(func() {
+		_, _ = c.kubectl("-n", testNS, "delete", "deployment", "snapshot-controller", "--ignore-not-found")
+	})
+	notes := func(set ...string) string {
+		t.Helper()
+		args := []string{"upgrade", release, chart, "--namespace", pluginNS, "--reuse-values", "--dry-run=server"}
+		for _, s := range set {
+			args = append(args, "--set", s)
+		}
+		out, err := c.run("", "helm", args...)
+		if err != nil {
+			t.Fatalf("helm %v: %v\n%s", set, err, out)
+		}
+		_, n, _ := strings.Cut(out, "NOTES:")
+		return strings.Join(strings.Fields(n), " ")
+	}
+	for _, tc := range []struct {
+		foreignArgs string
+		set         []string
+		want        string
+	}{
+		{`"--v=2"`, nil, "WARNING: the cluster already runs a snapshot-controller (" + testNS + "/snapshot-controller) besides the one this release installed"},
+		{`"--v=2"`, []string{"snapshotController.install=false", "snapshotController.distributedInCluster=true"},
+			"WARNING: snapshotController.distributedInCluster=true, but the snapshot-controller " + testNS + "/snapshot-controller runs without --enable-distributed-snapshotting=true"},
+		{`"--enable-distributed-snapshotting=true"`, []string{"snapshotController.install=false"},
+			"The snapshot-controller " + testNS + "/snapshot-controller runs in distributed mode: set snapshotController.distributedInCluster=true"},
+	} {
+		c.apply(t, foreign(tc.foreignArgs))
+		if got := notes(tc.set...); !strings.Contains(got, tc.want) {
+			t.Errorf("foreign controller args [%s], --set %v: the notes do not say %q:\n%s", tc.foreignArgs, tc.set, tc.want, got)
+		}
+	}
+	if st := c.releaseStatus(t); st != "deployed" {
+		t.Errorf("release status after dry runs: %q", st)
+	}
 }
 
 // TestWriteRead: a PVC from the default StorageClass waits for its first
@@ -666,6 +755,76 @@ func TestVolumeStats(t *testing.T) {
 	c.delete(t, "pod", "stats")
 }
 
+// TestMetricsNameTheClaim scrapes the plugin of a volume's node from a pod
+// on that node, as a Prometheus in the cluster would: the volume's series
+// carry the PVC's namespace and name (which the provisioner passes with
+// --extra-create-metadata) beside the PV name, so they join
+// kube-state-metrics without relabelling; the sparse file's allocated bytes,
+// the node's free space and the build info are there too.
+func TestMetricsNameTheClaim(t *testing.T) {
+	c := requireChart(t)
+	c.apply(t, pvc("metered", "64Mi", ""))
+	c.startPod(t, pod{name: "metered", claim: "metered", restartNever: true,
+		script: "dd if=/dev/urandom of=/data/f bs=1M count=4 conv=fsync 2>/dev/null"})
+	c.waitPodPhase(t, "metered", "Succeeded", 2*time.Minute)
+	node := c.volumeNode(t, "metered")
+	pv := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "metered")
+	ready, detail := c.pluginPods(t)
+	if ready[node] == "" {
+		t.Fatalf("no Ready plugin pod on %s:%s", node, detail)
+	}
+	ip := c.jsonpath(t, "{.status.podIP}", "-n", pluginNS, "get", "pod", ready[node])
+	port := c.jsonpath(t, `{.spec.containers[?(@.name=="csi-fastblk")].ports[?(@.name=="metrics")].containerPort}`, "-n", pluginNS, "get", "pod", ready[node])
+	if ip == "" || port == "" {
+		t.Fatalf("plugin pod %s: IP %q, metrics port %q", ready[node], ip, port)
+	}
+	c.startPod(t, pod{name: "scrape", claim: "metered", node: node, restartNever: true,
+		script: fmt.Sprintf("wget -q -O - http://%s/metrics", net.JoinHostPort(ip, port))})
+	c.waitPodPhase(t, "scrape", "Succeeded", 2*time.Minute)
+	metrics := c.logs(t, "scrape")
+	claim := []string{`namespace="` + testNS + `"`, `persistentvolume="` + pv + `"`, `persistentvolumeclaim="metered"`}
+	for _, name := range []string{"fastblk_volume_size_bytes", "fastblk_volume_allocated_bytes", "fastblk_volume_bytes_total"} {
+		if !hasSeries(metrics, name, claim...) {
+			t.Errorf("no %s series with %s in:\n%s", name, claim, grepLines(metrics, name))
+		}
+	}
+	for _, name := range []string{"fastblk_node_filesystem_free_bytes", "fastblk_node_capacity_available_bytes", "fastblk_build_info"} {
+		if !hasSeries(metrics, name) {
+			t.Errorf("no %s series", name)
+		}
+	}
+	t.Logf("the volume's series:\n%s", grepLines(metrics, `persistentvolumeclaim="metered"`))
+	c.delete(t, "pod", "scrape", "metered")
+	c.delete(t, "pvc", "metered")
+}
+
+// hasSeries reports whether the exposition text has a sample of metric
+// name with every one of labels (each `key="value"`).
+func hasSeries(text, name string, labels ...string) bool {
+	for _, l := range strings.Split(text, "\n") {
+		if !strings.HasPrefix(l, name+"{") {
+			continue
+		}
+		set, _, _ := strings.Cut(strings.TrimPrefix(l, name+"{"), "}")
+		have := strings.Split(set, ",")
+		if !slices.ContainsFunc(labels, func(want string) bool { return !slices.Contains(have, want) }) {
+			return true
+		}
+	}
+	return false
+}
+
+// grepLines is the lines of text that contain s.
+func grepLines(text, s string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.Contains(l, s) && !strings.HasPrefix(l, "#") {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
 // TestPluginRestartUnderIO deletes the plugin pod of the volume's node while
 // a pod writes and verifies data: the DaemonSet brings it back and the I/O
 // goes on without error; the volume can still be unpublished afterwards.
@@ -699,11 +858,22 @@ done`})
 	if old == "" {
 		t.Fatalf("no ready plugin pod on %s:%s", node, detail)
 	}
+	capsBefore := c.capacityOwners(t)
 	c.k(t, "-n", pluginNS, "delete", "pod", old, "--wait=true", "--timeout=120s")
 	eventually(t, 3*time.Minute, "a new ready plugin pod on "+node, func() (bool, string) {
 		ready, detail := c.pluginPods(t)
 		return ready[node] != "" && ready[node] != old, detail
 	})
+	// The provisioners own their CSIStorageCapacity objects through the
+	// DaemonSet (--capacity-ownerref-level=1): a pod restart keeps them.
+	if capsAfter := c.capacityOwners(t); !maps.Equal(capsBefore, capsAfter) {
+		t.Errorf("CSIStorageCapacity objects (uid: owner) changed across the plugin restart:\nbefore %v\nafter  %v", capsBefore, capsAfter)
+	}
+	for uid, owner := range capsBefore {
+		if !strings.HasPrefix(owner, "DaemonSet/") {
+			t.Errorf("CSIStorageCapacity %s is owned by %q, want the DaemonSet", uid, owner)
+		}
+	}
 	after := iterations()
 	eventually(t, time.Minute, "I/O to go on after the plugin restart", func() (bool, string) {
 		n := iterations()
@@ -727,10 +897,7 @@ done`})
 // jitter), then their medians. The workload must see no error and go on.
 func TestUpgradeUnderIO(t *testing.T) {
 	c := requireChart(t)
-	chart, err := filepath.Abs(chartPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	chart := chartDir(t)
 	c.apply(t, pvc("upg", "64Mi", "  volumeMode: Block\n"))
 	c.startPod(t, pod{name: "upg", claim: "upg", block: true, script: `i=0
 while true; do
@@ -835,10 +1002,7 @@ func median(d []time.Duration) time.Duration {
 // the resizer's leader; the PVC keeps its current class.
 func TestUpgradeModifyVolume(t *testing.T) {
 	c := requireChart(t)
-	chart, err := filepath.Abs(chartPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	chart := chartDir(t)
 	out, err := c.run("", "helm", "upgrade", release, chart, "--namespace", pluginNS, "--reuse-values",
 		"--set", "volumeAttributesClasses[0].name=gold", "--set", "volumeAttributesClasses[0].maxIOPS=1000",
 		"--set-string", "volumeAttributesClasses[0].maxBandwidth=100Mi")
@@ -928,10 +1092,7 @@ func TestUpgradeModifyVolume(t *testing.T) {
 // usual (TestCleanup checks nothing is left).
 func TestUninstallWithVolumeInUse(t *testing.T) {
 	c := requireChart(t)
-	chart, err := filepath.Abs(chartPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	chart := chartDir(t)
 	c.apply(t, pvc("kept", "256Mi", ""))
 	c.startPod(t, pod{name: "keeper", claim: "kept", script: `i=0
 while true; do
