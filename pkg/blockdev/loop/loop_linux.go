@@ -91,20 +91,50 @@ func Attach(file string, opts Options) (Device, error) {
 	}
 	defer unix.Close(ctl)
 	for range attachRetries {
-		n, err := unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+		n, added, err := newDevice(ctl)
 		if err != nil {
-			return Device{}, fmt.Errorf("attach %s: get free loop device: %w", abs, err)
+			return Device{}, fmt.Errorf("attach %s: %w", abs, err)
 		}
 		err = bind(n, backing, opts)
 		if errors.Is(err, unix.EBUSY) {
 			continue // another attacher won this device; ask again
 		}
 		if err != nil {
+			if added {
+				remove(ctl, n)
+			}
 			return Device{}, fmt.Errorf("attach %s: %w", abs, err)
 		}
 		return Get(n)
 	}
 	return Device{}, fmt.Errorf("attach %s: %w (every free device was taken)", abs, unix.EBUSY)
+}
+
+// newDevice returns the number of an unbound loop device for Attach, and
+// whether it was made for this call. It asks the driver for a new device
+// (LOOP_CTL_ADD with no number takes the first unused one) rather than a
+// free existing one: the kernel keeps a device's I/O counters
+// (/sys/block/loopN/stat) across detach and re-attach, so a reused device
+// would report earlier users' I/O as this file's. Where the driver refuses
+// to add one (a max_loop limit), any free device will do.
+func newDevice(ctl int) (n int, added bool, err error) {
+	r, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(ctl), unix.LOOP_CTL_ADD, ^uintptr(0))
+	if errno == 0 {
+		return int(r), true, nil
+	}
+	n, err = unix.IoctlRetInt(ctl, unix.LOOP_CTL_GET_FREE)
+	if err != nil {
+		return 0, false, fmt.Errorf("get free loop device (add: %v): %w", errno, err)
+	}
+	return n, false, nil
+}
+
+// remove deletes the unbound device n (LOOP_CTL_REMOVE), so that the next
+// Attach makes a new one with zeroed counters and unused devices do not
+// pile up. It is best effort: the kernel refuses (EBUSY) while anyone has
+// the device open or bound, and then it stays as it is.
+func remove(ctl, n int) {
+	_ = unix.IoctlSetInt(ctl, unix.LOOP_CTL_REMOVE, n)
 }
 
 // bind configures device n with the backing fd.
@@ -202,7 +232,14 @@ func Detach(path string, timeout time.Duration) error {
 	if err != nil {
 		return fmt.Errorf("detach %s: %w", path, err)
 	}
-	return waitUnbound(n, timeout)
+	if err := waitUnbound(n, timeout); err != nil {
+		return err
+	}
+	if ctl, err := unix.Open(Control, unix.O_RDWR|unix.O_CLOEXEC, 0); err == nil {
+		remove(ctl, n)
+		unix.Close(ctl)
+	}
+	return nil
 }
 
 // waitUnbound polls sysfs until device n has no backing file.

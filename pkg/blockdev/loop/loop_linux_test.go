@@ -4,6 +4,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -174,4 +176,58 @@ func TestDeletedBackingFile(t *testing.T) {
 	if err := Detach(d.Path, 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestAttachStartsWithZeroCounters: the kernel keeps a loop device's I/O
+// counters across detach and re-attach, so Attach must give each file a
+// device whose counters start at zero, or a new volume's metrics would
+// count the I/O of the volumes before it; Detach removes the device.
+func TestAttachStartsWithZeroCounters(t *testing.T) {
+	requireRoot(t)
+	first, err := Attach(sparseFile(t, 8<<20), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(first.Path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if w := writtenSectors(t, first.Number); w == 0 {
+		t.Fatalf("%s counts no written sectors after 1 MiB", first.Path)
+	}
+	if err := Detach(first.Path, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(sysPath(first.Number, "")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s is still there after Detach (%v), want it removed", first.Path, err)
+	}
+	second := attach(t, sparseFile(t, 8<<20), Options{})
+	if w := writtenSectors(t, second.Number); w != 0 {
+		t.Errorf("a new attach (%s, after %s) starts with %d written sectors, want 0", second.Path, first.Path, w)
+	}
+}
+
+// writtenSectors is field 7 of /sys/block/loopN/stat.
+func writtenSectors(t *testing.T, n int) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(sysPath(n, "stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 7 {
+		t.Fatalf("stat of loop%d: %q", n, b)
+	}
+	w, err := strconv.ParseUint(f[6], 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
 }
