@@ -110,6 +110,63 @@ func TestInstallWithoutSnapshotCRDs(t *testing.T) {
 	}
 }
 
+// TestNodeGroupOnOneNode installs the chart with one node group that
+// selects n1 only, with its own data directory and a reserve: the plugin
+// runs on n1 alone, only n1 advertises capacity and lists the driver, and
+// an unpinned pod's claim is therefore provisioned on n1, in the group's
+// data directory. Then helm uninstall (no volumes left).
+func TestNodeGroupOnOneNode(t *testing.T) {
+	c := requireCluster(t)
+	c.pluginNamespace(t)
+	const groupDir = "/var/lib/csi-fastblk/fast" // inside the nodes' data directories
+	out, err := c.run("", "helm", "install", release, chartDir(t), "--namespace", pluginNS, "--skip-crds",
+		"--set", "storageClass.isDefault=true",
+		"--set", "nodeGroups[0].name=fast", "--set", `nodeGroups[0].nodeSelector.kubernetes\.io/hostname=n1`,
+		"--set", "nodeGroups[0].dataDir="+groupDir, "--set-string", "nodeGroups[0].reserve=1Gi")
+	if err != nil {
+		t.Fatalf("helm install with a node group: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		_, _ = c.kubectl("-n", testNS, "delete", "pod,pvc", "--all", "--wait=true", "--timeout=120s")
+		if out, err := c.run("", "helm", "uninstall", release, "--namespace", pluginNS, "--wait", "--timeout", "3m"); err != nil {
+			t.Errorf("helm uninstall: %v\n%s", err, out)
+		}
+		eventually(t, 2*time.Minute, "the plugin pods to go", func() (bool, string) {
+			out, _ := c.kubectl("-n", pluginNS, "get", "pods", "-o", "name")
+			return strings.TrimSpace(out) == "", out
+		})
+	})
+	eventually(t, 4*time.Minute, "a Ready plugin pod on n1 only, and capacity for n1 only", func() (bool, string) {
+		ready, detail := c.pluginPods(t)
+		caps, err := c.capacities()
+		if err != nil {
+			return false, err.Error()
+		}
+		if ready["n2"] != "" || caps["n2"] != 0 {
+			t.Fatalf("n2 matches no group but has plugin pod %q and capacity %d:%s", ready["n2"], caps["n2"], detail)
+		}
+		return ready["n1"] != "" && caps["n1"] > 0, fmt.Sprintf("capacities %v, pods:%s", caps, detail)
+	})
+	if d := c.jsonpath(t, "{.spec.drivers[*].name}", "get", "csinode", "n2"); strings.Contains(d, driver) {
+		t.Errorf("CSINode n2 lists %s though no group selects n2", driver)
+	}
+	if _, err := c.kubectl("get", "namespace", testNS); err != nil {
+		c.k(t, "create", "namespace", testNS)
+	}
+	c.apply(t, pvc("grouped", "64Mi", ""))
+	c.startPod(t, pod{name: "grouped", claim: "grouped", restartNever: true, script: "echo ok > /data/f && cat /data/f"})
+	c.waitPodPhase(t, "grouped", "Succeeded", 3*time.Minute)
+	if n := c.volumeNode(t, "grouped"); n != "n1" {
+		t.Errorf("the claim was provisioned on %s, want n1 (the only node with capacity)", n)
+	}
+	handle := c.jsonpath(t, "{.spec.csi.volumeHandle}", "get", "pv", c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "grouped"))
+	file := filepath.Join(c.nodeDir("n1"), "data", strings.TrimPrefix(groupDir, "/var/lib/csi-fastblk/"), "volumes", handle+".img")
+	if _, err := os.Stat(file); err != nil {
+		t.Errorf("the volume is not in the group's data directory: %v", err)
+	}
+	t.Logf("node group fast (n1, %s, 1Gi reserved): claim on n1 in %s", groupDir, file)
+}
+
 // TestHelmInstall installs the chart with its defaults, plus the
 // snapshot-controller (the cluster has none) and the StorageClass as the
 // default class: the images are the locally built ones under the chart's own
@@ -143,6 +200,34 @@ func TestHelmInstall(t *testing.T) {
 			t.Fatalf("the API server rejects the release's manifest: %v\n%s", err, out)
 		}
 		t.Logf("%d objects accepted with strict field validation", strings.Count(out, "\n"))
+	})
+
+	t.Run("server-side validation of optional objects", func(t *testing.T) {
+		// What the default install leaves out: the chart's own namespace
+		// and PriorityClass, node groups, more classes, rate-limit tiers,
+		// the uninstall check's hook objects (monitoring needs the
+		// Prometheus operator's CRDs, which this cluster lacks).
+		// (namespace.create wants a release namespace other than its own;
+		// the objects go to the existing pluginNS, as the dry run needs.)
+		manifest, err := c.run("", "helm", "template", release, chartDir(t), "--namespace", "default",
+			"--api-versions", "snapshot.storage.k8s.io/v1",
+			"--set", "namespace.create=true,namespace.name="+pluginNS+",priorityClass.create=true",
+			"--set", `nodeGroups[0].name=fast,nodeGroups[0].nodeSelector.kubernetes\.io/hostname=n1,nodeGroups[0].dataDir=/var/lib/csi-fastblk/fast,nodeGroups[0].reserve=1Gi`,
+			"--set", "storageClasses[0].name=fastblk-capped,storageClasses[0].maxIOPS=1000,storageClasses[0].fsType=xfs",
+			"--set", "volumeAttributesClasses[0].name=bronze,volumeAttributesClasses[0].maxIOPS=500",
+			"--set", "snapshotController.install=true")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := c.run(manifest, "kubectl", "apply", "--dry-run=server", "--validate=strict", "-f", "-")
+		if err != nil {
+			t.Fatalf("the API server rejects the optional objects: %v\n%s", err, out)
+		}
+		for _, want := range []string{"namespace/" + pluginNS, "priorityclass.scheduling.k8s.io/", "daemonset.apps/" + release + "-node-fast", "storageclass.storage.k8s.io/fastblk-capped", "volumeattributesclass.storage.k8s.io/bronze", "job.batch/" + release + "-uninstall-check"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("the dry run did not include %s:\n%s", want, out)
+			}
+		}
 	})
 
 	t.Run("snapshot CRDs and class from the chart", func(t *testing.T) {
