@@ -43,6 +43,14 @@ func (c *cluster) pluginNamespace(t *testing.T) {
 	c.k(t, "label", "--overwrite", "namespace", pluginNS, "pod-security.kubernetes.io/enforce=privileged")
 }
 
+// testNamespace creates the tests' namespace unless it exists.
+func (c *cluster) testNamespace(t *testing.T) {
+	t.Helper()
+	if _, err := c.kubectl("get", "namespace", testNS); err != nil {
+		c.k(t, "create", "namespace", testNS)
+	}
+}
+
 // waitPluginPods waits for a Ready plugin pod on each node.
 func (c *cluster) waitPluginPods(t *testing.T, timeout time.Duration) {
 	t.Helper()
@@ -150,9 +158,7 @@ func TestNodeGroupOnOneNode(t *testing.T) {
 	if d := c.jsonpath(t, "{.spec.drivers[*].name}", "get", "csinode", "n2"); strings.Contains(d, driver) {
 		t.Errorf("CSINode n2 lists %s though no group selects n2", driver)
 	}
-	if _, err := c.kubectl("get", "namespace", testNS); err != nil {
-		c.k(t, "create", "namespace", testNS)
-	}
+	c.testNamespace(t)
 	c.apply(t, pvc("grouped", "64Mi", ""))
 	c.startPod(t, pod{name: "grouped", claim: "grouped", restartNever: true, script: "echo ok > /data/f && cat /data/f"})
 	c.waitPodPhase(t, "grouped", "Succeeded", 3*time.Minute)
@@ -160,7 +166,9 @@ func TestNodeGroupOnOneNode(t *testing.T) {
 		t.Errorf("the claim was provisioned on %s, want n1 (the only node with capacity)", n)
 	}
 	handle := c.jsonpath(t, "{.spec.csi.volumeHandle}", "get", "pv", c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "grouped"))
-	file := filepath.Join(c.nodeDir("n1"), "data", strings.TrimPrefix(groupDir, "/var/lib/csi-fastblk/"), "volumes", handle+".img")
+	// The CSI ID is the store's ID, "-", the node's tag.
+	id, _, _ := strings.Cut(handle, "-")
+	file := filepath.Join(c.nodeDir("n1"), "data", strings.TrimPrefix(groupDir, "/var/lib/csi-fastblk/"), "volumes", id+".img")
 	if _, err := os.Stat(file); err != nil {
 		t.Errorf("the volume is not in the group's data directory: %v", err)
 	}
@@ -209,8 +217,9 @@ func TestHelmInstall(t *testing.T) {
 		// Prometheus operator's CRDs, which this cluster lacks).
 		// (namespace.create wants a release namespace other than its own;
 		// the objects go to the existing pluginNS, as the dry run needs.)
+		version := c.jsonpath(t, "{.status.nodeInfo.kubeletVersion}", "get", "node", nodes[0])
 		manifest, err := c.run("", "helm", "template", release, chartDir(t), "--namespace", "default",
-			"--api-versions", "snapshot.storage.k8s.io/v1",
+			"--kube-version", version, "--api-versions", "snapshot.storage.k8s.io/v1",
 			"--set", "namespace.create=true,namespace.name="+pluginNS+",priorityClass.create=true",
 			"--set", `nodeGroups[0].name=fast,nodeGroups[0].nodeSelector.kubernetes\.io/hostname=n1,nodeGroups[0].dataDir=/var/lib/csi-fastblk/fast,nodeGroups[0].reserve=1Gi`,
 			"--set", "storageClasses[0].name=fastblk-capped,storageClasses[0].maxIOPS=1000,storageClasses[0].fsType=xfs",
@@ -303,7 +312,7 @@ func TestHelmInstall(t *testing.T) {
 		})
 	})
 	if !t.Failed() {
-		c.k(t, "create", "namespace", testNS)
+		c.testNamespace(t)
 	}
 	installed = !t.Failed()
 }
