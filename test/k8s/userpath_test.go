@@ -960,15 +960,7 @@ while true; do
 done`})
 	c.waitPodPhase(t, "io", "Running", 2*time.Minute)
 	node := c.volumeNode(t, "data")
-	iterations := func() int {
-		out, _ := c.kubectl("-n", testNS, "logs", "io", "--tail=1")
-		f := strings.Fields(out)
-		if len(f) != 2 {
-			return 0
-		}
-		n, _ := strconv.Atoi(f[1])
-		return n
-	}
+	iterations := func() int { return c.lastIteration(t, "io") }
 	eventually(t, time.Minute, "I/O running", func() (bool, string) { return iterations() >= 3, "" })
 	ready, detail := c.pluginPods(t)
 	old := ready[node]
@@ -1225,15 +1217,7 @@ done`})
 	c.waitPodPhase(t, "keeper", "Running", 2*time.Minute)
 	node := c.volumeNode(t, "kept")
 	pv := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "kept")
-	iterations := func() int {
-		out, _ := c.kubectl("-n", testNS, "logs", "keeper", "--tail=1")
-		f := strings.Fields(out)
-		if len(f) != 2 {
-			return 0
-		}
-		n, _ := strconv.Atoi(f[1])
-		return n
-	}
+	iterations := func() int { return c.lastIteration(t, "keeper") }
 	ioGoesOn := func(t *testing.T, when string) {
 		t.Helper()
 		at := iterations()
@@ -1380,6 +1364,19 @@ func (c *cluster) helmStatus(t *testing.T) helmStatus {
 		t.Fatalf("helm status: %v\n%s", err, out)
 	}
 	return st
+}
+
+// lastIteration is N of the last "ok N" or "IOERROR N" line a pod running
+// an I/O loop printed (0 before the first).
+func (c *cluster) lastIteration(t *testing.T, pod string) int {
+	t.Helper()
+	out, _ := c.kubectl("-n", testNS, "logs", pod, "--tail=1")
+	f := strings.Fields(out)
+	if len(f) != 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
 }
 
 // releaseStatus is the release's status (deployed, uninstalling, ...).

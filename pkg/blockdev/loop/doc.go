@@ -12,6 +12,11 @@
 // (/sys/block/loopN/loop/backing_file): any user of the kernel can bind the
 // same path.
 //
+// Each Attach makes a new device (LOOP_CTL_ADD) and Detach removes it
+// (LOOP_CTL_REMOVE), rather than reusing free ones: the kernel keeps a
+// device's I/O counters across detach and re-attach, and a file's counters
+// must count its own I/O only.
+//
 // The package knows nothing of volumes or CSI. It holds no state and no file
 // descriptors between calls; every function is safe for concurrent use, and
 // concurrent attaches that race for the same free device retry.

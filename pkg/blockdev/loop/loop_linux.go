@@ -209,7 +209,8 @@ func ensureNode(n int) (string, error) {
 // Detach unbinds the loop device at path. An unbound device returns nil; a
 // device that is mounted or opened exclusively returns an error wrapping
 // unix.EBUSY, and nothing changes. Detach waits (up to timeout) until the
-// kernel has released the backing file.
+// kernel has released the backing file, then removes the device (see
+// remove).
 func Detach(path string, timeout time.Duration) error {
 	n, err := number(path)
 	if err != nil {
