@@ -13,6 +13,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/quiesce"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 	"github.com/fastblk/csi-fastblk/pkg/metrics"
@@ -26,8 +30,8 @@ type serveConfig struct {
 	exposeStatus   bool
 	reconcileRetry time.Duration
 	driver         driver.Config
-	store          blockdev.StoreConfig
-	devices        blockdev.BackendConfig
+	store          store.Config
+	devices        backend.Config
 }
 
 func serveFlags(fs *flag.FlagSet) *serveConfig {
@@ -105,13 +109,13 @@ func runServe(ctx context.Context, args []string) error {
 // until ctx is cancelled (SIGTERM), then shuts down gracefully. Devices stay
 // attached: a restarted plugin adopts them.
 func serve(ctx context.Context, cfg *serveConfig) error {
-	store, err := blockdev.OpenStore(cfg.store)
+	st, err := store.Open(cfg.store)
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
-	thawAbandoned(store)
+	thawAbandoned(st.Dir())
 	cfg.devices.AdoptUnmarked = true // once per data directory: the upgrade
-	backend, fallback, err := blockdev.SelectBackend(cfg.backend, cfg.devices)
+	be, fallback, err := backend.Select(cfg.backend, cfg.devices)
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", cfg.backend, err)
 	}
@@ -128,11 +132,11 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 			"backend", cfg.backend, "reason", fallback.Reason, "metric", "fastblk_backend_fallback")
 		startup.BackendFallback = fallback.Reason
 	}
-	drv, err := driver.New(cfg.driver, store, backend)
+	drv, err := driver.New(cfg.driver, st, be)
 	if err != nil {
 		return err
 	}
-	logStartup(cfg, store, backend)
+	logStartup(cfg, st, be)
 	if err := drv.Reconcile(ctx); err != nil {
 		if cfg.reconcileRetry > 0 {
 			klog.ErrorS(err, "some staged volumes could not be restored; retrying", "every", cfg.reconcileRetry)
@@ -181,7 +185,7 @@ func lockEndpoint(endpoint string) (release func(), err error) {
 	if err := os.MkdirAll(filepath.Dir(lock), 0o750); err != nil {
 		return nil, fmt.Errorf("lock endpoint: %w", err)
 	}
-	release, err = blockdev.LockFile(lock)
+	release, err = store.LockFile(lock)
 	if errors.Is(err, blockdev.ErrBusy) {
 		return nil, fmt.Errorf("endpoint %s is served by another csi-fastblk (it holds %s): one plugin per node "+
 			"(with node groups, a node must match only one group's nodeSelector)", endpoint, lock)
@@ -196,8 +200,8 @@ func lockEndpoint(endpoint string) (release func(), err error) {
 // clone and was killed before thawing: their pods' writes hang until then.
 // What cannot be thawed is logged and kept for the next start; serving goes
 // on, since the other volumes need it.
-func thawAbandoned(store *blockdev.Store) {
-	thawed, err := store.ThawAbandoned()
+func thawAbandoned(dataDir string) {
+	thawed, err := quiesce.ThawAbandoned(dataDir)
 	for _, r := range thawed {
 		klog.InfoS("thawed a filesystem a previous run left frozen", "volumeID", r.VolumeID,
 			"mountPath", r.MountPath, "frozenAt", r.FrozenAt)
@@ -249,21 +253,20 @@ func quarantineCause(q any, path string, startupErrs []error) error {
 	return errors.New("set aside by an earlier start (its cause was logged then)")
 }
 
-func logStartup(cfg *serveConfig, store *blockdev.Store, backend blockdev.Backend) {
-	kernel := blockdev.KernelRelease()
-	avail, total, err := store.Capacity()
+func logStartup(cfg *serveConfig, st *store.Store, be blockdev.Backend) {
+	avail, total, err := st.Capacity()
 	klog.InfoS("csi-fastblk starting", "version", version, "driver", cfg.driver.Name, "nodeID", cfg.driver.NodeID,
-		"kernel", kernel, "backend", backend.Name(), "dataDir", cfg.store.Dir, "reserveBytes", cfg.store.ReserveBytes, "reserveRatio", cfg.store.ReserveRatio,
+		"kernel", kernel.Release(), "backend", be.Name(), "dataDir", cfg.store.Dir, "reserveBytes", cfg.store.ReserveBytes, "reserveRatio", cfg.store.ReserveRatio,
 		"capacityAvailable", avail, "capacityTotal", total, "capacityErr", err,
-		"volumes", len(store.Volumes()), "snapshots", len(store.Snapshots()))
-	if f, ok := backend.(interface{ Features() uint64 }); ok {
+		"volumes", len(st.Volumes()), "snapshots", len(st.Snapshots()))
+	if f, ok := be.(interface{ Features() uint64 }); ok {
 		klog.InfoS("ublk driver features", "flags", fmt.Sprintf("%#x", f.Features()))
 	}
 	var startupErrs []error
-	if r, ok := backend.(interface{ StartupErrors() []error }); ok {
+	if r, ok := be.(interface{ StartupErrors() []error }); ok {
 		startupErrs = r.StartupErrors()
 	}
-	for _, q := range []any{store, backend} {
+	for _, q := range []any{st, be} {
 		if q, ok := q.(blockdev.Quarantiner); ok {
 			for _, p := range q.Quarantined() {
 				klog.ErrorS(quarantineCause(q, p, startupErrs),

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/owner"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
 
@@ -161,7 +163,7 @@ func ublkFeatures() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("kernel %s, ublk features %#x\n", blockdev.KernelRelease(), f)
+	fmt.Printf("kernel %s, ublk features %#x\n", kernel.Release(), f)
 	for _, n := range ublk.FlagNames(f) {
 		fmt.Println(" ", n)
 	}
@@ -176,7 +178,7 @@ func ublkList(args []string) error {
 		return err
 	}
 	stateDir := filepath.Join(*dataDir, blockdev.UblkStateDir)
-	owner, err := blockdev.OwnerToken(*dataDir)
+	owner, err := owner.Ensure(*dataDir)
 	if err != nil {
 		return err
 	}

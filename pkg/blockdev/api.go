@@ -180,25 +180,27 @@ type Backend interface {
 	Close() error
 }
 
-// Quiescer is implemented by backends that can hold a device's I/O while a
+// IOHolder is implemented by backends that can hold a device's I/O while a
 // snapshot or clone of its backing file is taken; the driver uses it for raw
-// block volumes in use (a mounted volume's filesystem is frozen instead).
+// block volumes in use (a mounted volume's filesystem is frozen instead; see
+// package quiesce for the choice).
 //
-// Quiesce returns once every write the device has completed is in the
-// backing file (flushed, as for a FLUSH request) and, until resume is
+// HoldIO returns once every write the device has completed is in the
+// backing file (flushed, as for a FLUSH request) and, until release is
 // called, no request reaches the backing file: new requests wait, they are
 // neither failed nor lost. A copy made in between is then crash-consistent.
-// resume releases the held requests; calling it more than once is safe.
-// Quiesce of a volume with no device returns an error wrapping ErrNotFound.
-// The caller serialises Quiesce and resume with the volume's other calls.
+// release lets the held requests through; calling it more than once is
+// safe. HoldIO of a volume with no device returns an error wrapping
+// ErrNotFound. The caller serialises HoldIO and release with the volume's
+// other calls.
 //
 // The loop backend does not implement it: the kernel offers no way to hold
 // a loop device's requests from user space (its queue is frozen only inside
 // its own ioctls, LOOP_SET_STATUS, LOOP_SET_BLOCK_SIZE and the like, never
 // across calls), so a raw block loop volume in use is flushed with
-// FlushDevice and copied by a single reflink, or not at all.
-type Quiescer interface {
-	Quiesce(ctx context.Context, volumeID string) (resume func() error, err error)
+// quiesce.FlushDevice and copied by a single reflink, or not at all.
+type IOHolder interface {
+	HoldIO(ctx context.Context, volumeID string) (release func() error, err error)
 }
 
 // IOStats are a backend's own measurements of one device, beyond the
@@ -240,4 +242,12 @@ type LimitSetter interface {
 // themselves (the ublk server does; the kernel loop device does not).
 type IOStatser interface {
 	IOStats(volumeID string) (IOStats, bool)
+}
+
+// Quarantiner is implemented by what sets aside records it cannot read
+// (the Store, the ublk backend): Quarantined lists their paths. Each needs
+// an operator: the object it describes is out of service, its data and
+// device kept, until the record is restored or removed.
+type Quarantiner interface {
+	Quarantined() []string
 }

@@ -43,11 +43,14 @@ func deriveID(prefix byte, name string) string {
 // that are not valid never reach a path: the Store answers ErrNotFound for
 // them (DeleteVolume and DeleteSnapshot answer nil, as for unknown IDs).
 func ValidID(id string) bool {
-	return isVolumeID(id) || isSnapshotID(id)
+	return IsVolumeID(id) || IsSnapshotID(id)
 }
 
-func isVolumeID(id string) bool { return len(id) == idLen && id[0] == volumePrefix && isHex(id[1:]) }
-func isSnapshotID(id string) bool {
+// IsVolumeID reports whether id has the shape of a volume ID.
+func IsVolumeID(id string) bool { return len(id) == idLen && id[0] == volumePrefix && isHex(id[1:]) }
+
+// IsSnapshotID reports whether id has the shape of a snapshot ID.
+func IsSnapshotID(id string) bool {
 	return len(id) == idLen && id[0] == snapshotPrefix && isHex(id[1:])
 }
 
@@ -61,10 +64,10 @@ func isHex(s string) bool {
 	return true
 }
 
-// checkName accepts names of 1 to MaxNameLen bytes of valid UTF-8 (any
+// CheckName accepts names of 1 to MaxNameLen bytes of valid UTF-8 (any
 // characters; protobuf strings are UTF-8, and metadata is JSON, which
 // could not keep other bytes intact).
-func checkName(name string) error {
+func CheckName(name string) error {
 	switch {
 	case name == "":
 		return fmt.Errorf("name is empty: %w", ErrInvalid)

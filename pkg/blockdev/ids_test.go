@@ -21,14 +21,14 @@ func TestDerivedIDs(t *testing.T) {
 	seen := map[string]string{}
 	for label, name := range names {
 		t.Run(label, func(t *testing.T) {
-			if err := checkName(name); err != nil {
+			if err := CheckName(name); err != nil {
 				t.Fatalf("checkName: %v", err)
 			}
 			vid, sid := VolumeID(name), SnapshotID(name)
-			if !ValidID(vid) || !isVolumeID(vid) || isSnapshotID(vid) {
+			if !ValidID(vid) || !IsVolumeID(vid) || IsSnapshotID(vid) {
 				t.Errorf("VolumeID(%q) = %q is not a valid volume ID", name, vid)
 			}
-			if !ValidID(sid) || !isSnapshotID(sid) || isVolumeID(sid) {
+			if !ValidID(sid) || !IsSnapshotID(sid) || IsVolumeID(sid) {
 				t.Errorf("SnapshotID(%q) = %q is not a valid snapshot ID", name, sid)
 			}
 			if VolumeID(name) != vid {
@@ -49,7 +49,7 @@ func TestCheckNameRejects(t *testing.T) {
 		"invalid-utf8": "a\xff\xfeb",
 	} {
 		t.Run(label, func(t *testing.T) {
-			if err := checkName(name); !errors.Is(err, ErrInvalid) {
+			if err := CheckName(name); !errors.Is(err, ErrInvalid) {
 				t.Fatalf("checkName(%q) = %v, want ErrInvalid", name, err)
 			}
 		})

@@ -10,6 +10,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
@@ -278,7 +279,7 @@ func ParseMaxIOSize(s string) (int, error) {
 	n, err := strconv.Atoi(num)
 	// Binary suffixes only: "512k" would be 512,000 bytes, surely not
 	// what was meant (and Gi never fits).
-	if err != nil || (unit != 1 && unit%1024 != 0) || n < 1 || n > blockdev.MaxIOBytesLimit/unit || n*unit%4096 != 0 {
+	if err != nil || (unit != 1 && unit%1024 != 0) || n < 1 || n > backend.MaxIOBytesLimit/unit || n*unit%4096 != 0 {
 		return 0, fmt.Errorf("want a multiple of 4Ki from 4Ki to 1Mi, in bytes or with a Ki or Mi suffix (e.g. 512Ki)")
 	}
 	return n * unit, nil

@@ -8,6 +8,7 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // TestCapacityPerClass checks GetCapacity answers for the StorageClass whose
@@ -68,7 +69,7 @@ func TestClaimMetadataKept(t *testing.T) {
 	}
 	id := resp.GetVolume().GetVolumeId()
 	n.d.store.Close()
-	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: filepath.Join(dir, "data")})
+	store, err := store.Open(store.Config{Dir: filepath.Join(dir, "data")})
 	if err != nil {
 		t.Fatal(err)
 	}

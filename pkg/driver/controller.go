@@ -12,6 +12,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 const (
@@ -81,7 +82,7 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 			return nil, err
 		}
 		defer unlockSrc()
-		if spec.Quiesce, err = s.d.cloneQuiesce(spec.Name, src); err != nil {
+		if spec.Hold, err = s.d.cloneHold(spec.Name, src); err != nil {
 			return nil, err
 		}
 	}
@@ -98,8 +99,8 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 }
 
 // volumeSpec validates a CreateVolume request into a store spec.
-func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSpec, error) {
-	var spec blockdev.VolumeSpec
+func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (store.VolumeSpec, error) {
+	var spec store.VolumeSpec
 	if req.GetName() == "" {
 		return spec, invalid("volume name is missing")
 	}
@@ -122,7 +123,7 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (blockdev.VolumeSp
 	if err != nil {
 		return spec, err
 	}
-	spec = blockdev.VolumeSpec{Name: req.GetName(), SizeBytes: size, Params: req.GetParameters(),
+	spec = store.VolumeSpec{Name: req.GetName(), SizeBytes: size, Params: req.GetParameters(),
 		MutableParams: req.GetMutableParameters()}
 	if err := s.d.checkLimits(blockdev.Volume{Params: spec.Params, MutableParams: spec.MutableParams}); err != nil {
 		return spec, invalid("%v", err)
@@ -188,11 +189,11 @@ func sizeFor(cr *csi.CapacityRange) (int64, error) {
 	return size, nil
 }
 
-// cloneQuiesce returns how to hold the volume src while the volume name is
+// cloneHold returns how to hold the volume src while the volume name is
 // cloned from it: nil when the clone exists already (a repeated call
 // copies nothing) or src is not in use; a missing src is left to the store
 // to report.
-func (d *Driver) cloneQuiesce(name, src string) (blockdev.Quiesce, error) {
+func (d *Driver) cloneHold(name, src string) (store.Hold, error) {
 	if _, err := d.store.Volume(blockdev.VolumeID(name)); err == nil {
 		return nil, nil
 	}
@@ -200,12 +201,12 @@ func (d *Driver) cloneQuiesce(name, src string) (blockdev.Quiesce, error) {
 	if err != nil {
 		return nil, nil
 	}
-	return d.quiesceFor(v)
+	return d.holdFor(v)
 }
 
 // sizeFromSource makes a volume created from a source at least as large as
 // the source when the request named no size.
-func (d *Driver) sizeFromSource(spec *blockdev.VolumeSpec, cr *csi.CapacityRange) error {
+func (d *Driver) sizeFromSource(spec *store.VolumeSpec, cr *csi.CapacityRange) error {
 	var srcSize int64
 	switch {
 	case spec.SourceSnapshotID != "":

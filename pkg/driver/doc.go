@@ -1,5 +1,5 @@
 // Package driver implements the CSI Identity, Controller and Node services of
-// csi-fastblk over a blockdev.Store and a blockdev.Backend.
+// csi-fastblk over a store.Store and a blockdev.Backend.
 //
 // It owns request validation, idempotency, the mapping of blockdev errors to
 // gRPC codes, and per-volume serialisation; it issues no syscalls of its own:

@@ -13,6 +13,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // TopologyKey is the topology segment every volume is accessible under.
@@ -41,7 +42,7 @@ var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)
 // Driver implements the three CSI services. Create it with New.
 type Driver struct {
 	cfg     Config
-	store   *blockdev.Store
+	store   *store.Store
 	backend blockdev.Backend
 	mounter *mount.SafeFormatAndMount
 	exec    utilexec.Interface
@@ -50,7 +51,7 @@ type Driver struct {
 }
 
 // New validates cfg and returns a Driver over store and backend.
-func New(cfg Config, store *blockdev.Store, backend blockdev.Backend) (*Driver, error) {
+func New(cfg Config, store *store.Store, backend blockdev.Backend) (*Driver, error) {
 	if !driverNameRE.MatchString(cfg.Name) {
 		return nil, fmt.Errorf("driver name %q: must be a DNS-like name of at most 63 characters", cfg.Name)
 	}

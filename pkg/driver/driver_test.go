@@ -14,6 +14,7 @@ import (
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // TestErrorCodes pins the mapping from blockdev's error classes to the gRPC
@@ -210,7 +211,7 @@ func TestKeyLocksSerialise(t *testing.T) {
 // (queueDepth, maxIOSize) reaches the backend over the node's defaults,
 // and that the node's defaults fill what the StorageClass left out.
 func TestAttachRequestTuning(t *testing.T) {
-	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: t.TempDir(), OverProvisionRatio: 1})
+	store, err := store.Open(store.Config{Dir: t.TempDir(), OverProvisionRatio: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/mountinfo"
 )
 
 // Volume and storage health (CSI v1.13 alpha RPCs). Every check reads real
@@ -119,8 +122,8 @@ type nodeFacts struct {
 	linkErr     error
 	// mounts maps the staging path and each target to the topmost mount
 	// there; a path that is not a mount point has no key.
-	mounts   map[string]blockdev.MountInfo
-	fsErrors blockdev.FSErrors // the staged filesystem's own error record
+	mounts   map[string]mountinfo.MountInfo
+	fsErrors fsstat.ErrorRecord // the staged filesystem's own error record
 	// staging and target are the paths the request named ("" for none).
 	staging, target string
 }
@@ -226,7 +229,7 @@ func wantsWrites(ns blockdev.NodeState) bool {
 
 // targetHealth reports published targets that are no longer mount points,
 // all in one entry.
-func targetHealth(ns blockdev.NodeState, mounts map[string]blockdev.MountInfo) []*volumeEntry {
+func targetHealth(ns blockdev.NodeState, mounts map[string]mountinfo.MountInfo) []*volumeEntry {
 	var lost []string
 	for _, t := range slices.Sorted(maps.Keys(ns.Targets)) {
 		if _, ok := mounts[t]; !ok {
@@ -244,11 +247,11 @@ func targetHealth(ns blockdev.NodeState, mounts map[string]blockdev.MountInfo) [
 func (d *Driver) nodeFacts(ctx context.Context, v blockdev.Volume, staging, target string) (nodeFacts, error) {
 	f := nodeFacts{file: statFile(d.store.VolumeFile(v.ID)), backend: d.backend.Name(), staging: staging, target: target}
 	var err error
-	if f.mounts, err = blockdev.MountsAt(append(slices.Collect(maps.Keys(v.Node.Targets)), v.Node.StagingPath)...); err != nil {
+	if f.mounts, err = mountinfo.MountsAt(append(slices.Collect(maps.Keys(v.Node.Targets)), v.Node.StagingPath)...); err != nil {
 		return f, err
 	}
 	if m, ok := f.mounts[v.Node.StagingPath]; ok && m.FsType == "ext4" {
-		f.fsErrors, _ = blockdev.Ext4Errors(m.Major, m.Minor) // unreadable: nothing recorded
+		f.fsErrors, _ = fsstat.Ext4Errors(m.Major, m.Minor) // unreadable: nothing recorded
 	}
 	if v.Node.StagingPath == "" {
 		return f, nil
@@ -257,7 +260,7 @@ func (d *Driver) nodeFacts(ctx context.Context, v blockdev.Volume, staging, targ
 	if f.device == nil {
 		return f, nil
 	}
-	if major, minor, err := blockdev.DeviceNumber(f.device.Path); err == nil {
+	if major, minor, err := blkdev.Number(f.device.Path); err == nil {
 		f.devNum = fmt.Sprintf("%d:%d", major, minor)
 	}
 	if st, ok := d.backend.(blockdev.IOStatser); ok {
@@ -290,7 +293,7 @@ func (d *Driver) findDevice(ctx context.Context, id string) (*blockdev.Device, e
 // filesystem and the backend.
 type storageFacts struct {
 	dir      string
-	stats    blockdev.DirStats
+	stats    fsstat.DirStats
 	statErr  error
 	probeErr error
 	backend  string
@@ -322,9 +325,9 @@ func storageHealth(f storageFacts) []*storageEntry {
 
 func (d *Driver) storageFacts(ctx context.Context) storageFacts {
 	f := storageFacts{dir: d.store.Dir(), backend: d.backend.Name()}
-	f.stats, f.statErr = blockdev.StatDir(f.dir)
+	f.stats, f.statErr = fsstat.StatDir(f.dir)
 	if f.statErr == nil && !f.stats.ReadOnly {
-		f.probeErr = blockdev.ProbeWrite(f.dir)
+		f.probeErr = fsstat.ProbeWrite(f.dir)
 	}
 	_, f.listErr = d.backend.List(ctx)
 	return f

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/mountinfo"
 )
 
 const (
@@ -84,7 +86,7 @@ func healthyFacts() nodeFacts {
 		device:  &blockdev.Device{VolumeID: "v1", Path: hDev, Link: hLink},
 		devNum:  "7:3",
 		link:    hDev,
-		mounts: map[string]blockdev.MountInfo{
+		mounts: map[string]mountinfo.MountInfo{
 			hStaging: {MountPoint: hStaging, Major: 7, Minor: 3, Source: hDev, FsType: "ext4", MountOptions: rw, SuperOptions: []string{"rw"}},
 			hTarget:  {MountPoint: hTarget, Major: 7, Minor: 3, Source: hDev, FsType: "ext4", MountOptions: rw, SuperOptions: []string{"rw"}},
 		},
@@ -149,7 +151,7 @@ func TestNodeVolumeHealth(t *testing.T) {
 		{name: "read-only filesystem published read-only only", facts: roSuper,
 			vol: func(v *blockdev.Volume) { v.Node.Targets[hTarget] = blockdev.Publish{ReadOnly: true} }},
 		{name: "filesystem errors recorded", facts: func(f *nodeFacts) {
-			f.fsErrors = blockdev.FSErrors{Count: 2, LastFunc: "ext4_lookup", LastTime: time.Unix(1700000000, 0).UTC()}
+			f.fsErrors = fsstat.ErrorRecord{Count: 2, LastFunc: "ext4_lookup", LastTime: time.Unix(1700000000, 0).UTC()}
 		}, want: []want{{hDegraded, reasonFilesystemErr, []string{hStaging, hDev, "2 error", "ext4_lookup", "2023-11-14T22:13:20Z", "e2fsck"}}}},
 		{name: "read-only after errors, both reported", facts: func(f *nodeFacts) { roSuper(f); f.fsErrors.Count = 1 },
 			want: []want{{hDegraded, reasonFilesystemRO, nil}, {hDegraded, reasonFilesystemErr, nil}}},
@@ -181,21 +183,21 @@ func TestStorageHealth(t *testing.T) {
 		status csi.StorageHealthErrorType
 		reason string
 	}
-	ok := blockdev.DirStats{TotalBytes: 1000, AvailableBytes: 500}
+	ok := fsstat.DirStats{TotalBytes: 1000, AvailableBytes: 500}
 	for _, tc := range []struct {
 		name string
 		f    storageFacts
 		want []w
 	}{
 		{"healthy", storageFacts{stats: ok}, nil},
-		{"exactly at the threshold", storageFacts{stats: blockdev.DirStats{TotalBytes: 1000, AvailableBytes: 50}}, nil},
-		{"low space", storageFacts{stats: blockdev.DirStats{TotalBytes: 1000, AvailableBytes: 49}}, []w{{sDegraded, reasonLowSpace}}},
+		{"exactly at the threshold", storageFacts{stats: fsstat.DirStats{TotalBytes: 1000, AvailableBytes: 50}}, nil},
+		{"low space", storageFacts{stats: fsstat.DirStats{TotalBytes: 1000, AvailableBytes: 49}}, []w{{sDegraded, reasonLowSpace}}},
 		{"data directory gone", storageFacts{statErr: fs.ErrNotExist}, []w{{sUnreach, reasonDataDirGone}}},
-		{"read-only", storageFacts{stats: blockdev.DirStats{TotalBytes: 1000, AvailableBytes: 500, ReadOnly: true}},
+		{"read-only", storageFacts{stats: fsstat.DirStats{TotalBytes: 1000, AvailableBytes: 500, ReadOnly: true}},
 			[]w{{sDegraded, reasonDataDirRO}}},
 		{"probe fails", storageFacts{stats: ok, probeErr: errors.New("EIO")}, []w{{sDegraded, reasonDataDirNoWrite}}},
 		{"backend down", storageFacts{stats: ok, listErr: errors.New("gone")}, []w{{sUnreach, reasonBackendDown}}},
-		{"everything", storageFacts{stats: blockdev.DirStats{TotalBytes: 1000, ReadOnly: true}, listErr: errors.New("gone")},
+		{"everything", storageFacts{stats: fsstat.DirStats{TotalBytes: 1000, ReadOnly: true}, listErr: errors.New("gone")},
 			[]w{{sDegraded, reasonDataDirRO}, {sDegraded, reasonLowSpace}, {sUnreach, reasonBackendDown}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -351,7 +353,7 @@ func TestVolumeHealthSeesRealFaults(t *testing.T) {
 		checkEntries(t, n.nodeHealth(blkID))
 	})
 	t.Run("filesystem error recorded", func(t *testing.T) {
-		mounts, err := blockdev.MountsAt(staging)
+		mounts, err := mountinfo.MountsAt(staging)
 		if err != nil || mounts[staging].FsType != "ext4" {
 			t.Fatalf("staging mount: %v, %v", mounts, err)
 		}

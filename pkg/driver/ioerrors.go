@@ -7,6 +7,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
 )
 
 // fullBelow is the free space of the data directory under which
@@ -45,7 +46,7 @@ func (d *Driver) WatchIOErrors(ctx context.Context, interval time.Duration) {
 
 // lookForIOErrors is one look of WatchIOErrors.
 func (d *Driver) lookForIOErrors(w *ioWatch) {
-	if st, err := blockdev.StatDir(d.store.Dir()); err == nil {
+	if st, err := fsstat.StatDir(d.store.Dir()); err == nil {
 		full := st.AvailableBytes < fullBelow
 		switch {
 		case full && !w.full:

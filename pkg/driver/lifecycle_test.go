@@ -16,6 +16,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // These tests drive the services directly on the loop backend: real loop
@@ -45,12 +48,12 @@ func newTestNode(t *testing.T, dir string) *testNode {
 // newTestNodeOn is newTestNode for the node nodeID.
 func newTestNodeOn(t *testing.T, dir, nodeID string) *testNode {
 	t.Helper()
-	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
+	store, err := store.Open(store.Config{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() }) // its lock file would keep a tmpfs data dir mounted
-	b, err := blockdev.NewBackend("loop", blockdev.BackendConfig{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
+	b, err := backend.New("loop", backend.Config{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -192,7 +195,7 @@ func testOnlineExpansion(t *testing.T, fs string, controller bool) {
 	if err := os.WriteFile(filepath.Join(target, "keep"), []byte("still here"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	before, err := blockdev.StatFS(target)
+	before, err := fsstat.Stat(target)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +213,7 @@ func testOnlineExpansion(t *testing.T, fs string, controller bool) {
 	if resp.GetCapacityBytes() != newSize {
 		t.Errorf("capacity = %d, want %d", resp.GetCapacityBytes(), newSize)
 	}
-	after, err := blockdev.StatFS(target)
+	after, err := fsstat.Stat(target)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,9 @@ import (
 	mount "k8s.io/mount-utils"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/mountinfo"
 )
 
 // stage attaches v's device and, for mount access, formats it if it is empty
@@ -90,9 +93,9 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 // staging when the plugin's own mount namespace would hold that mount
 // alone: the plugin, serving the device, would then be its last holder, and
 // its exit would deadlock on the filesystem's writeback (see
-// blockdev.MountDiesWithProcess). Nothing is attached yet.
+// mountinfo.MountDiesWithProcess). Nothing is attached yet.
 func refuseLastMountHolder(staging string) error {
-	dies, why, err := blockdev.MountDiesWithProcess(staging)
+	dies, why, err := mountinfo.MountDiesWithProcess(staging)
 	if err != nil {
 		return fmt.Errorf("check the staging path's mount propagation: %w", err)
 	}
@@ -246,7 +249,7 @@ func syncBlockReadOnly(ns blockdev.NodeState) error {
 	for _, p := range ns.Targets {
 		ro = ro && p.ReadOnly
 	}
-	return blockdev.SetDeviceReadOnly(ns.Device, ro)
+	return blkdev.SetReadOnly(ns.Device, ro)
 }
 
 func accessName(block bool) string {
@@ -347,12 +350,12 @@ func usedAt(ns blockdev.NodeState, path string) bool {
 }
 
 func (d *Driver) volumeStats(path string) (*csi.NodeGetVolumeStatsResponse, error) {
-	isDev, err := blockdev.IsBlockDevice(path)
+	isDev, err := blkdev.IsDevice(path)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	if isDev {
-		size, err := blockdev.DeviceSize(path)
+		size, err := blkdev.Size(path)
 		if err != nil {
 			return nil, toStatus(err)
 		}
@@ -360,7 +363,7 @@ func (d *Driver) volumeStats(path string) (*csi.NodeGetVolumeStatsResponse, erro
 			{Unit: csi.VolumeUsage_BYTES, Total: size},
 		}}, nil
 	}
-	st, err := blockdev.StatFS(path)
+	st, err := fsstat.Stat(path)
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -15,6 +15,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // Fuzz targets for everything the driver parses from CSI requests. Each
@@ -51,8 +53,8 @@ func FuzzParseMaxIOSize(f *testing.F) {
 			}
 			return
 		}
-		if n < 4096 || n > blockdev.MaxIOBytesLimit || n%4096 != 0 {
-			t.Fatalf("ParseMaxIOSize(%q) = %d, outside the multiples of 4Ki in 4Ki..%d", s, n, blockdev.MaxIOBytesLimit)
+		if n < 4096 || n > backend.MaxIOBytesLimit || n%4096 != 0 {
+			t.Fatalf("ParseMaxIOSize(%q) = %d, outside the multiples of 4Ki in 4Ki..%d", s, n, backend.MaxIOBytesLimit)
 		}
 		forms := []string{strconv.Itoa(n), strconv.Itoa(n>>10) + "Ki"}
 		if n%(1<<20) == 0 {
@@ -111,7 +113,7 @@ func FuzzStorageClassParams(f *testing.F) {
 			t.Fatalf("checkParams accepted %q, limitsFromParams refused it: %v", p, err)
 		}
 		if tun.Queues < 0 || tun.Queues > 4096 || tun.QueueDepth < 0 || tun.QueueDepth > 4096 ||
-			tun.QueueDepth&(tun.QueueDepth-1) != 0 || tun.MaxIOBytes%4096 != 0 || tun.MaxIOBytes > blockdev.MaxIOBytesLimit {
+			tun.QueueDepth&(tun.QueueDepth-1) != 0 || tun.MaxIOBytes%4096 != 0 || tun.MaxIOBytes > backend.MaxIOBytesLimit {
 			t.Fatalf("params %q gave tuning %+v out of range", p, tun)
 		}
 		if lim.IOPS < 0 || lim.IOPS > maxIOPSLimit || lim.BytesPerSecond < 0 || lim.BytesPerSecond > 1<<50 {
@@ -222,11 +224,11 @@ func fuzzDriver(f *testing.F) (*Driver, string) {
 	} else {
 		f.Cleanup(func() { os.RemoveAll(dir) })
 	}
-	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
+	store, err := store.Open(store.Config{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
 	if err != nil {
 		f.Fatal(err)
 	}
-	b, err := blockdev.NewBackend("loop", blockdev.BackendConfig{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
+	b, err := backend.New("loop", backend.Config{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/quiesce"
 )
 
 // mountXFS mounts a fresh reflink XFS on a new directory (a data directory
@@ -118,8 +119,8 @@ func TestRawBlockCopyInUse(t *testing.T) {
 	})
 }
 
-// quiescingBackend is the loop backend with a Quiescer, as the ublk backend
-// will have: it records each hold and its release (and flushes the device,
+// quiescingBackend is the loop backend with an IOHolder, as the ublk backend
+// has: it records each hold and its release (and flushes the device,
 // which is all a loop device allows).
 type quiescingBackend struct {
 	blockdev.Backend
@@ -127,18 +128,18 @@ type quiescingBackend struct {
 	holds, releases int
 }
 
-func (b *quiescingBackend) Quiesce(ctx context.Context, id string) (func() error, error) {
+func (b *quiescingBackend) HoldIO(ctx context.Context, id string) (func() error, error) {
 	b.holds++
-	if err := blockdev.FlushDevice(ctx, b.dev); err != nil {
+	if err := quiesce.FlushDevice(ctx, b.dev); err != nil {
 		return nil, err
 	}
 	return func() error { b.releases++; return nil }, nil
 }
 
-// TestRawBlockUsesBackendQuiescer proves that a raw block volume in use is
-// held through the backend's Quiescer when it has one, once per copy and
+// TestRawBlockUsesBackendIOHolder proves that a raw block volume in use is
+// held through the backend's IOHolder when it has one, once per copy and
 // released after it, and that such a backend needs no reflink.
-func TestRawBlockUsesBackendQuiescer(t *testing.T) {
+func TestRawBlockUsesBackendIOHolder(t *testing.T) {
 	requireRoot(t)
 	n := newTestNode(t, t.TempDir()) // ext4: no reflink
 	qb := &quiescingBackend{Backend: n.backend}
@@ -156,10 +157,10 @@ func TestRawBlockUsesBackendQuiescer(t *testing.T) {
 	qb.dev = v.Node.Device
 	ctx := context.Background()
 	if _, err := n.ctrl.CreateSnapshot(ctx, &csi.CreateSnapshotRequest{Name: "held", SourceVolumeId: id}); err != nil {
-		t.Fatalf("snapshot of a raw block volume in use with a Quiescer: %v", err)
+		t.Fatalf("snapshot of a raw block volume in use with an IOHolder: %v", err)
 	}
 	n.create("held-clone", 64<<20, volumeSource(id))
 	if qb.holds != 2 || qb.releases != 2 {
-		t.Errorf("Quiesce called %d times and released %d for a snapshot and a clone, want 2 and 2", qb.holds, qb.releases)
+		t.Errorf("HoldIO called %d times and released %d for a snapshot and a clone, want 2 and 2", qb.holds, qb.releases)
 	}
 }

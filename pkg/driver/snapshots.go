@@ -15,12 +15,14 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/quiesce"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // CreateSnapshot copies a volume's file. A volume in use is crash-consistent
 // in its snapshot: a mounted one's filesystem is frozen while the copy
 // catches up with the writes made during a first, live pass; a raw block
-// one is held by the backend's Quiescer, or, on the loop backend, which
+// one is held by the backend's IOHolder, or, on the loop backend, which
 // cannot hold a device's I/O, flushed and reflinked at one point in time,
 // and refused (FailedPrecondition) where the data directory cannot reflink.
 func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshotRequest) (*csi.CreateSnapshotResponse, error) {
@@ -55,14 +57,14 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("source volume %s: %w", src, err))
 	}
-	var q blockdev.Quiesce
+	var hold store.Hold
 	if _, err := s.d.store.Snapshot(blockdev.SnapshotID(name)); err != nil {
 		// Not taken yet (a repeated call is answered without a copy).
-		if q, err = s.d.quiesceFor(v); err != nil {
+		if hold, err = s.d.holdFor(v); err != nil {
 			return nil, err
 		}
 	}
-	snap, err := s.d.store.CreateSnapshot(ctx, name, src, q)
+	snap, err := s.d.store.CreateSnapshot(ctx, name, src, hold)
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("create snapshot %q: %w", name, err))
 	}
@@ -70,32 +72,32 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 	return &csi.CreateSnapshotResponse{Snapshot: s.d.csiSnapshot(snap)}, nil
 }
 
-// quiesceFor returns how to hold a volume in use steady while it is copied
+// holdFor returns how to hold a volume in use steady while it is copied
 // (nil when it is not in use):
 //   - a mounted volume: its filesystem is frozen, recorded in the data
 //     directory first, so that a plugin killed meanwhile thaws it when it
 //     starts again;
-//   - a raw block volume: the backend's Quiescer holds the device's I/O;
+//   - a raw block volume: the backend's IOHolder holds the device's I/O;
 //     a backend without one (loop) can only flush the device, so the copy
 //     must be one reflink to be crash-consistent, and a data directory that
 //     cannot reflink gets FailedPrecondition rather than a torn copy.
-func (d *Driver) quiesceFor(v blockdev.Volume) (blockdev.Quiesce, error) {
+func (d *Driver) holdFor(v blockdev.Volume) (store.Hold, error) {
 	id, path, dev := v.ID, v.Node.StagingPath, v.Node.Device
 	switch {
 	case path == "":
 		return nil, nil
 	case !v.Node.Block:
 		return func(ctx context.Context) (func() error, error) {
-			thaw, err := d.store.FreezeFS(ctx, id, path, dev)
+			thaw, err := quiesce.FreezeVolume(ctx, d.store.Dir(), id, path, dev)
 			if err != nil {
 				return nil, err
 			}
 			return logHeld(id, "filesystem frozen", thaw), nil
 		}, nil
 	}
-	if q, ok := d.backend.(blockdev.Quiescer); ok {
+	if q, ok := d.backend.(blockdev.IOHolder); ok {
 		return func(ctx context.Context) (func() error, error) {
-			resume, err := q.Quiesce(ctx, id)
+			resume, err := q.HoldIO(ctx, id)
 			if err != nil {
 				return nil, err
 			}
@@ -112,7 +114,7 @@ func (d *Driver) quiesceFor(v blockdev.Volume) (blockdev.Quiesce, error) {
 			"or use a data directory on xfs (reflink=1) or btrfs", id, d.backend.Name())
 	}
 	return func(ctx context.Context) (func() error, error) {
-		return func() error { return nil }, blockdev.FlushDevice(ctx, dev)
+		return func() error { return nil }, quiesce.FlushDevice(ctx, dev)
 	}, nil
 }
 

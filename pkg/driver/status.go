@@ -6,6 +6,10 @@ import (
 	"os"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cgroup"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
@@ -30,7 +34,7 @@ type NodeStatus struct {
 	Volumes        []VolumeStatus `json:"volumes"`
 	Snapshots      int            `json:"snapshots"`
 	// PidsHeadroom is how many more tasks the plugin's cgroup may start
-	// under its pids limit (blockdev.PidsHeadroom); nil when there is no
+	// under its pids limit (cgroup.PidsHeadroom); nil when there is no
 	// limit. Each ublk queue is two of them.
 	PidsHeadroom *int64 `json:"pidsHeadroom,omitempty"`
 	// Quarantined are the records (volume metadata, ublk device states)
@@ -62,9 +66,9 @@ type VolumeStatus struct {
 	Tuning       blockdev.Tuning `json:"tuning"`
 	// Limits are the volume's rate limits: those in force on its device
 	// when attached, else those recorded.
-	Limits qos.Limits          `json:"limits,omitzero"`
-	Disk   *blockdev.DiskStats `json:"disk,omitempty"`
-	IO     *blockdev.IOStats   `json:"io,omitempty"`
+	Limits qos.Limits        `json:"limits,omitzero"`
+	Disk   *blkdev.Stats     `json:"disk,omitempty"`
+	IO     *blockdev.IOStats `json:"io,omitempty"`
 }
 
 // Status gathers the node's status: volumes from the store, devices from the
@@ -74,7 +78,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 		Driver:  d.cfg.Name,
 		Version: d.cfg.Version,
 		NodeID:  d.cfg.NodeID,
-		Kernel:  blockdev.KernelRelease(),
+		Kernel:  kernel.Release(),
 		Backend: d.backend.Name(),
 		Healthy: true,
 	}
@@ -82,7 +86,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 		st.Healthy, st.HealthError, st.HealthSummary = false, err.Error(), HealthSummary(err)
 	}
 	st.CapacityAvailable, st.CapacityTotal, _ = d.store.Capacity()
-	if fs, err := blockdev.StatFS(d.store.Dir()); err == nil {
+	if fs, err := fsstat.Stat(d.store.Dir()); err == nil {
 		st.FilesystemFree = fs.AvailableBytes
 	}
 	st.Snapshots = len(d.store.Snapshots())
@@ -90,7 +94,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	if q, ok := d.backend.(blockdev.Quarantiner); ok {
 		st.Quarantined = append(st.Quarantined, q.Quarantined()...)
 	}
-	if room, err := blockdev.PidsHeadroom(os.Getpid()); err == nil && room >= 0 {
+	if room, err := cgroup.PidsHeadroom(os.Getpid()); err == nil && room >= 0 {
 		st.PidsHeadroom = &room
 	}
 	devs, err := d.backend.List(ctx)
@@ -106,14 +110,14 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 		vs := VolumeStatus{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, StagingPath: v.Node.StagingPath,
 			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning, PVName: v.Params[ParamPVName]}
 		vs.PVCNamespace, vs.PVCName = v.Claim()
-		vs.AllocatedBytes, _ = blockdev.AllocatedBytes(d.store.VolumeFile(v.ID))
+		vs.AllocatedBytes, _ = fsstat.AllocatedBytes(d.store.VolumeFile(v.ID))
 		vs.Limits, _ = limitsOf(v)
 		if v.Node.StagingPath != "" {
 			vs.Access = accessName(v.Node.Block)
 		}
 		if dev, ok := byVolume[v.ID]; ok {
 			vs.Device, vs.Link, vs.Backend, vs.Tuning, vs.Limits = dev.Path, dev.Link, dev.Backend, dev.Tuning, dev.Limits
-			if ds, err := blockdev.ReadDiskStats(dev.Path); err == nil {
+			if ds, err := blkdev.ReadStats(dev.Path); err == nil {
 				vs.Disk = &ds
 			}
 			if statser != nil {

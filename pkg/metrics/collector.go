@@ -9,7 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/klog/v2"
 
-	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 )
 
@@ -60,7 +60,7 @@ var (
 // Startup holds what the plugin learned at start-up and reports as is.
 type Startup struct {
 	// BackendFallback is why --backend auto serves with loop devices on a
-	// node whose kernel has ublk (blockdev.Fallback.Reason); "" when it
+	// node whose kernel has ublk (backend.Fallback.Reason); "" when it
 	// did not fall back.
 	BackendFallback string
 }
@@ -150,7 +150,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func collectDisk(counter, gauge func(*prometheus.Desc, float64, ...string), l []string, d *blockdev.DiskStats) {
+func collectDisk(counter, gauge func(*prometheus.Desc, float64, ...string), l []string, d *blkdev.Stats) {
 	const sector = 512
 	with := func(op string) []string { return append(append([]string(nil), l...), op) }
 	counter(descIOs, float64(d.ReadIOs), with("read")...)

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 )
@@ -28,7 +29,7 @@ var attached = driver.NodeStatus{
 	Volumes: []driver.VolumeStatus{
 		{ID: "v1", Name: "pvc-1", PVCNamespace: "apps", PVCName: "data", PVName: "pvc-1", SizeBytes: 1 << 30, AllocatedBytes: 4096, Device: "/dev/ublkb0", Backend: "ublk",
 			Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 128, MaxIOBytes: 512 << 10},
-			Disk:   &blockdev.DiskStats{ReadIOs: 10, ReadSectors: 80, WriteIOs: 5, WriteSectors: 40, InFlight: 3},
+			Disk:   &blkdev.Stats{ReadIOs: 10, ReadSectors: 80, WriteIOs: 5, WriteSectors: 40, InFlight: 3},
 			Limits: qos.Limits{IOPS: 5000},
 			IO: &blockdev.IOStats{State: "live", Recoveries: 1, Errors: 2, LatencyBounds: []float64{0.001, 0.01},
 				LatencyCounts: []uint64{4, 15}, LatencySum: 0.05, LatencyCount: 15, Throttled: 7, ThrottledSeconds: 0.25}},

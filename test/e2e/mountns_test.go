@@ -17,7 +17,7 @@ import (
 
 // TestLastMountHolder covers the ublk server's self-deadlock: a process
 // that exits while its mount namespace alone holds a mount of a ublk device
-// it serves hangs in exit for good (blockdev.MountDiesWithProcess). The
+// it serves hangs in exit for good (mountinfo.MountDiesWithProcess). The
 // plugin runs in a mount namespace of its own, as in a container.
 //
 // With the staging path on a private mount (a container without

@@ -12,6 +12,8 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 )
 
@@ -41,11 +43,11 @@ func startPlugin(t *testing.T, name string) *plugin {
 		kind = "loop"
 	}
 	dataDir := filepath.Join(base, "data")
-	store, err := blockdev.OpenStore(blockdev.StoreConfig{Dir: dataDir, OverProvisionRatio: 1})
+	store, err := store.Open(store.Config{Dir: dataDir, OverProvisionRatio: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
-	backend, err := blockdev.NewBackend(kind, blockdev.BackendConfig{DataDir: dataDir, DevDir: filepath.Join(base, "dev")})
+	backend, err := backend.New(kind, backend.Config{DataDir: dataDir, DevDir: filepath.Join(base, "dev")})
 	if err != nil {
 		t.Fatalf("%s backend: %v", kind, err)
 	}

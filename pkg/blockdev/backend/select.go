@@ -1,0 +1,205 @@
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/owner"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+)
+
+// Config configures whichever backend is selected.
+type Config struct {
+	// DataDir is the Store's data directory; backends only list and
+	// adopt devices whose backing files live under it.
+	DataDir string
+	// Owner marks the devices of this data directory; backends only list,
+	// adopt and detach devices carrying it. Zero means
+	// owner.Ensure(DataDir).
+	Owner uint64
+	// AdoptUnmarked (loop only) marks as ours, once per data directory,
+	// the loop devices a plugin without owner marks bound to this
+	// directory's volume files (their lo_file_name is their path, and
+	// their backing inode is the volume file's), so that the upgraded
+	// plugin finds the devices of staged volumes again. Done is recorded
+	// in <DataDir>/loop-marked; later starts skip it, since losetup
+	// names devices the same way. The plugin sets it; tests of foreign
+	// devices leave it off.
+	AdoptUnmarked bool
+	// DevDir holds the stable links <DevDir>/<volume-id> (default /dev/fastblk).
+	DevDir string
+	// Default tuning when a volume does not ask for its own (zero = auto).
+	Tuning blockdev.Tuning
+	// Poll (ublk only) bounds how long a queue thread polls for
+	// completions after a busy round before it sleeps (see
+	// ublk.QueueOptions.Poll). It trades CPU time for latency; 0 never
+	// polls.
+	Poll time.Duration
+	// BatchIO (ublk only) is "on", "auto" (where the kernel offers it) or
+	// "off" ("" = off): new devices fetch and commit requests in batches
+	// (see ublk.ServerConfig.BatchIO).
+	BatchIO string
+	// Threads (ublk only) is how many server threads serve every
+	// device's queues; 0 means one per CPU the plugin may use.
+	// ThreadPerQueue gives each queue a thread of its own instead, the
+	// design before shared threads, for benchmark comparisons.
+	Threads        int
+	ThreadPerQueue bool
+	// Benchmark knobs (ublk only; zero: the product's defaults):
+	// ThreadTags sizes each server thread (ublk.ThreadConfig.Tags),
+	// ZeroCopy is "auto", "on" or "off", and Ablate lists techniques to
+	// switch off (ublk.ParseAblation), PollInFlight is the most requests
+	// in service with which a server thread still polls
+	// (ublk.ThreadConfig.PollInFlight), PinThreads pins server thread i
+	// to the i-th CPU (ublk.ThreadConfig.Pin).
+	ThreadTags   int
+	ZeroCopy     string
+	Ablate       string
+	PollInFlight int
+	PinThreads   bool
+	// UblkControl is the ublk control device whose presence makes "auto"
+	// try ublk ("" = /dev/ublk-control). The ublk backend itself always
+	// opens /dev/ublk-control; tests point this elsewhere to exercise the
+	// fallback on hosts without ublk.
+	UblkControl string
+}
+
+// UblkControl is the ublk control device; its presence selects ublk in "auto".
+const UblkControl = "/dev/ublk-control"
+
+// Reasons "auto" falls back to loop where the ublk control device exists,
+// as Fallback.Reason (a metric label).
+const (
+	FallbackIOUringRefused = "io_uring_refused" // io_uring_setup or io_uring_enter refused: sysctl, seccomp
+	FallbackUblkTimeout    = "ublk_timeout"     // a ublk control command did not answer in time
+	FallbackUblkFailed     = "ublk_failed"      // any other failure to start the ublk backend
+)
+
+// Fallback says why "auto" serves volumes with loop devices on a node
+// whose kernel has ublk_drv.
+type Fallback struct {
+	Reason string // one of the Fallback* reasons
+	Err    error  // what failed
+}
+
+// NewBackend returns the backend named kind: "loop", "ublk", or "auto"
+// (ublk when /dev/ublk-control exists and works, loop otherwise).
+func New(kind string, cfg Config) (blockdev.Backend, error) {
+	b, _, err := Select(kind, cfg)
+	return b, err
+}
+
+// SelectBackend is NewBackend that also says, for "auto", why it chose loop
+// although the ublk control device exists (nil when it did not fall back).
+// "auto" never fails for ublk's sake: io_uring refused by the kernel
+// (kernel.io_uring_disabled) or a seccomp filter, a ublk control command
+// that times out, or any other ublk start-up error make it fall back to
+// loop. "ublk" fails with that error instead.
+func Select(kind string, cfg Config) (blockdev.Backend, *Fallback, error) {
+	if cfg.DataDir == "" {
+		return nil, nil, fmt.Errorf("%s backend: no data directory: %w", kind, blockdev.ErrInvalid)
+	}
+	if cfg.Owner == 0 {
+		err := os.MkdirAll(cfg.DataDir, 0o700)
+		if err == nil {
+			cfg.Owner, err = owner.Ensure(cfg.DataDir)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s backend: %w", kind, err)
+		}
+	}
+	switch kind {
+	case "auto":
+		control := cfg.UblkControl
+		if control == "" {
+			control = UblkControl
+		}
+		if _, err := os.Stat(control); err != nil {
+			b, err := newLoopBackend(cfg)
+			return b, nil, err
+		}
+		b, err := startUblk(cfg)
+		if err == nil {
+			return b, nil, nil
+		}
+		fb := &Fallback{Reason: fallbackReason(err), Err: err}
+		lb, lerr := newLoopBackend(cfg)
+		if lerr != nil {
+			return nil, nil, fmt.Errorf("%w; loop backend: %w", err, lerr)
+		}
+		return lb, fb, nil
+	case "ublk":
+		b, err := startUblk(cfg)
+		return b, nil, err
+	case "loop":
+		b, err := newLoopBackend(cfg)
+		return b, nil, err
+	}
+	return nil, nil, fmt.Errorf("backend %q: %w (want auto, ublk or loop)", kind, blockdev.ErrInvalid)
+}
+
+// startUblk checks that io_uring works, then starts the ublk backend.
+func startUblk(cfg Config) (blockdev.Backend, error) {
+	if err := ProbeIOUring(); err != nil {
+		return nil, fmt.Errorf("ublk backend: %w", err)
+	}
+	return newUblkBackend(cfg)
+}
+
+// errIOUringRefused marks ProbeIOUring's errors.
+var errIOUringRefused = errors.New("io_uring refused")
+
+// ProbeIOUring creates a ring and runs one no-op through it, bounded by a
+// second. An error says why io_uring cannot serve here, naming the
+// kernel.io_uring_disabled sysctl when it is set and a seccomp filter
+// otherwise; it wraps the errno.
+func ProbeIOUring() error {
+	r, err := uring.New(uring.Config{Entries: 1})
+	if err == nil {
+		err = probeNop(r)
+		r.Close()
+	}
+	if err == nil {
+		return nil
+	}
+	why := "a seccomp filter or the kernel's configuration"
+	if v, rerr := os.ReadFile("/proc/sys/kernel/io_uring_disabled"); rerr == nil && strings.TrimSpace(string(v)) != "0" {
+		why = "sysctl kernel.io_uring_disabled=" + strings.TrimSpace(string(v))
+	}
+	return fmt.Errorf("%w by %s: %w", errIOUringRefused, why, err)
+}
+
+func probeNop(r *uring.Ring) error {
+	sqe := r.GetSQE()
+	if sqe == nil {
+		return errors.New("no sqe")
+	}
+	sqe.PrepNop()
+	if _, err := r.SubmitAndWait(1, time.Second); err != nil {
+		return err
+	}
+	var cqe [1]uring.CQE
+	if r.Reap(cqe[:]) != 1 || cqe[0].Res < 0 {
+		return fmt.Errorf("io_uring no-op: result %d", cqe[0].Res)
+	}
+	return nil
+}
+
+// fallbackReason classifies a ublk start-up error.
+func fallbackReason(err error) string {
+	switch {
+	case errors.Is(err, errIOUringRefused):
+		return FallbackIOUringRefused
+	case errors.Is(err, unix.ETIME):
+		return FallbackUblkTimeout
+	}
+	return FallbackUblkFailed
+}
+
+var _ blockdev.Quarantiner = (*ublkBackend)(nil)

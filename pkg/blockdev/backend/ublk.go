@@ -1,0 +1,296 @@
+package backend
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+	"k8s.io/klog/v2"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cgroup"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
+)
+
+// ublkBackend adapts ublk.Server to Backend: it checks IDs, keeps the
+// stable links <DevDir>/<volume-id>, and maps ublk's errors (standard
+// library sentinels and errnos) onto this package's classes.
+type ublkBackend struct {
+	cfg     Config
+	srv     *ublk.Server
+	startup []error
+}
+
+var _ blockdev.Backend = (*ublkBackend)(nil)
+
+// newUblkBackend opens the ublk control device and re-adopts the devices
+// recorded under DataDir/ublk (user recovery), deleting those whose volume
+// file is gone. Per-device failures there do not fail construction; they
+// are returned by StartupErrors for the caller to log.
+func newUblkBackend(cfg Config) (blockdev.Backend, error) {
+	if cfg.DevDir == "" {
+		cfg.DevDir = "/dev/fastblk"
+	}
+	var batch ublk.Mode // "": the server's default (off)
+	if cfg.BatchIO != "" {
+		var err error
+		if batch, err = ublk.ParseMode("ublk batch i/o", cfg.BatchIO); err != nil {
+			return nil, ublkErr("ublk backend", err)
+		}
+	}
+	var zc ublk.Mode // "": auto
+	if cfg.ZeroCopy != "" {
+		var err error
+		if zc, err = ublk.ParseMode("ublk zero copy", cfg.ZeroCopy); err != nil {
+			return nil, ublkErr("ublk backend", err)
+		}
+	}
+	ablation, err := ublk.ParseAblation(cfg.Ablate)
+	if err != nil {
+		return nil, ublkErr("ublk backend", err)
+	}
+	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
+		StateDir: filepath.Join(cfg.DataDir, blockdev.UblkStateDir),
+		Owner:    cfg.Owner,
+		BatchIO:  batch,
+		ZeroCopy: zc,
+		Threads:  cfg.Threads, ThreadPerQueue: cfg.ThreadPerQueue,
+		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads},
+		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
+		ThreadRoom: func() (int64, error) {
+			room, err := cgroup.PidsHeadroom(os.Getpid())
+			if err != nil {
+				klog.ErrorS(err, "cannot read the pids headroom; creating the device anyway")
+			}
+			return room, err
+		},
+	})
+	if err != nil {
+		return nil, ublkErr("ublk backend", err)
+	}
+	b := &ublkBackend{cfg: cfg, srv: srv, startup: startup}
+	if p := srv.Threads(); p != nil {
+		for _, t := range p.Threads() {
+			go b.watchThread(t)
+		}
+	}
+	for _, s := range srv.List() {
+		if _, err := b.link(s.VolumeID, s.Path); err != nil {
+			b.startup = append(b.startup, err)
+		}
+	}
+	return b, nil
+}
+
+// StartupErrors returns what went wrong re-adopting or sweeping devices.
+func (b *ublkBackend) StartupErrors() []error { return b.startup }
+
+// Quarantined returns the device state files set aside as unreadable.
+func (b *ublkBackend) Quarantined() []string { return b.srv.Quarantined() }
+
+// Features returns the ublk driver's UBLK_F_* flags.
+func (b *ublkBackend) Features() uint64 { return b.srv.Features() }
+
+func (b *ublkBackend) Name() string { return "ublk" }
+
+// MaxIOBytesLimit is the largest Tuning.MaxIOBytes a ublk device takes: the
+// 1 MiB requests of zero copy.
+const MaxIOBytesLimit = ublk.ZeroCopyMaxIOBytes
+
+// Attach serves the volume file as /dev/ublkbN. Idempotent: a device
+// already serving the volume is returned.
+func (b *ublkBackend) Attach(ctx context.Context, req blockdev.AttachRequest) (blockdev.Device, error) {
+	if !blockdev.IsVolumeID(req.VolumeID) {
+		return blockdev.Device{}, fmt.Errorf("attach %q: volume id: %w", req.VolumeID, blockdev.ErrInvalid)
+	}
+	t := req.Tuning
+	if t.Queues == 0 {
+		t.Queues = b.cfg.Tuning.Queues
+	}
+	if t.QueueDepth == 0 {
+		t.QueueDepth = b.cfg.Tuning.QueueDepth
+	}
+	if t.MaxIOBytes == 0 {
+		t.MaxIOBytes = b.cfg.Tuning.MaxIOBytes
+	}
+	// Checked here too, before the narrowing to 32 bits could wrap it.
+	if t.MaxIOBytes < 0 || t.MaxIOBytes > MaxIOBytesLimit {
+		return blockdev.Device{}, fmt.Errorf("attach %s: max i/o bytes %d not in 0..%d: %w",
+			req.VolumeID, t.MaxIOBytes, MaxIOBytesLimit, blockdev.ErrInvalid)
+	}
+	s, err := b.srv.Attach(ctx, ublk.AttachSpec{VolumeID: req.VolumeID, File: req.File, SizeBytes: req.SizeBytes,
+		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes), Limits: req.Limits})
+	if err != nil {
+		return blockdev.Device{}, ublkErr("attach "+req.VolumeID, err)
+	}
+	link, err := b.link(req.VolumeID, s.Path)
+	if err != nil {
+		return blockdev.Device{}, err
+	}
+	return b.device(s, link), nil
+}
+
+func (b *ublkBackend) device(s ublk.Served, link string) blockdev.Device {
+	size, err := ublk.DeviceSize(s.DevID)
+	if err != nil {
+		size = s.SizeBytes
+	}
+	return blockdev.Device{VolumeID: s.VolumeID, Path: s.Path, Link: link, Backend: b.Name(),
+		Tuning: blockdev.Tuning{Queues: s.Tuning.Queues, QueueDepth: s.Tuning.Depth, MaxIOBytes: int(s.Tuning.MaxIOBytes)},
+		Limits: s.Limits, SizeBytes: size}
+}
+
+// Detach removes the volume's device and link. Unknown volumes return
+// nil; a mounted or exclusively open device returns ErrBusy.
+func (b *ublkBackend) Detach(ctx context.Context, volumeID string) error {
+	if !blockdev.IsVolumeID(volumeID) {
+		return nil
+	}
+	if err := b.srv.Detach(ctx, volumeID); err != nil {
+		return ublkErr("detach "+volumeID, err)
+	}
+	link := filepath.Join(b.cfg.DevDir, volumeID)
+	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("detach %s: remove link: %w", volumeID, err)
+	}
+	return nil
+}
+
+// Resize makes the device report sizeBytes (UPDATE_SIZE, Linux 6.16+);
+// older kernels get an error wrapping ErrNotSupported.
+func (b *ublkBackend) Resize(ctx context.Context, volumeID string, sizeBytes int64) error {
+	if !blockdev.IsVolumeID(volumeID) {
+		return fmt.Errorf("resize %q: %w", volumeID, blockdev.ErrNotFound)
+	}
+	return ublkErr("resize "+volumeID, b.srv.Resize(ctx, volumeID, sizeBytes))
+}
+
+// List returns the devices this backend serves, including re-adopted ones.
+func (b *ublkBackend) List(ctx context.Context) ([]blockdev.Device, error) {
+	var out []blockdev.Device
+	for _, s := range b.srv.List() {
+		out = append(out, b.device(s, filepath.Join(b.cfg.DevDir, s.VolumeID)))
+	}
+	return out, nil
+}
+
+// Close stops serving but leaves every device in place, quiesced with its
+// I/O held, for the next process to re-adopt.
+func (b *ublkBackend) Close() error { return ublkErr("close ublk backend", b.srv.Close()) }
+
+// link points <DevDir>/<id> at path, replacing any older link atomically.
+func (b *ublkBackend) link(id, path string) (string, error) {
+	link := filepath.Join(b.cfg.DevDir, id)
+	return link, replaceLink(link, path)
+}
+
+// ublkErr wraps err with op and the class its cause belongs to.
+func ublkErr(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var class error
+	switch {
+	case errors.Is(err, errors.ErrUnsupported):
+		class = blockdev.ErrNotSupported
+	case errors.Is(err, os.ErrInvalid):
+		class = blockdev.ErrInvalid
+	case errors.Is(err, os.ErrNotExist), errors.Is(err, unix.ENODEV):
+		class = blockdev.ErrNotFound
+	case errors.Is(err, os.ErrExist):
+		class = blockdev.ErrConflict
+	case errors.Is(err, unix.EBUSY):
+		class = blockdev.ErrBusy
+	case errors.Is(err, ublk.ErrThreadLimit):
+		class = blockdev.ErrNoSpace
+	default:
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	return fmt.Errorf("%s: %w: %w", op, class, err)
+}
+
+var (
+	_ blockdev.IOStatser   = (*ublkBackend)(nil)
+	_ blockdev.LimitSetter = (*ublkBackend)(nil)
+)
+
+// SetLimits changes the rate limits of the volume's live device at once.
+func (b *ublkBackend) SetLimits(ctx context.Context, volumeID string, lim qos.Limits) error {
+	return ublkErr("set limits of "+volumeID, b.srv.SetLimits(volumeID, lim))
+}
+
+// IOStats sums the counters the device's queue threads keep: errors,
+// requests in flight and the latency histogram (arrival to commit).
+// Recoveries is 1 when this process re-adopted the device from an earlier
+// one.
+func (b *ublkBackend) IOStats(volumeID string) (blockdev.IOStats, bool) {
+	queues, recovered := b.srv.Stats(volumeID)
+	if queues == nil {
+		return blockdev.IOStats{}, false
+	}
+	var total ublk.QueueStats
+	for _, q := range queues {
+		total = total.Add(q)
+	}
+	st := blockdev.IOStats{
+		State:            "live",
+		Errors:           total.Errors,
+		InFlight:         total.InFlight,
+		LatencySum:       float64(total.LatencyNs) / 1e9,
+		Throttled:        total.Throttled,
+		ThrottledSeconds: float64(total.ThrottledNs) / 1e9,
+	}
+	if recovered {
+		st.Recoveries = 1
+	}
+	if err := b.srv.Err(volumeID); err != nil && !errors.Is(err, os.ErrNotExist) {
+		// A queue or its server thread failed: the device's I/O is
+		// held by the kernel until the device is recovered.
+		st.State, st.Reason = "failed", err.Error()
+	}
+	var cum uint64
+	for i, bound := range ublk.LatencyBuckets {
+		cum += total.Latency[i]
+		st.LatencyBounds = append(st.LatencyBounds, bound.Seconds())
+		st.LatencyCounts = append(st.LatencyCounts, cum)
+	}
+	st.LatencyCount = cum + total.Latency[len(ublk.LatencyBuckets)]
+	return st, true
+}
+
+var _ blockdev.IOHolder = (*ublkBackend)(nil)
+
+// HoldIO holds the I/O of the volume's device until release: requests that
+// arrive wait in the server, and none reaches the backing file (ublk.Server
+// Pause), so a snapshot or clone of a raw block volume in use is crash
+// consistent.
+func (b *ublkBackend) HoldIO(ctx context.Context, volumeID string) (func() error, error) {
+	resume, err := b.srv.Pause(ctx, volumeID)
+	if err != nil {
+		return nil, ublkErr("quiesce "+volumeID, err)
+	}
+	return func() error { resume(); return nil }, nil
+}
+
+// watchThread logs a server thread's failure the moment it happens, with the
+// volumes it served: their devices hold their I/O (state "failed" in their
+// stats and health) until the plugin restarts and re-adopts them.
+func (b *ublkBackend) watchThread(t *ublk.Thread) {
+	<-t.Done()
+	err := t.Err()
+	if err == nil {
+		return // closed with the server
+	}
+	var vols []string
+	for _, s := range b.srv.List() {
+		if e := b.srv.Err(s.VolumeID); e != nil && errors.Is(e, ublk.ErrThreadDead) {
+			vols = append(vols, s.VolumeID)
+		}
+	}
+	klog.ErrorS(err, "ublk server thread failed: its devices hold their I/O until the plugin restarts and re-adopts them",
+		"thread", t.ID(), "volumes", vols)
+}
