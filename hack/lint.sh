@@ -3,6 +3,11 @@
 # proxy and cached) and the project's layering rules (style.md rule 1):
 #   - pkg/blockdev/uring imports nothing of ours (its subpackages may import it);
 #   - pkg/blockdev/ublk and pkg/blockdev/loop never import pkg/blockdev;
+#   - pkg/blockdev itself (the contract) imports nothing of ours but qos;
+#   - below the driver only backend picks a backend: nothing else in
+#     pkg/blockdev imports backend, and only backend and the driver's
+#     callers stand above store (nothing in pkg/blockdev imports store);
+#   - nothing in pkg/blockdev imports pkg/driver or cmd;
 #   - cmd/ and pkg/driver never import golang.org/x/sys/unix (syscalls live in blockdev);
 #   - unsafe only in pkg/blockdev/uring and pkg/blockdev/ublk (tests excepted).
 set -euo pipefail
@@ -27,6 +32,17 @@ while read -r pkg imports; do
 			echo "layering: $rel imports $imp (the engine imports nothing of ours)"; fail=1 ;;
 		pkg/blockdev/ublk*:"$mod"/pkg/blockdev | pkg/blockdev/loop*:"$mod"/pkg/blockdev)
 			echo "layering: $rel imports $imp (backends sit below blockdev)"; fail=1 ;;
+		pkg/blockdev:"$mod"/pkg/blockdev/qos) ;;
+		pkg/blockdev:"$mod"/*)
+			echo "layering: $rel imports $imp (the contract imports nothing of ours but qos)"; fail=1 ;;
+		pkg/blockdev/backend*:"$mod"/pkg/blockdev/backend*) ;;
+		pkg/blockdev/*:"$mod"/pkg/blockdev/backend*)
+			echo "layering: $rel imports $imp (only the driver's callers pick a backend)"; fail=1 ;;
+		pkg/blockdev/store*:"$mod"/pkg/blockdev/store*) ;;
+		pkg/blockdev/*:"$mod"/pkg/blockdev/store*)
+			echo "layering: $rel imports $imp (nothing below the driver stands above the store)"; fail=1 ;;
+		pkg/blockdev*:"$mod"/pkg/driver* | pkg/blockdev*:"$mod"/cmd/*)
+			echo "layering: $rel imports $imp (imports run down)"; fail=1 ;;
 		cmd/*:golang.org/x/sys/unix | pkg/driver*:golang.org/x/sys/unix)
 			echo "layering: $rel imports $imp (syscalls belong in pkg/blockdev)"; fail=1 ;;
 		pkg/blockdev/uring*:unsafe | pkg/blockdev/ublk*:unsafe) ;;

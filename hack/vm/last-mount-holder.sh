@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # last-mount-holder.sh shows, on a VM kernel, the ublk server self-deadlock
-# that the plugin's staging guard (blockdev.MountDiesWithProcess) keeps it
+# that the plugin's staging guard (mountinfo.MountDiesWithProcess) keeps it
 # out of: a `csi-fastblk ublk serve` process in a mount namespace of its own,
 # the only holder of an ext4 mount of the device it serves with dirty data,
 # is killed with SIGKILL; its exit tears the namespace down, and the final

@@ -1,21 +1,67 @@
-// Package blockdev owns csi-fastblk's volumes and the devices that expose them.
+// Package blockdev is the contract between csi-fastblk's driver and the
+// code that keeps volumes and exposes them as block devices: the records
+// (Volume, Snapshot, NodeState), the Backend interface and its optional
+// capabilities (IOHolder, LimitSetter, IOStatser, Quarantiner), the error
+// classes every layer below wraps (errors.go), how names become IDs
+// (ids.go) and the parts of the data directory's layout the Store and the
+// backends share (layout.go). It does no I/O; every package below imports
+// it and it imports none of them.
 //
-// A volume is a sparse file under the data directory plus a small metadata
-// record; a snapshot is a frozen copy of a volume's file (a reflink where the
-// filesystem can share extents, a sparse-aware copy otherwise). The Store keeps
-// both, crash-safely, and answers capacity questions. A Backend turns a volume
-// file into a block device (the kernel loop device, or a ublk device served by
-// this process) and finds the devices it made again after a restart.
+// # Packages
 //
-// Names become IDs, never paths: VolumeID and SnapshotID hash a name of up to
-// MaxNameLen bytes into a fixed alphabet, and ValidID guards every ID that
-// arrives from outside. Sizes are whole SizeAlign (4 KiB) blocks; the Store
-// rounds requests up and reports the rounded size.
+// Imports run down this list, never up:
 //
-// blockdev knows nothing of CSI or gRPC: it returns errors that wrap the
-// sentinels in errors.go, and the driver maps those to status codes. Store and
-// the backends are safe for concurrent use; callers serialise operations on the
-// same volume (the driver holds a lock per volume ID), and the Store also
-// serialises operations on one ID itself. The Store holds no open files
-// between calls; backends own the devices they make.
+//	store       volumes and snapshots under the data directory: records,
+//	            capacity, the directory's lock; crash-safe (owner, filecopy)
+//	backend     Backend selection and the ublk and loop adapters
+//	            (backendtest: the conformance suite both run)
+//	quiesce     holding a volume in use steady for a copy: filesystem freeze
+//	            with records that survive a crash, device flush
+//	owner       the data directory's owner token, carried by its devices
+//	filecopy    reflink, sparse-aware copy and resync of volume files
+//	ublk, loop  the devices themselves; uring the io_uring engine
+//	mountinfo, cgroup, blkdev, fsstat, kernel
+//	            facts about the node: the mount table, the pids limit,
+//	            block devices (numbers, size, disk counters), filesystem
+//	            usage and errors, the kernel release
+//
+// # The life of a 4k write
+//
+// A pod writes to a file on a volume staged with the ublk backend: the
+// filesystem sends a 4 KiB WRITE to /dev/ublkbN, the device
+// backend/ublk.go attached through ublk.Server when the volume was staged
+// (its link /dev/fastblk/<volume-id> is what the driver mounted). ublk_drv
+// completes the request's fetch command on the io_uring of the server thread
+// serving that device's queue; the thread reads the request's descriptor,
+// issues one WRITE on the volume file, <data dir>/volumes/<id>.img (opened
+// with O_DIRECT, registered with the ring), and on its completion commits
+// the result and fetches the tag's next request in one command, batched into
+// the same io_uring_enter as every other device that thread serves (package
+// ublk's doc names the files). Nothing in this package, the store or the
+// driver is on that path. With the loop backend (backend/loop.go) the
+// kernel's loop driver does the same with direct I/O on the same file.
+//
+// # The life of a snapshot
+//
+// The driver's CreateSnapshot locks the source volume and picks how to hold
+// it steady while it is copied (pkg/driver/snapshots.go): nothing when it
+// is not staged; a frozen filesystem when it is mounted
+// (quiesce.FreezeVolume, which records the freeze in <data dir>/frozen
+// first, so that a plugin killed while it is frozen thaws it on its next
+// start, quiesce.ThawAbandoned); the backend's IOHolder for a raw block
+// volume on ublk (backend/ublk.go HoldIO); a device flush
+// (quiesce.FlushDevice) and one reflink on loop. store.CreateSnapshot
+// (store/snapshot.go) then copies the volume file while it is live
+// (filecopy.MakeFile: a reflink, or a sparse-aware copy), holds the source
+// only while the copy catches up (filecopy.ResyncFile), releases it, and
+// makes the snapshot exist by writing its record atomically
+// (store/record.go, <data dir>/meta/<id>.json). A crash at any point
+// leaves either no snapshot or a complete one: Open removes files without
+// records.
+//
+// # Concurrency
+//
+// Store and the backends are safe for concurrent use; callers serialise
+// operations on the same volume (the driver holds a lock per volume ID), and
+// the Store also serialises operations on one ID itself.
 package blockdev

@@ -12,8 +12,8 @@ import (
 	"strings"
 )
 
-// CgroupRoot is where the cgroup filesystems are mounted.
-const CgroupRoot = "/sys/fs/cgroup"
+// Root is where the cgroup filesystems are mounted.
+const Root = "/sys/fs/cgroup"
 
 // PidsLimit returns the most tasks (processes and threads) the pids
 // controller lets process pid's cgroup hold: the smallest pids.max of its
@@ -99,12 +99,12 @@ func pidsDirs(pid int) ([]string, error) {
 		var root string
 		switch {
 		case parts[0] == "0" && parts[1] == "":
-			root = CgroupRoot // v2
+			root = Root // v2
 			if _, err := os.Stat(filepath.Join(root, "cgroup.controllers")); err != nil {
-				root = filepath.Join(CgroupRoot, "unified") // v1/v2 hybrid
+				root = filepath.Join(Root, "unified") // v1/v2 hybrid
 			}
 		case hasController(parts[1], "pids"):
-			root = filepath.Join(CgroupRoot, "pids")
+			root = filepath.Join(Root, "pids")
 		default:
 			continue
 		}

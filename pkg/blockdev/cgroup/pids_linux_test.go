@@ -95,12 +95,12 @@ func TestPidsLimitOfRealCgroup(t *testing.T) {
 // pids hierarchy, or v2's when it has the controller enabled for children.
 func pidsHierarchy(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat(filepath.Join(CgroupRoot, "pids", "cgroup.procs")); err == nil {
-		return filepath.Join(CgroupRoot, "pids")
+	if _, err := os.Stat(filepath.Join(Root, "pids", "cgroup.procs")); err == nil {
+		return filepath.Join(Root, "pids")
 	}
-	b, err := os.ReadFile(filepath.Join(CgroupRoot, "cgroup.subtree_control"))
+	b, err := os.ReadFile(filepath.Join(Root, "cgroup.subtree_control"))
 	if err == nil && strings.Contains(string(b), "pids") {
-		return CgroupRoot
+		return Root
 	}
 	t.Skip("no pids controller to test with")
 	return ""

@@ -130,10 +130,10 @@ func TestCapacityReserve(t *testing.T) {
 		t.Fatalf("filesystem free %d after filling every volume, want at least the reserve %d", f, int64(reserve))
 	}
 	if _, err := Open(Config{Dir: t.TempDir(), ReserveBytes: -1}); !errors.Is(err, blockdev.ErrInvalid) {
-		t.Fatalf("OpenStore with a negative reserve = %v, want ErrInvalid", err)
+		t.Fatalf("Open with a negative reserve = %v, want ErrInvalid", err)
 	}
 	if _, err := Open(Config{Dir: t.TempDir(), ReserveRatio: 1}); !errors.Is(err, blockdev.ErrInvalid) {
-		t.Fatalf("OpenStore reserving the whole filesystem = %v, want ErrInvalid", err)
+		t.Fatalf("Open reserving the whole filesystem = %v, want ErrInvalid", err)
 	}
 	// A ratio reserves that share of the filesystem's size.
 	s.Close()

@@ -24,7 +24,7 @@ import (
 // Exit statuses of the helper process.
 const (
 	crashExit     = 75 // killed at the point the test asked for
-	refusedExit   = 76 // OpenStore refused the data directory
+	refusedExit   = 76 // Open refused the data directory
 	helperTimeout = 30 * time.Second
 )
 
@@ -128,7 +128,7 @@ func TestDataDirLockedAcrossProcesses(t *testing.T) {
 	}
 	_, err := Open(Config{Dir: dir})
 	if !errors.Is(err, blockdev.ErrBusy) {
-		t.Errorf("OpenStore while another process holds the directory = %v, want ErrBusy", err)
+		t.Errorf("Open while another process holds the directory = %v, want ErrBusy", err)
 	}
 	stdin.Close()
 	if code := exitCode(t, cmd); code != 0 {

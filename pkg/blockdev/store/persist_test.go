@@ -51,7 +51,7 @@ func TestReopen(t *testing.T) {
 }
 
 // TestCrashLeftovers simulates crashes at every step of the write protocol
-// and checks that OpenStore keeps what was acknowledged and removes the rest.
+// and checks that Open keeps what was acknowledged and removes the rest.
 func TestCrashLeftovers(t *testing.T) {
 	dir := t.TempDir()
 	s := openStore(t, dir)
@@ -115,7 +115,7 @@ func TestCrashLeftovers(t *testing.T) {
 	mustCreate(t, r, VolumeSpec{Name: "c", SizeBytes: 1 << 20})
 }
 
-func TestOpenStoreRejects(t *testing.T) {
+func TestOpenRejects(t *testing.T) {
 	for label, cfg := range map[string]Config{
 		"no-dir":      {},
 		"ratio-below": {Dir: t.TempDir(), OverProvisionRatio: 0.5},
@@ -129,11 +129,11 @@ func TestOpenStoreRejects(t *testing.T) {
 	}
 }
 
-// TestOpenStoreQuarantinesCorruptRecord proves that a record that does not
+// TestOpenQuarantinesCorruptRecord proves that a record that does not
 // decode does not stop the store: it is set aside (renamed, never deleted)
 // and listed by Quarantined, every other object is served, the volume's
 // file is kept across restarts, and its ID is neither reused nor deleted.
-func TestOpenStoreQuarantinesCorruptRecord(t *testing.T) {
+func TestOpenQuarantinesCorruptRecord(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	s := openStore(t, dir)
@@ -146,7 +146,7 @@ func TestOpenStoreQuarantinesCorruptRecord(t *testing.T) {
 	for range 2 { // the second open finds it set aside already
 		r, err := Open(Config{Dir: dir})
 		if err != nil {
-			t.Fatalf("OpenStore with one corrupt record: %v", err)
+			t.Fatalf("Open with one corrupt record: %v", err)
 		}
 		if vols := r.Volumes(); len(vols) != 1 || vols[0].ID != a.ID {
 			t.Fatalf("volumes %+v, want only %s", vols, a.ID)
@@ -178,13 +178,13 @@ func leave(t *testing.T, path string, data []byte) {
 	}
 }
 
-// TestOpenStoreQuarantinesInvalidRecord proves that a record that decodes
+// TestOpenQuarantinesInvalidRecord proves that a record that decodes
 // but is not a complete object is treated as one that does not decode: set
 // aside (renamed, its bytes kept) and listed by Quarantined, its data file
 // kept and its ID held, while every valid object is still served. (Every
 // kind of record the store writes loads back unchanged: TestReopen; a
 // complete half-made one is removed: TestCrashLeftovers.)
-func TestOpenStoreQuarantinesInvalidRecord(t *testing.T) {
+func TestOpenQuarantinesInvalidRecord(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	s := openStore(t, dir)

@@ -40,7 +40,7 @@ const (
 
 // record is the on-disk form of one object. State is "ready" for every
 // record the Store writes today. "creating" marks a half-made object (a
-// record written before its data file is complete) that OpenStore removes
+// record written before its data file is complete) that Open removes
 // with its data file. The Store has never written another state, so any
 // other one is corruption, and the record is quarantined.
 type record struct {
@@ -273,7 +273,7 @@ func (s *Store) checkQuarantined(id string) error {
 
 // removeObject removes an object's record, then its data file, so that a
 // crash in between leaves a data file without a record, which the next
-// OpenStore removes.
+// Open removes.
 func (s *Store) removeObject(id string) error {
 	if err := atomicfile.Remove(s.metaPath(id)); err != nil {
 		return err

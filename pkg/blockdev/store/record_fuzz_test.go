@@ -11,7 +11,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
 
-// recordsSetAside is true since OpenStore sets aside a record it cannot
+// recordsSetAside is true since Open sets aside a record it cannot
 // serve instead of failing or deleting the object (issue 23, defect 2).
 // With it false, FuzzRecord leaves out the properties that need it: a
 // record that is not a complete, valid object is never served, and it is
@@ -20,14 +20,14 @@ const recordsSetAside = true
 
 // FuzzRecord writes fuzz input as the metadata record of one volume (or
 // snapshot) with its data file, then opens the store on that directory.
-// Properties: nothing panics; OpenStore either fails with an error or
+// Properties: nothing panics; Open either fails with an error or
 // serves the object under the record's own ID; a served record encodes
 // and decodes to itself (parse, format, parse); its data file lies in the
-// data directory. With recordsSetAside: no record stops OpenStore; a
+// data directory. With recordsSetAside: no record stops Open; a
 // served object is complete (valid name deriving its ID, positive aligned
 // size); and a record not served is set aside (Quarantined) with its data
 // file kept, unless it is a complete half-made object (state "creating"),
-// which OpenStore removes with its data file.
+// which Open removes with its data file.
 func FuzzRecord(f *testing.F) {
 	vol := `{"state":"ready","volume":{"id":"` + blockdev.VolumeID("pvc-1") + `","name":"pvc-1","sizeBytes":1048576,` +
 		`"params":{"queues":"2"},"createdAt":"2026-01-02T03:04:05Z","node":{"stagingPath":"/var/lib/kubelet/x","device":"/dev/fastblk/x"}}}`
@@ -119,7 +119,7 @@ func complete(id, name string, size int64, snapshot bool) bool {
 }
 
 // halfMade reports whether data is the record of a half-made object id:
-// state "creating", otherwise complete. OpenStore removes such an object
+// state "creating", otherwise complete. Open removes such an object
 // with its data file.
 func halfMade(data []byte, id string, snapshot bool) bool {
 	var r record

@@ -63,11 +63,14 @@ type Hold func(ctx context.Context) (release func() error, err error)
 //	<dir>/snapshots/<id>.img  snapshot files (reflinks or sparse copies)
 //	<dir>/meta/<id>.json      one record per object, replaced atomically
 //	<dir>/lock                flocked by the process serving the directory
-//	<dir>/owner               the owner token its devices carry (owner.Ensure)
+//	<dir>/owner               the owner token its devices carry (package owner)
+//
+// and, kept by others: <dir>/frozen/ (package quiesce), <dir>/ublk/ (the
+// ublk backend's device records), <dir>/loop-marked (the loop backend).
 //
 // The records are the truth: an object exists once its record is durable and
 // stops existing when its record is removed. A data file without a record,
-// or a record that is not "ready", is a half-made object; OpenStore removes
+// or a record that is not "ready", is a half-made object; Open removes
 // both, so a crash at any point loses nothing acknowledged and leaves nothing
 // half-made visible.
 //
@@ -84,7 +87,7 @@ type Store struct {
 	busy      map[string]chan struct{} // closed when the ID's operation ends
 	reserved  map[string]int64         // bytes promised to creates in flight
 	// quarantined maps the IDs whose record could not be loaded to the
-	// record's path (set aside or in place); filled by OpenStore only.
+	// record's path (set aside or in place); filled by Open only.
 	quarantined map[string]string
 	// quarantineCauses maps a quarantined record's path to why it was
 	// set aside (this start's reading of it; none for one an earlier
@@ -95,7 +98,7 @@ type Store struct {
 	closeOnce sync.Once
 }
 
-// OpenStore opens (creating if needed) the data directory and loads metadata,
+// Open opens (creating if needed) the data directory and loads metadata,
 // removing stale temp files and half-made objects left by a crash, and
 // setting aside records that do not decode (see Quarantined).
 //

@@ -207,7 +207,7 @@ func (s *Store) DeleteVolume(ctx context.Context, id string, detach func(ctx con
 }
 
 // deleteObject removes the record (the object is gone from then on), then
-// the data file; a crash in between leaves an orphan file OpenStore removes.
+// the data file; a crash in between leaves an orphan file Open removes.
 func (s *Store) deleteObject(id string) error {
 	if err := atomicfile.Remove(s.metaPath(id)); err != nil {
 		return fmt.Errorf("delete %s: %w", id, err)

@@ -1,0 +1,16 @@
+// Package quiesce holds a volume in use steady while its file is copied,
+// by the means the volume allows:
+//
+//   - a mounted filesystem is frozen (FreezeFS, FIFREEZE); FreezeVolume
+//     first records the freeze under <data dir>/frozen, because a frozen
+//     filesystem outlives the process that froze it, and ThawAbandoned
+//     thaws what a killed plugin left frozen;
+//   - a device whose backend can hold its I/O (blockdev.IOHolder, the
+//     ublk backend) is held by the backend itself;
+//   - any other device is flushed (FlushDevice): its completed writes reach
+//     the file, but new ones keep flowing, so only a single reflink copies
+//     it consistently.
+//
+// The driver chooses among them (pkg/driver/snapshots.go); the store runs
+// the hold it is given (store.Hold).
+package quiesce
