@@ -178,7 +178,8 @@ func ublkList(args []string) error {
 		return err
 	}
 	stateDir := filepath.Join(*dataDir, blockdev.UblkStateDir)
-	owner, err := owner.Ensure(*dataDir)
+	// Read, not Ensure: listing changes nothing on the node.
+	tok, err := owner.Read(*dataDir)
 	if err != nil {
 		return err
 	}
@@ -204,7 +205,7 @@ func ublkList(args []string) error {
 			continue
 		}
 		who := "other"
-		if info.UblksrvFlags == owner {
+		if tok != 0 && info.UblksrvFlags == tok {
 			who = "this data dir"
 			if v, ok := vols[id]; ok {
 				who = v

@@ -55,11 +55,37 @@ func readOwner(path string) (uint64, error) {
 	return tok, nil
 }
 
+// Read returns the data directory's owner token and changes nothing: the
+// owner file's token, or, in a directory without one, the token Ensure
+// would adopt from the ublk devices an older plugin recorded there; 0 when
+// there is neither (no device carries a token then). Listing and status
+// commands use it, so that they write nothing on the node.
+func Read(dataDir string) (uint64, error) {
+	tok, err := readOwner(filepath.Join(dataDir, ownerFile))
+	if !errors.Is(err, os.ErrNotExist) {
+		return tok, err
+	}
+	tok, _ = recordedOwner(dataDir)
+	return tok, nil
+}
+
 // firstOwner picks the token of a data directory that has none: the one
-// its recorded ublk devices carry when they agree (or when one of them
-// carries the path-derived token of the current path), else a new random
-// one.
+// its recorded ublk devices carry (recordedOwner), else a new random one.
 func firstOwner(dataDir string) (uint64, error) {
+	if tok, ok := recordedOwner(dataDir); ok {
+		return tok, nil
+	}
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("owner token: %w", err)
+	}
+	return binary.LittleEndian.Uint64(b[:]) | 1<<63, nil
+}
+
+// recordedOwner returns the token the data directory's recorded ublk
+// devices carry when they agree, or when one of them carries the
+// path-derived token of the current path (plugins before the owner file).
+func recordedOwner(dataDir string) (uint64, bool) {
 	stateDir := filepath.Join(dataDir, blockdev.UblkStateDir)
 	sts, _ := ublk.States(stateDir)
 	seen := map[uint64]bool{}
@@ -71,15 +97,11 @@ func firstOwner(dataDir string) (uint64, error) {
 	legacy := ublk.OwnerToken(stateDir)
 	switch {
 	case seen[legacy]:
-		return legacy, nil
+		return legacy, true
 	case len(seen) == 1:
 		for tok := range seen {
-			return tok, nil
+			return tok, true
 		}
 	}
-	var b [8]byte
-	if _, err := rand.Read(b[:]); err != nil {
-		return 0, fmt.Errorf("owner token: %w", err)
-	}
-	return binary.LittleEndian.Uint64(b[:]) | 1<<63, nil
+	return 0, false
 }

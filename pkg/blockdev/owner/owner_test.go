@@ -2,6 +2,7 @@ package owner
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -55,6 +56,12 @@ func TestOwnerTokenAdoptsLegacyToken(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, blockdev.UblkStateDir, "v1.json"), st, 0o600); err != nil {
 		t.Fatal(err)
 	}
+	if tok, err := Read(dir); err != nil || tok != legacy {
+		t.Fatalf("Read of a recorded directory = %#x, %v; want the recorded %#x", tok, err, legacy)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ownerFile)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Read wrote the owner file (%v)", err)
+	}
 	if tok, err := Ensure(dir); err != nil || tok != legacy {
 		t.Fatalf("Ensure of a recorded directory = %#x, %v; want the recorded %#x", tok, err, legacy)
 	}
@@ -80,5 +87,30 @@ func TestOwnerTokenRefusesCorruptFile(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(filepath.Join(dir, ownerFile)); string(data) != "zz\n" {
 		t.Fatalf("owner file rewritten: %q", data)
+	}
+}
+
+// TestReadChangesNothing proves that Read only reads: a directory without
+// an owner file has token 0 and stays empty, a missing one stays missing,
+// and once Ensure made the token Read returns it.
+func TestReadChangesNothing(t *testing.T) {
+	empty, missing := t.TempDir(), filepath.Join(t.TempDir(), "gone")
+	for _, dir := range []string{empty, missing} {
+		if tok, err := Read(dir); err != nil || tok != 0 {
+			t.Errorf("Read(%s) = %#x, %v; want 0, nil", dir, tok, err)
+		}
+	}
+	if ents, err := os.ReadDir(empty); err != nil || len(ents) != 0 {
+		t.Errorf("Read wrote into %s: %v, %v", empty, ents, err)
+	}
+	if _, err := os.Stat(missing); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Read created %s (%v)", missing, err)
+	}
+	tok, err := Ensure(empty)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Read(empty); err != nil || got != tok {
+		t.Errorf("Read after Ensure = %#x, %v; want %#x", got, err, tok)
 	}
 }
