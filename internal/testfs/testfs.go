@@ -21,10 +21,8 @@ import (
 // detaching happen in t.Cleanup.
 func MountImage(t testing.TB, size int64, mkfs string, args ...string) string {
 	t.Helper()
-	testgate.RequireRoot(t)
-	if _, err := exec.LookPath(mkfs); err != nil {
-		testgate.Skip(t, testgate.Root, "%s not installed (apt-get install -y xfsprogs e2fsprogs): %v", mkfs, err)
-	}
+	testgate.RequireLoop(t)
+	testgate.RequireTool(t, mkfs)
 	img := t.TempDir() + "/fs.img"
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)

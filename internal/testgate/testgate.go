@@ -1,6 +1,8 @@
 // Package testgate is the one place tests decide what to do when the
-// machine lacks something they need (root, ublk, a ublk feature): skip
-// where that is expected (the host has no ublk), fail where it is not.
+// machine lacks something they need (root, loop devices, a tool, ublk, a
+// ublk feature, or an opt-in such as a cluster): skip where that is
+// expected (the host has no ublk), fail where it is not. No test calls
+// t.Skip itself.
 //
 // FASTBLK_REQUIRE lists, comma-separated, the features that must be
 // present; a test that would skip or narrow its coverage for lack of one of
@@ -13,19 +15,42 @@ package testgate
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 )
 
-// The features tests gate on.
+// The features tests gate on: what a machine provides. make test requires
+// those of the machines it runs on (Makefile, hack/vm/guest/lib.sh).
 const (
-	Root       = "root"       // euid 0
-	Ublk       = "ublk"       // /dev/ublk-control (ublk_drv loaded)
-	ZeroCopy   = "zerocopy"   // UBLK_F_AUTO_BUF_REG
-	BatchIO    = "batch"      // UBLK_F_BATCH_IO
-	UpdateSize = "updatesize" // UBLK_F_UPDATE_SIZE
-	Quiesce    = "quiesce"    // UBLK_F_QUIESCE
+	Root        = "root"        // euid 0
+	Loop        = "loop"        // loop devices (/dev/loop-control)
+	Tools       = "tools"       // mkfs.ext4, mkfs.xfs and the programs make deps installs
+	Cgroup      = "cgroup"      // a pids controller that root may create child cgroups under
+	IOAcct      = "ioacct"      // per-task I/O accounting (write_bytes in /proc/self/io)
+	Ext4Error   = "ext4error"   // ext4's trigger_fs_error attribute (a real filesystem error on demand)
+	CapResource = "capresource" // CAP_SYS_RESOURCE (online ext4 resize)
+	SMP         = "smp"         // at least two CPUs this process may use
+	ODirect     = "odirect"     // O_DIRECT on the test's temporary directory
+	BufRing     = "bufring"     // io_uring provided-buffer rings (Linux 5.19)
+	Ublk        = "ublk"        // /dev/ublk-control (ublk_drv loaded)
+	ZeroCopy    = "zerocopy"    // UBLK_F_AUTO_BUF_REG
+	BatchIO     = "batch"       // UBLK_F_BATCH_IO
+	UpdateSize  = "updatesize"  // UBLK_F_UPDATE_SIZE
+	Quiesce     = "quiesce"     // UBLK_F_QUIESCE
+)
+
+// Opt-ins: tests that need more than a test machine (a cluster, a second
+// boot, permission to change machine-wide state, the chart harness). Each is
+// enabled by its own environment variable or harness, and listing it in
+// FASTBLK_REQUIRE makes a run without it fail.
+const (
+	Cluster         = "k8s"              // FASTBLK_K8S: the cluster of hack/k8s/e2e.sh
+	PowerCut        = "powercut"         // FASTBLK_POWERCUT: two VM boots of hack/vm/powercut.sh
+	Sysctl          = "sysctl"           // FASTBLK_TEST_SYSCTL=1: may change machine-wide sysctls
+	ExclusiveMounts = "exclusive-mounts" // FASTBLK_EXCLUSIVE_MOUNTS=1: no other test mounts meanwhile
+	Chart           = "chart"            // hack/chart/test.sh: helm, the image archive, containerd, CRDs
 )
 
 // EnvRequire is the environment variable listing the required features.
@@ -67,6 +92,28 @@ func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		Skip(t, Root, "needs root")
+	}
+}
+
+// RequireTool skips (or fails, see Skip) unless the program name is
+// installed.
+func RequireTool(t testing.TB, name string) {
+	t.Helper()
+	if _, err := exec.LookPath(name); err != nil {
+		Skip(t, Tools, "%s not installed (make deps installs it): %v", name, err)
+	}
+}
+
+// LoopControl is the loop driver's control device.
+const LoopControl = "/dev/loop-control"
+
+// RequireLoop skips (or fails, see Skip) unless the test runs as root on
+// a kernel with loop devices.
+func RequireLoop(t testing.TB) {
+	t.Helper()
+	RequireRoot(t)
+	if _, err := os.Stat(LoopControl); err != nil {
+		Skip(t, Loop, "no loop devices: %v", err)
 	}
 }
 

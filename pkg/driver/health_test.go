@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/mountinfo"
@@ -358,8 +359,12 @@ func TestVolumeHealthSeesRealFaults(t *testing.T) {
 			t.Fatalf("staging mount: %v, %v", mounts, err)
 		}
 		dev := filepath.Base(mounts[staging].Source)
-		if err := os.WriteFile("/sys/fs/ext4/"+dev+"/trigger_fs_error", []byte("health test"), 0); err != nil {
-			t.Skipf("cannot inject an ext4 error: %v", err)
+		err = os.WriteFile("/sys/fs/ext4/"+dev+"/trigger_fs_error", []byte("health test"), 0)
+		if errors.Is(err, os.ErrNotExist) { // a kernel without the attribute
+			testgate.Skip(t, testgate.Ext4Error, "cannot inject an ext4 error: %v", err)
+		}
+		if err != nil {
+			t.Fatalf("inject an ext4 error: %v", err)
 		}
 		// ext4 records the error from a work item; poll for it.
 		w := want{hDegraded, reasonFilesystemErr, []string{staging, dev, "1 error", "e2fsck"}}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
@@ -35,9 +35,7 @@ type testNode struct {
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: attaches loop devices and mounts filesystems")
-	}
+	testgate.RequireRoot(t)
 }
 
 func newTestNode(t *testing.T, dir string) *testNode {
@@ -137,9 +135,7 @@ func (n *testNode) unstage(id string) {
 // the file back from both.
 func TestSnapshotOfMountedXFSRestores(t *testing.T) {
 	requireRoot(t)
-	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
-		t.Skip("mkfs.xfs not installed (make deps installs xfsprogs)")
-	}
+	testgate.RequireTool(t, "mkfs.xfs")
 	n := newTestNode(t, t.TempDir())
 	ctx := context.Background()
 	src := n.create("xfs-src", 320<<20, nil)
@@ -172,11 +168,9 @@ func TestOnlineExpansionGrowsFilesystem(t *testing.T) {
 	for _, fs := range []string{"ext4", "xfs"} {
 		t.Run(fs, func(t *testing.T) {
 			if fs == "ext4" && !haveCapability(t, 24) {
-				t.Skip("online ext4 resize needs CAP_SYS_RESOURCE, which this sandbox withholds")
+				testgate.Skip(t, testgate.CapResource, "online ext4 resize needs CAP_SYS_RESOURCE, which this sandbox withholds")
 			}
-			if _, err := exec.LookPath("mkfs." + fs); err != nil {
-				t.Skipf("mkfs.%s not installed (make deps installs it)", fs)
-			}
+			testgate.RequireTool(t, "mkfs."+fs)
 			t.Run("controller and node", func(t *testing.T) { testOnlineExpansion(t, fs, true) })
 			t.Run("node only", func(t *testing.T) { testOnlineExpansion(t, fs, false) })
 		})
@@ -359,9 +353,7 @@ func TestLoopNodeRefusesRateLimits(t *testing.T) {
 // xfs, which grows online here; ext4 needs CAP_SYS_RESOURCE to grow mounted.
 func TestRestoreIntoLargerVolumeGrowsFilesystem(t *testing.T) {
 	requireRoot(t)
-	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
-		t.Skip("mkfs.xfs not installed (make deps installs xfsprogs)")
-	}
+	testgate.RequireTool(t, "mkfs.xfs")
 	n := newTestNode(t, t.TempDir())
 	ctx := context.Background()
 	src := n.create("small-src", 320<<20, nil)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/quiesce"
 )
@@ -20,9 +21,7 @@ import (
 // that shares extents) and unmounts it in t.Cleanup.
 func mountXFS(t *testing.T) string {
 	t.Helper()
-	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
-		t.Skip("mkfs.xfs not installed (make deps installs xfsprogs)")
-	}
+	testgate.RequireTool(t, "mkfs.xfs")
 	img := filepath.Join(t.TempDir(), "xfs.img")
 	if err := os.WriteFile(img, nil, 0o600); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // TestImageRefIsTheCharts checks that the reference make image names the
@@ -39,12 +41,10 @@ func TestImageImportsIntoContainerd(t *testing.T) {
 	if archive == "" {
 		archive = filepath.Join(repoRoot(t), "bin", "csi-fastblk-image.oci.tar")
 	}
-	if os.Geteuid() != 0 {
-		t.Skip("containerd needs root")
-	}
+	testgate.RequireRoot(t)
 	for _, b := range []string{"containerd", "ctr", "runc"} {
 		if _, err := exec.LookPath(b); err != nil {
-			t.Skipf("no %s: %v", b, err)
+			testgate.Skip(t, testgate.Chart, "no %s: %v", b, err)
 		}
 	}
 	dir, err := os.MkdirTemp("", "ctrd")

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // Pinned in hack/chart/lib.sh; kept in step here for the cache lookup.
@@ -36,13 +38,13 @@ func helmPath(t *testing.T) string {
 	if cache == "" {
 		base, err := os.UserCacheDir()
 		if err != nil {
-			t.Skipf("helm not found: no $HELM and no cache dir (%v); run hack/chart/test.sh", err)
+			testgate.Skip(t, testgate.Chart, "helm not found: no $HELM and no cache dir (%v); run hack/chart/test.sh", err)
 		}
 		cache = filepath.Join(base, "csi-fastblk")
 	}
 	h := filepath.Join(cache, "helm-"+helmVersion, "helm")
 	if _, err := os.Stat(h); err != nil {
-		t.Skipf("helm %s not built at %s; run hack/chart/test.sh", helmVersion, h)
+		testgate.Skip(t, testgate.Chart, "helm %s not built at %s; run hack/chart/test.sh", helmVersion, h)
 	}
 	return h
 }

@@ -16,6 +16,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // imageFiles must be in the image: the plugin and the tools it executes.
@@ -43,7 +45,7 @@ func readArchive(t *testing.T) ociArchive {
 	}
 	f, err := os.Open(p)
 	if err != nil {
-		t.Skipf("no image archive (%v); run make image or set IMAGE_ARCHIVE", err)
+		testgate.Skip(t, testgate.Chart, "no image archive (%v); run make image or set IMAGE_ARCHIVE", err)
 	}
 	defer f.Close()
 	a := ociArchive{}
@@ -271,9 +273,7 @@ func extract(r io.Reader, h *tar.Header, dst, root string) error {
 // runInImage runs the plugin's version command and mkfs.ext4 -V inside the
 // unpacked image, with the image's own dynamic loader and libraries.
 func runInImage(t *testing.T, root string) {
-	if os.Geteuid() != 0 {
-		t.Skip("chroot needs root")
-	}
+	testgate.RequireRoot(t)
 	for _, argv := range [][]string{{"/usr/bin/csi-fastblk", "version"}, {"/sbin/mkfs.ext4", "-V"},
 		{"/sbin/mkfs.xfs", "-V"}, {"/bin/mount", "--version"}} {
 		out, err := exec.Command("chroot", append([]string{root}, argv...)...).CombinedOutput()

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // snapshotAPI is the --api-versions entry of a cluster that serves the
@@ -74,7 +76,7 @@ func TestSnapshotCRDsAreUpstream(t *testing.T) {
 	root := repoRoot(t)
 	out, err := exec.Command(filepath.Join(root, "hack/chart/snapshot-crds.sh"), "--dir").Output()
 	if err != nil {
-		t.Skipf("upstream CRDs not reachable (no module cache and no module proxy?): %v", err)
+		testgate.Skip(t, testgate.Chart, "upstream CRDs not reachable (no module cache and no module proxy?): %v", err)
 	}
 	upstream := strings.TrimSpace(string(out))
 	want, err := filepath.Glob(filepath.Join(upstream, "snapshot.storage.k8s.io_*.yaml"))

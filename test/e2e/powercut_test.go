@@ -17,6 +17,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // The power-cut test runs in two boots of the VM on one data disk
@@ -65,7 +67,7 @@ func pcSize(fs string) int64 {
 func TestPowerCut(t *testing.T) {
 	phase := os.Getenv("FASTBLK_POWERCUT")
 	if phase == "" {
-		t.Skip("FASTBLK_POWERCUT unset: run by hack/vm/powercut.sh, in two boots of the VM")
+		testgate.Skip(t, testgate.PowerCut, "FASTBLK_POWERCUT unset: run by hack/vm/powercut.sh, in two boots of the VM")
 	}
 	dir := os.Getenv("FASTBLK_POWERCUT_DIR")
 	if dir == "" {

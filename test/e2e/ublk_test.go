@@ -499,7 +499,7 @@ func pidsCgroup(t *testing.T, limit int64) (string, int) {
 	t.Helper()
 	const root = "/sys/fs/cgroup"
 	if err := os.WriteFile(filepath.Join(root, "cgroup.subtree_control"), []byte("+pids"), 0o644); err != nil {
-		t.Skipf("no pids controller for child cgroups: %v", err)
+		testgate.Skip(t, testgate.Cgroup, "no pids controller for child cgroups: %v", err)
 	}
 	dir := filepath.Join(root, "e2e-pids")
 	if err := os.Mkdir(dir, 0o755); err != nil {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 const (
@@ -38,7 +40,7 @@ func requireCluster(t *testing.T) *cluster {
 	t.Helper()
 	script := os.Getenv("FASTBLK_K8S")
 	if script == "" {
-		t.Skip("FASTBLK_K8S is not set: these tests run on the cluster of hack/k8s/e2e.sh (make e2e-k8s)")
+		testgate.Skip(t, testgate.Cluster, "FASTBLK_K8S is not set: these tests run on the cluster of hack/k8s/e2e.sh (make e2e-k8s)")
 	}
 	work := os.Getenv("K8S_WORK")
 	if work == "" {

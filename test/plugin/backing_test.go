@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
 
@@ -170,9 +171,7 @@ func dirNames(t *testing.T, dir string) []string {
 // (/healthz, without host paths); and once space is freed, the volume takes
 // the write that failed and every byte written before is still there.
 func TestFullDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop devices and mounts")
-	}
+	testgate.RequireRoot(t)
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "disk")
 	smallFS(t, disk, 128<<20)
@@ -274,9 +273,7 @@ func shutdownFS(t *testing.T, dir string) {
 // node is unhealthy), and unpublishing and unstaging must still work so
 // that the node can be repaired.
 func TestBackingEIO(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop devices and mounts")
-	}
+	testgate.RequireRoot(t)
 	dir := t.TempDir()
 	disk := filepath.Join(dir, "disk")
 	smallFS(t, disk, 64<<20)
@@ -347,9 +344,7 @@ func TestBackingEIO(t *testing.T) {
 // line that asks an operator to act says why, at this start and (with a
 // hint) at the next.
 func TestQuarantineLogSaysWhy(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testgate.RequireRoot(t)
 	dir := t.TempDir()
 	meta := filepath.Join(dir, "data", "meta")
 	if err := os.MkdirAll(meta, 0o750); err != nil {
@@ -373,9 +368,7 @@ func TestQuarantineLogSaysWhy(t *testing.T) {
 // the system error, but no host path (the log and the local /status keep
 // the detail), and 200 again once the directory is back.
 func TestHealthzNamesNoPath(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	testgate.RequireRoot(t)
 	dir := t.TempDir()
 	p := launch(t, buildBinary(t), dir)
 	waitFor(t, "/healthz", func() bool { code, _ := p.get(t, "/healthz"); return code == http.StatusOK })

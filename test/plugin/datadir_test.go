@@ -12,6 +12,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // TestDedicatedDisk follows the chart README's recipe for a dedicated data
@@ -21,9 +23,7 @@ import (
 // cut into the reserve is refused with ResourceExhausted, and a snapshot of
 // a written volume is a reflink that takes no space of its own.
 func TestDedicatedDisk(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: mkfs, mount and loop devices")
-	}
+	testgate.RequireRoot(t)
 	dir := t.TempDir()
 	data := filepath.Join(dir, "data")
 	reflinkFS(t, data, 1<<30)
@@ -75,9 +75,7 @@ func TestDedicatedDisk(t *testing.T) {
 // directory of its own: it must stop at once and say why, and the first
 // must keep serving.
 func TestOnePluginPerEndpoint(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: loop devices")
-	}
+	testgate.RequireRoot(t)
 	bin, dir := buildBinary(t), t.TempDir()
 	p := launch(t, bin, dir)
 	other := t.TempDir()

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // Data directories on filesystems of their own, small enough to fill.
@@ -26,9 +28,7 @@ func smallFS(t *testing.T, dir string, size int64) {
 // later). It skips the test where mkfs.xfs is missing.
 func reflinkFS(t *testing.T, dir string, size int64) {
 	t.Helper()
-	if _, err := exec.LookPath("mkfs.xfs"); err != nil {
-		t.Skipf("mkfs.xfs not installed (apt-get install -y xfsprogs; make deps does): %v", err)
-	}
+	testgate.RequireTool(t, "mkfs.xfs")
 	imageFS(t, dir, size, "mkfs.xfs", "-q", "-f", "-m", "reflink=1")
 }
 

@@ -12,6 +12,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // FIFREEZE and FITHAW (include/uapi/linux/fs.h).
@@ -46,9 +48,7 @@ func frozen(t *testing.T, dir string) bool {
 // on the same data directory, and proves the filesystem is thawed, the pod
 // can write, and the half-made snapshot is gone.
 func TestKilledWhileFrozenThawsAtStart(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the plugin attaches loop devices and mounts")
-	}
+	testgate.RequireRoot(t)
 	bin, dir := buildBinary(t, "failpoint"), t.TempDir()
 	p := launch(t, bin, dir, "FASTBLK_FAILPOINT=frozen")
 	capMount := &csi.VolumeCapability{

@@ -18,6 +18,8 @@ import (
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 const (
@@ -74,9 +76,7 @@ var leakCounts = []leakCount{
 // goroutines, mappings, mounts, devices or files, threads within +4 and
 // RSS within +8 MiB.
 func TestLifecycleLeaks(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the plugin attaches loop devices and mounts")
-	}
+	testgate.RequireRoot(t)
 	cycles := leakCycles
 	if s := os.Getenv("FASTBLK_LEAK_CYCLES"); s != "" {
 		n, err := strconv.Atoi(s)

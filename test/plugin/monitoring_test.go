@@ -1,6 +1,7 @@
 package plugin
 
 import (
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"os"
 	"path/filepath"
 	"strings"
@@ -21,9 +22,7 @@ import (
 // test/e2e in the VM). Alerts
 // may also read Prometheus' own up series.
 func TestMonitoringNamesExportedMetrics(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the plugin attaches loop devices")
-	}
+	testgate.RequireRoot(t)
 	p := startPlugin(t)
 	capBlock := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},

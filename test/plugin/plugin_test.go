@@ -25,6 +25,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 type runningPlugin struct {
@@ -255,9 +257,7 @@ func metric(t *testing.T, body, prefix string) float64 {
 // /healthz answers, `csi-fastblk status` shows the volume, and SIGTERM stops
 // the plugin cleanly.
 func TestServeMetricsAndStatus(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the plugin attaches loop devices")
-	}
+	testgate.RequireRoot(t)
 	p := startPlugin(t)
 	capBlock := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},

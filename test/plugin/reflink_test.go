@@ -13,6 +13,8 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 // TestFullDiskAfterSnapshot is TestFullDisk's reflink case, on a data
@@ -26,9 +28,7 @@ import (
 // taken of (restored over CSI and read), and the plugin starts again on
 // the data directory with every record readable.
 func TestFullDiskAfterSnapshot(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: mkfs, mounts and loop devices")
-	}
+	testgate.RequireRoot(t)
 	// The disk is not below dir, which undoLeftovers clears of mounts.
 	dir, disk := t.TempDir(), filepath.Join(t.TempDir(), "disk")
 	reflinkFS(t, disk, 320<<20)

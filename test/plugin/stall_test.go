@@ -10,6 +10,7 @@ import (
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/test/internal/iogap"
 )
 
@@ -35,9 +36,7 @@ func stallRounds(t *testing.T) int {
 // the kernel, so the plugin's absence must not stall them: the worst gap
 // must stay under a second, and the figures are logged (docs/upgrades.md).
 func TestUpgradeStall(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the plugin attaches loop devices")
-	}
+	testgate.RequireRoot(t)
 	bin, dir := buildBinary(t), t.TempDir()
 	p := launch(t, bin, dir)
 	capBlock := &csi.VolumeCapability{

@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
@@ -107,9 +108,7 @@ var suites = map[string]*sanity.TestConfig{}
 // TestSanity runs the whole csi-sanity suite twice, against two driver
 // instances: one with mount access (ext4) and one with block access.
 func TestSanity(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("csi-sanity needs root: it attaches real devices, runs mkfs and mounts (run as root)")
-	}
+	testgate.RequireRoot(t)
 	for _, access := range []string{"mount", "block"} {
 		p := startPlugin(t, access)
 		suites[access] = p.config(access)

@@ -9,12 +9,15 @@ FASTBLK_DATA=${FASTBLK_DATA:-/data}
 # FASTBLK_REQUIRE lists what the tests must find on this kernel
 # (internal/testgate): a test that would skip, or leave out part of its
 # coverage, for lack of one of these fails instead. Every kernel the VM
-# boots has root and ublk; 7.3 has every ublk feature the plugin uses
-# (AUTO_BUF_REG zero copy, BATCH_IO, UPDATE_SIZE, QUIESCE; TestRequiredFeatures
-# asserts them). A kernel not listed requires root and ublk only.
+# boots has root, ublk, loop devices, the tools of the image (e2fsprogs,
+# xfsprogs), two CPUs and provided-buffer rings; 7.3 has every ublk feature
+# the plugin uses (AUTO_BUF_REG zero copy, BATCH_IO, UPDATE_SIZE, QUIESCE;
+# TestRequiredFeatures asserts them). A kernel not listed requires the
+# common set only.
+_require=root,ublk,loop,tools,smp,bufring
 case "$(uname -r)" in
-7.3.*) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-root,ublk,zerocopy,batch,updatesize,quiesce} ;;
-*) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-root,ublk} ;;
+7.3.*) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-$_require,zerocopy,batch,updatesize,quiesce} ;;
+*) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-$_require} ;;
 esac
 export FASTBLK_REQUIRE
 

@@ -2,11 +2,11 @@ package backend_test
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend/backendtest"
@@ -108,9 +108,7 @@ func TestLoopBackendAdoptsUnmarkedDevicesOnUpgrade(t *testing.T) {
 // name, as plugins before the marks did), detached at the test's end.
 func volumeWithUnmarkedDevice(t *testing.T) (*store.Store, blockdev.Volume, loop.Device) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for loop devices")
-	}
+	testgate.RequireLoop(t)
 	s, err := store.Open(store.Config{Dir: t.TempDir()})
 	if err != nil {
 		t.Fatal(err)

@@ -96,7 +96,7 @@ func TestIOUringRefusedBySeccomp(t *testing.T) {
 func TestIOUringDisabledBySysctl(t *testing.T) {
 	testgate.RequireRoot(t)
 	if os.Getenv("FASTBLK_TEST_SYSCTL") != "1" {
-		t.Skip("changes a machine-wide sysctl; set FASTBLK_TEST_SYSCTL=1 (TestIOUringRefusedBySeccomp covers the same checks per process)")
+		testgate.Skip(t, testgate.Sysctl, "changes a machine-wide sysctl; set FASTBLK_TEST_SYSCTL=1 (TestIOUringRefusedBySeccomp covers the same checks per process)")
 	}
 	const sysctl = "/proc/sys/kernel/io_uring_disabled"
 	old, err := os.ReadFile(sysctl)

@@ -1,6 +1,7 @@
 package cgroup
 
 import (
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,15 +35,13 @@ func TestReadPidsMax(t *testing.T) {
 // pids.max 77 and a nested one without a limit, and proves that PidsLimit
 // finds the ancestor's limit and PidsHeadroom what is left of it.
 func TestPidsLimitOfRealCgroup(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a cgroup")
-	}
+	testgate.RequireRoot(t)
 	root := pidsHierarchy(t)
 	outer := filepath.Join(root, "csi-fastblk-test-"+strconv.Itoa(os.Getpid()))
 	inner := filepath.Join(outer, "inner")
 	for _, d := range []string{outer, inner} {
 		if err := os.Mkdir(d, 0o755); err != nil {
-			t.Skipf("cannot create a pids cgroup here: %v", err)
+			testgate.Skip(t, testgate.Cgroup, "cannot create a pids cgroup here: %v", err)
 		}
 	}
 	child := exec.Command("sleep", "60")
@@ -102,7 +101,7 @@ func pidsHierarchy(t *testing.T) string {
 	if err == nil && strings.Contains(string(b), "pids") {
 		return Root
 	}
-	t.Skip("no pids controller to test with")
+	testgate.Skip(t, testgate.Cgroup, "no pids controller to test with")
 	return ""
 }
 

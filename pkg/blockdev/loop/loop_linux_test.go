@@ -10,16 +10,13 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
 func requireRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("loop devices need root (CAP_SYS_ADMIN); run as root")
-	}
-	if _, err := os.Stat(Control); err != nil {
-		t.Skipf("no loop support: %v", err)
-	}
+	testgate.RequireLoop(t)
 }
 
 func sparseFile(t *testing.T, size int64) string {

@@ -72,7 +72,7 @@ func TestMountDiesWithProcess(t *testing.T) {
 	// the driver's tests then failed to detach their loop devices). So the
 	// rest runs where nothing else mounts: in the VM, step 41.
 	if os.Getenv("FASTBLK_EXCLUSIVE_MOUNTS") == "" {
-		t.Skip("the mount namespace half needs a machine where no other test mounts at the same time (FASTBLK_EXCLUSIVE_MOUNTS=1; the VM's step 41 sets it)")
+		testgate.Skip(t, testgate.ExclusiveMounts, "the mount namespace half needs a machine where no other test mounts at the same time (FASTBLK_EXCLUSIVE_MOUNTS=1; the VM's step 41 sets it)")
 	}
 	private := t.TempDir()
 	shared := t.TempDir()

@@ -41,10 +41,8 @@ type liveVolume struct {
 // mounts it. Everything is undone in t.Cleanup.
 func mountVolume(t *testing.T, s *Store, name string, size int64) liveVolume {
 	t.Helper()
-	testgate.RequireRoot(t)
-	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
-		t.Skipf("mkfs.ext4 not installed (apt-get install -y e2fsprogs): %v", err)
-	}
+	testgate.RequireLoop(t)
+	testgate.RequireTool(t, "mkfs.ext4")
 	ctx := context.Background()
 	v := mustCreate(t, s, VolumeSpec{Name: name, SizeBytes: size})
 	b, err := backend.New("loop", backend.Config{DataDir: s.Dir(), DevDir: filepath.Join(s.Dir(), "dev")})

@@ -21,7 +21,7 @@ func writtenBytes(t *testing.T) int64 {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/io")
 	if err != nil {
-		t.Skipf("no I/O accounting: %v", err)
+		testgate.Skip(t, testgate.IOAcct, "no I/O accounting: %v", err)
 	}
 	for line := range strings.SplitSeq(string(b), "\n") {
 		if v, ok := strings.CutPrefix(line, "write_bytes: "); ok {
@@ -32,7 +32,7 @@ func writtenBytes(t *testing.T) int64 {
 			return n
 		}
 	}
-	t.Skip("no write_bytes in /proc/self/io")
+	testgate.Skip(t, testgate.IOAcct, "no write_bytes in /proc/self/io")
 	return 0
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
 
@@ -30,9 +31,7 @@ type suite struct {
 
 // Run runs the conformance suite against backends made by newBackend.
 func Run(t *testing.T, newBackend NewBackend) {
-	if os.Geteuid() != 0 {
-		t.Skip("backend conformance needs root to make block devices")
-	}
+	testgate.RequireRoot(t)
 	dataDir := t.TempDir()
 	s := &suite{dataDir: dataDir, newB: newBackend, b: newBackend(t, dataDir), devs: map[string]blockdev.Device{}}
 	t.Cleanup(s.detachAll(t))
