@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
 
@@ -53,7 +54,7 @@ func TestNowaitWriteAfterTouchMtime(t *testing.T) {
 	path := filepath.Join(dir, "backing")
 	fd, err := unix.Open(path, unix.O_CREAT|unix.O_RDWR|unix.O_DIRECT, 0o600)
 	if err == unix.EINVAL {
-		t.Skipf("%s: no O_DIRECT on this filesystem", dir)
+		testgate.Skip(t, testgate.ODirect, "%s: no O_DIRECT on this filesystem", dir)
 	}
 	if err != nil {
 		t.Fatal(err)

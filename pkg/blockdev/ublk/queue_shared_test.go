@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
@@ -283,7 +284,7 @@ func TestThreadsPick(t *testing.T) {
 func TestThreadsPinnedOnePerCPU(t *testing.T) {
 	cpus := usableCPUList()
 	if len(cpus) < 2 {
-		t.Skipf("%d usable CPUs: pinning is not observable", len(cpus))
+		testgate.Skip(t, testgate.SMP, "%d usable CPUs: pinning is not observable", len(cpus))
 	}
 	pinned := func() map[int]int { // CPU -> tasks allowed only there
 		t.Helper()
