@@ -111,10 +111,7 @@ const LoopControl = "/dev/loop-control"
 // a kernel with loop devices.
 func RequireLoop(t testing.TB) {
 	t.Helper()
-	RequireRoot(t)
-	if _, err := os.Stat(LoopControl); err != nil {
-		Skip(t, Loop, "no loop devices: %v", err)
-	}
+	requireControl(t, LoopControl, Loop, "no loop devices")
 }
 
 // UblkControl is the ublk driver's control device.
@@ -124,8 +121,15 @@ const UblkControl = "/dev/ublk-control"
 // a kernel with ublk_drv loaded.
 func RequireUblk(t testing.TB) {
 	t.Helper()
+	requireControl(t, UblkControl, Ublk, "no ublk_drv: run in the VM (hack/vm/run.sh)")
+}
+
+// requireControl skips (or fails) for lack of feature unless the test runs
+// as root and the driver's control device exists.
+func requireControl(t testing.TB, control, feature, why string) {
+	t.Helper()
 	RequireRoot(t)
-	if _, err := os.Stat(UblkControl); err != nil {
-		Skip(t, Ublk, "no %s (ublk_drv): run in the VM (hack/vm/run.sh)", UblkControl)
+	if _, err := os.Stat(control); err != nil {
+		Skip(t, feature, "%s: %v", why, err)
 	}
 }
