@@ -15,8 +15,8 @@
 //	            capacity, the directory's lock; crash-safe (owner, filecopy)
 //	backend     Backend selection and the ublk and loop adapters
 //	            (backendtest: the conformance suite both run)
-//	quiesce     holding a volume in use steady for a copy: filesystem freeze
-//	            with records that survive a crash, device flush
+//	quiesce     holding a volume in use steady for a copy: the policy,
+//	            filesystem freeze with records that survive a crash, flush
 //	owner       the data directory's owner token, carried by its devices
 //	filecopy    reflink, sparse-aware copy and resync of volume files
 //	ublk, loop  the devices themselves; uring the io_uring engine
@@ -43,9 +43,9 @@
 //
 // # The life of a snapshot
 //
-// The driver's CreateSnapshot locks the source volume and picks how to hold
-// it steady while it is copied (pkg/driver/snapshots.go): nothing when it
-// is not staged; a frozen filesystem when it is mounted
+// The driver's CreateSnapshot (pkg/driver/snapshots.go) locks the source
+// volume and asks quiesce.For (quiesce/policy.go) how to hold it steady
+// while it is copied: nothing when it is not staged; a frozen filesystem when it is mounted
 // (quiesce.FreezeVolume, which records the freeze in <data dir>/frozen
 // first, so that a plugin killed while it is frozen thaws it on its next
 // start, quiesce.ThawAbandoned); the backend's IOHolder for a raw block

@@ -73,48 +73,30 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 }
 
 // holdFor returns how to hold a volume in use steady while it is copied
-// (nil when it is not in use):
-//   - a mounted volume: its filesystem is frozen, recorded in the data
-//     directory first, so that a plugin killed meanwhile thaws it when it
-//     starts again;
-//   - a raw block volume: the backend's IOHolder holds the device's I/O;
-//     a backend without one (loop) can only flush the device, so the copy
-//     must be one reflink to be crash-consistent, and a data directory that
-//     cannot reflink gets FailedPrecondition rather than a torn copy.
+// (nil when it is not in use), as package quiesce chooses: a frozen
+// filesystem, the backend's hold on the device's I/O, or a flushed device
+// copied by one reflink; a raw block volume that none of them can hold
+// gets FailedPrecondition rather than a torn copy. Each hold logs how long
+// it lasted.
 func (d *Driver) holdFor(v blockdev.Volume) (store.Hold, error) {
-	id, path, dev := v.ID, v.Node.StagingPath, v.Node.Device
+	holder, _ := d.backend.(blockdev.IOHolder)
+	hold, how, err := quiesce.For(v, d.store.Dir(), holder, d.store.CanReflink)
 	switch {
-	case path == "":
-		return nil, nil
-	case !v.Node.Block:
-		return func(ctx context.Context) (func() error, error) {
-			thaw, err := quiesce.FreezeVolume(ctx, d.store.Dir(), id, path, dev)
-			if err != nil {
-				return nil, err
-			}
-			return logHeld(id, "filesystem frozen", thaw), nil
-		}, nil
-	}
-	if q, ok := d.backend.(blockdev.IOHolder); ok {
-		return func(ctx context.Context) (func() error, error) {
-			resume, err := q.HoldIO(ctx, id)
-			if err != nil {
-				return nil, err
-			}
-			return logHeld(id, "device quiesced", resume), nil
-		}, nil
-	}
-	reflink, err := d.store.CanReflink()
-	if err != nil {
-		return nil, toStatus(err)
-	}
-	if !reflink {
+	case errors.Is(err, quiesce.ErrInconsistent):
 		return nil, precondition("volume %s is in use as a raw block device: the %s backend cannot hold its I/O and the data "+
 			"directory's filesystem cannot reflink, so a copy would not be crash-consistent; copy it when no pod uses it, "+
-			"or use a data directory on xfs (reflink=1) or btrfs", id, d.backend.Name())
+			"or use a data directory on xfs (reflink=1) or btrfs", v.ID, d.backend.Name())
+	case err != nil:
+		return nil, toStatus(err)
+	case hold == nil:
+		return nil, nil
 	}
 	return func(ctx context.Context) (func() error, error) {
-		return func() error { return nil }, quiesce.FlushDevice(ctx, dev)
+		release, err := hold(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return logHeld(v.ID, how, release), nil
 	}, nil
 }
 

@@ -1,5 +1,5 @@
 // Package quiesce holds a volume in use steady while its file is copied,
-// by the means the volume allows:
+// by the means the volume allows (freeze_linux.go, flush_linux.go):
 //
 //   - a mounted filesystem is frozen (FreezeFS, FIFREEZE); FreezeVolume
 //     first records the freeze under <data dir>/frozen, because a frozen
@@ -11,6 +11,6 @@
 //     the file, but new ones keep flowing, so only a single reflink copies
 //     it consistently.
 //
-// The driver chooses among them (pkg/driver/snapshots.go); the store runs
-// the hold it is given (store.Hold).
+// For is the policy that chooses among them (policy.go); the driver calls
+// it and logs the hold, the store runs it around its copy (store.Hold).
 package quiesce
