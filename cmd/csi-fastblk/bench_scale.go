@@ -38,6 +38,7 @@ type scaleConfig struct {
 	// latProbe runs the first device at iodepth 1 on its own and
 	// reports its latency percentiles (the others run as configured).
 	latProbe bool
+	probeRW  string // the probe's fio --rw ("": rw)
 }
 
 // runBenchScale runs fio (4k random at a small depth on every device at
@@ -65,6 +66,7 @@ func runBenchScale(ctx context.Context, args []string) error {
 	fs.StringVar(&c.params, "params", "", "StorageClass parameters of the volumes, k=v,k=v (mode csi)")
 	fs.IntVar(&c.mkfsSample, "mkfs-sample", 4, "volumes also staged with ext4, to time stage with its first mkfs (mode csi)")
 	fs.BoolVar(&c.latProbe, "lat-probe", false, "run the first device at iodepth 1 and print a LAT line of its latency percentiles (the others run as --iodepth says)")
+	fs.StringVar(&c.probeRW, "probe-rw", "", "with --lat-probe: the probe's fio --rw (default --rw), e.g. randread beside randwrite neighbours")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -239,10 +241,11 @@ type fioResult struct {
 	iops  float64
 	total uint64 // I/Os completed
 	// With latProbe: the probe's IOPS and its completion latency
-	// percentiles (50, 99, 99.9) in microseconds; iops and total are then
-	// the other devices'.
+	// percentiles (50, 99, 99.9) and mean in microseconds; iops and
+	// total are then the other devices'.
 	probeIOPS float64
 	lat       [3]float64
+	latMean   float64
 }
 
 // latPercentiles are the keys of fio's clat_ns percentiles the LAT line
@@ -272,6 +275,9 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 		if c.latProbe && i == 0 {
 			// A group of its own, at depth 1: fio reports it apart.
 			args = append(args, "--iodepth=1", "--numjobs=1")
+			if c.probeRW != "" {
+				args = append(args, "--rw="+c.probeRW)
+			}
 		}
 		if c.latProbe && i == 1 {
 			args = append(args, "--new_group")
@@ -285,6 +291,7 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 		IOPS     float64 `json:"iops"`
 		TotalIOs uint64  `json:"total_ios"`
 		Clat     struct {
+			Mean       float64            `json:"mean"`
 			Percentile map[string]float64 `json:"percentile"`
 		} `json:"clat_ns"`
 	}
@@ -307,7 +314,7 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 		if jobs[0].Write.TotalIOs > p.TotalIOs {
 			p = jobs[0].Write
 		}
-		r.probeIOPS = p.IOPS
+		r.probeIOPS, r.latMean = p.IOPS, p.Clat.Mean/1e3
 		for i, k := range latPercentiles {
 			ns, ok := p.Clat.Percentile[k]
 			if !ok {
@@ -328,8 +335,12 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 // line of the probe's latency (busy: how many other devices ran).
 func (c scaleConfig) describe(r fioResult) string {
 	if c.latProbe {
-		return fmt.Sprintf("LAT mode=%s volumes=%d rw=%s bs=%s busy=%d probe_iops=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f iops=%.0f",
-			c.mode, c.volumes, c.rw, c.bs, c.volumes-1, r.probeIOPS, r.lat[0], r.lat[1], r.lat[2], r.iops)
+		rw := c.rw
+		if c.probeRW != "" && c.probeRW != c.rw {
+			rw = c.probeRW + "/" + c.rw // the probe's, then the others'
+		}
+		return fmt.Sprintf("LAT mode=%s volumes=%d rw=%s bs=%s busy=%d probe_iops=%.0f mean_us=%.1f p50_us=%.1f p99_us=%.1f p999_us=%.1f iops=%.0f",
+			c.mode, c.volumes, rw, c.bs, c.volumes-1, r.probeIOPS, r.latMean, r.lat[0], r.lat[1], r.lat[2], r.iops)
 	}
 	return fmt.Sprintf("SCALE mode=%s volumes=%d rw=%s bs=%s iodepth=%d jobs=%d iops=%.0f", c.mode, c.volumes, c.rw, c.bs, c.iodepth, c.jobs, r.iops)
 }
