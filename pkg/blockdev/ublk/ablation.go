@@ -17,6 +17,15 @@ type Ablation struct {
 	// ReapOne takes one completion per wake-up (it waits for one and
 	// reaps one) instead of waiting for a batch and reaping them all.
 	ReapOne bool
+	// BatchWait makes a busy thread wait for a quarter of its backing
+	// I/O in flight before it looks at new requests, as it did before
+	// (threadLoop.waitFor), instead of waking for the first completion
+	// while any request can arrive.
+	BatchWait bool
+	// TimedBatch is BatchWait with the wait bounded to timedBatchWait:
+	// the other design of fairness, batches bounded in time rather
+	// than none while requests can arrive.
+	TimedBatch bool
 	// PlainRing sets the ring up without SINGLE_ISSUER, DEFER_TASKRUN and
 	// COOP_TASKRUN: completions run their task work, and wake the thread,
 	// as they come, not when the thread waits for a batch. Idle buffer
@@ -51,6 +60,8 @@ var ablations = []struct {
 }{
 	{"submit-each", func(a *Ablation) *bool { return &a.SubmitEach }},
 	{"reap-one", func(a *Ablation) *bool { return &a.ReapOne }},
+	{"batch-wait", func(a *Ablation) *bool { return &a.BatchWait }},
+	{"timed-batch", func(a *Ablation) *bool { return &a.TimedBatch }},
 	{"plain-ring", func(a *Ablation) *bool { return &a.PlainRing }},
 	{"unbounded", func(a *Ablation) *bool { return &a.Unbounded }},
 	{"no-fixed-files", func(a *Ablation) *bool { return &a.NoFixedFiles }},
