@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +41,10 @@ type scaleConfig struct {
 	// reports its latency percentiles (the others run as configured).
 	latProbe bool
 	probeRW  string // the probe's fio --rw ("": rw)
+	// metrics is the plugin's /metrics URL (mode csi): with latProbe,
+	// the probe volume's mean latency inside the server is reported
+	// beside fio's, which tells the server's share of it.
+	metrics string
 }
 
 // runBenchScale runs fio (4k random at a small depth on every device at
@@ -66,6 +72,7 @@ func runBenchScale(ctx context.Context, args []string) error {
 	fs.StringVar(&c.params, "params", "", "StorageClass parameters of the volumes, k=v,k=v (mode csi)")
 	fs.IntVar(&c.mkfsSample, "mkfs-sample", 4, "volumes also staged with ext4, to time stage with its first mkfs (mode csi)")
 	fs.BoolVar(&c.latProbe, "lat-probe", false, "run the first device at iodepth 1 and print a LAT line of its latency percentiles (the others run as --iodepth says)")
+	fs.StringVar(&c.metrics, "metrics", "", "with --lat-probe in mode csi: the plugin's /metrics URL, to report the probe's mean latency inside the server (server_mean_us)")
 	fs.StringVar(&c.probeRW, "probe-rw", "", "with --lat-probe: the probe's fio --rw (default --rw), e.g. randread beside randwrite neighbours")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -159,6 +166,12 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	if err != nil {
 		return err
 	}
+	// The server's figure is a diagnosis: without it the run still counts.
+	var probe serverLatency
+	var probeErr error
+	if c.latProbe && c.metrics != "" {
+		probe.sum0, probe.n0, probeErr = c.serverLatency(ctx, vols[0].id)
+	}
 	ios, err := c.runFio(ctx, devs)
 	if err != nil {
 		return err
@@ -168,6 +181,14 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 		return err
 	}
 	line := c.describe(ios)
+	if c.latProbe && c.metrics != "" && probeErr == nil {
+		sum, n, err := c.serverLatency(ctx, vols[0].id)
+		probeErr = err
+		if err == nil && n > probe.n0 {
+			// Includes the ramp, which fio leaves out.
+			line += fmt.Sprintf(" server_mean_us=%.1f", (sum-probe.sum0)*1e6/(n-probe.n0))
+		}
+	}
 	line += fmt.Sprintf(" attach_ms_median=%.1f attach_ms_max=%.1f threads=%d rss_mib=%.1f", ms(median(attach)), ms(slices.Max(attach)),
 		after.threads, float64(after.rssKiB)/1024)
 	if ios.total > 0 {
@@ -191,8 +212,62 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	if len(staged) > 0 {
 		line += fmt.Sprintf(" stage_mkfs_ms_median=%.1f stage_mkfs_ms_max=%.1f", ms(median(staged)), ms(slices.Max(staged)))
 	}
+	if probeErr != nil {
+		fmt.Fprintf(os.Stderr, "bench scale: server latency: %v\n", probeErr)
+	}
 	fmt.Println(line)
 	return nil
+}
+
+// serverLatency is the probe volume's latency histogram sum (seconds) and
+// count before the run.
+type serverLatency struct{ sum0, n0 float64 }
+
+// serverLatency reads volume id's io latency sum and count from the
+// plugin's metrics: the time from the server's receipt of each request to
+// its commit.
+func (c scaleConfig) serverLatency(ctx context.Context, id string) (sum, n float64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.metrics, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0, fmt.Errorf("metrics: %w", err)
+	}
+	label := `volume_id="` + id + `"`
+	found := 0
+	for line := range strings.SplitSeq(string(body), "\n") {
+		name, rest, _ := strings.Cut(line, "{")
+		if !strings.Contains(rest, label) {
+			continue
+		}
+		fields := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "fastblk_volume_io_latency_seconds_sum":
+			sum = v
+			found++
+		case "fastblk_volume_io_latency_seconds_count":
+			n = v
+			found++
+		}
+	}
+	if found != 2 {
+		return 0, 0, fmt.Errorf("metrics: no io latency of volume %s", id)
+	}
+	return sum, n, nil
 }
 
 // scaleLoop measures kernel loop devices with direct I/O on files of the

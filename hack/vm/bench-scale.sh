@@ -27,7 +27,8 @@
 #   --noisy     only the noisy-neighbour probe: one volume at 4k randread
 #               iodepth 1 alone, then beside 15 others at 4k randwrite
 #               iodepth 32; the quiet volume's mean and p99 latency and the
-#               neighbours' IOPS, each design's as a ratio of loop's
+#               neighbours' IOPS, each design's as a ratio of loop's, and
+#               the quiet volume's mean inside the server
 #   --smp N     the VM's CPUs (default 2)
 #   --profile   also one run of each csi-fastblk design and workload under perf
 #               (whole guest, cpu-clock samples with call graphs; the plugin
@@ -169,7 +170,7 @@ noisytable() {
 	END {
 		if (nl == 0) exit
 		printf "\n  noisy neighbours: quiet volume 4k randread iodepth 1, alone (busy 0) and beside busy volumes at 4k randwrite iodepth 32\n"
-		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop"
+		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us"
 		for (b = 1; b <= nl; b++) for (c = 1; c <= nb; c++) {
 			key = labels[b] SUBSEP busy[c]; lk = "loop" SUBSEP busy[c]
 			if (!((key, "p99_us") in fig)) continue
@@ -177,8 +178,9 @@ noisytable() {
 			lm = ((lk, "mean_us") in fig) ? median(fig[lk, "mean_us"]) : 0
 			lp = ((lk, "p99_us") in fig) ? median(fig[lk, "p99_us"]) : 0
 			li = ((lk, "iops") in fig) ? median(fig[lk, "iops"]) : 0
-			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s\n", labels[b], busy[c], n[key], m, p, io,
-				ratio(m, lm), ratio(p, lp), (busy[c] > 0) ? ratio(io, li) : "-"
+			sv = ((key, "server_mean_us") in fig) ? sprintf("%.1f", median(fig[key, "server_mean_us"])) : "-"
+			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s\n", labels[b], busy[c], n[key], m, p, io,
+				ratio(m, lm), ratio(p, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv
 		}
 	}' "$1"
 }

@@ -44,6 +44,9 @@ fi
 BIN=/usr/bin/csi-fastblk
 SOCK=/tmp/fastblk-scale.sock
 PLUGIN_PID=""
+# The plugin's metrics, which the noisy-neighbour probe reads for the quiet
+# volume's latency inside the server.
+METRICS_ADDR=127.0.0.1:9811
 
 stop_plugin() {
 	[ -z "$PLUGIN_PID" ] && return 0
@@ -70,7 +73,7 @@ start_plugin() {
 	done
 	# shellcheck disable=SC2086
 	env $_env $BIN serve --endpoint "unix://$SOCK" --node-id bench --data-dir "$FASTBLK_DATA/scale-$1/data" --backend ublk \
-		--dev-dir "/tmp/scale-dev-$1" --metrics-address 127.0.0.1:0 --max-volumes-per-node 256 $_flags \
+		--dev-dir "/tmp/scale-dev-$1" --metrics-address "$METRICS_ADDR" --max-volumes-per-node 256 $_flags \
 		>"/tmp/scale-$1.log" 2>&1 &
 	PLUGIN_PID=$!
 	i=0
@@ -155,7 +158,7 @@ while [ $rep -le "$REPS" ]; do
 			for rw in $RWS; do
 				for n in 1 $((LAT_BUSY + 1)); do
 					run $rep $label --mode $mode --pid "${PLUGIN_PID:-0}" --endpoint "unix://$SOCK" --volumes "$n" --rw "$rw" \
-						--iodepth "$DEPTH" --mkfs-sample 0 --lat-probe ${PROBE_RW:+--probe-rw "$PROBE_RW"}
+						--iodepth "$DEPTH" --mkfs-sample 0 --lat-probe ${PROBE_RW:+--probe-rw "$PROBE_RW" --metrics "http://$METRICS_ADDR/metrics"}
 				done
 			done
 		fi
