@@ -26,6 +26,11 @@ type Ablation struct {
 	// the other design of fairness, batches bounded in time rather
 	// than none while requests can arrive.
 	TimedBatch bool
+	// LightFirst handles each round's completions of light queues (few
+	// backing operations in flight) before the others', so that their
+	// SQEs are issued first: a design of fairness measured against the
+	// default, which handles a round's completions in ring order.
+	LightFirst bool
 	// PlainRing sets the ring up without SINGLE_ISSUER, DEFER_TASKRUN and
 	// COOP_TASKRUN: completions run their task work, and wake the thread,
 	// as they come, not when the thread waits for a batch. Idle buffer
@@ -62,6 +67,7 @@ var ablations = []struct {
 	{"reap-one", func(a *Ablation) *bool { return &a.ReapOne }},
 	{"batch-wait", func(a *Ablation) *bool { return &a.BatchWait }},
 	{"timed-batch", func(a *Ablation) *bool { return &a.TimedBatch }},
+	{"light-first", func(a *Ablation) *bool { return &a.LightFirst }},
 	{"plain-ring", func(a *Ablation) *bool { return &a.PlainRing }},
 	{"unbounded", func(a *Ablation) *bool { return &a.Unbounded }},
 	{"no-fixed-files", func(a *Ablation) *bool { return &a.NoFixedFiles }},

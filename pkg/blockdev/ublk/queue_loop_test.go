@@ -628,3 +628,24 @@ func TestReclaimBacksOffWhileRingBusy(t *testing.T) {
 		t.Fatal("not reclaimed once the ring was quiet")
 	}
 }
+
+// TestLightFirstOrdersRound proves the light-first design's order: the
+// completions of queues with few backing operations in flight first, then
+// the busy queues', each side in ring order, none lost or duplicated.
+func TestLightFirstOrdersRound(t *testing.T) {
+	busy, quiet := &loop{backing: 3 * lightBacking}, &loop{backing: 1}
+	s := &threadLoop{slots: []*loop{busy, quiet}, cqes: make([]uring.CQE, 8)}
+	order := []struct {
+		slot, tag uint16
+	}{{0, 0}, {0, 1}, {1, 0}, {0, 2}, {1, 1}, {0, 3}}
+	for i, c := range order {
+		s.cqes[i] = uring.CQE{UserData: encodeUD(udBacking, c.slot, c.tag)}
+	}
+	s.lightFirst(len(order))
+	want := []struct{ slot, tag uint16 }{{1, 0}, {1, 1}, {0, 0}, {0, 1}, {0, 2}, {0, 3}}
+	for i, w := range want {
+		if _, slot, tag := decodeUD(s.cqes[i].UserData); slot != w.slot || tag != w.tag {
+			t.Fatalf("cqe %d is slot %d tag %d, want slot %d tag %d", i, slot, tag, w.slot, w.tag)
+		}
+	}
+}
