@@ -174,13 +174,13 @@ noisytable() {
 		for (b = 1; b <= nl; b++) for (c = 1; c <= nb; c++) {
 			key = labels[b] SUBSEP busy[c]; lk = "loop" SUBSEP busy[c]
 			if (!((key, "p99_us") in fig)) continue
-			m = median(fig[key, "mean_us"]); p = median(fig[key, "p99_us"]); io = median(fig[key, "iops"])
+			m = median(fig[key, "mean_us"]); p99 = median(fig[key, "p99_us"]); io = median(fig[key, "iops"])
 			lm = ((lk, "mean_us") in fig) ? median(fig[lk, "mean_us"]) : 0
 			lp = ((lk, "p99_us") in fig) ? median(fig[lk, "p99_us"]) : 0
 			li = ((lk, "iops") in fig) ? median(fig[lk, "iops"]) : 0
 			sv = ((key, "server_mean_us") in fig) ? sprintf("%.1f", median(fig[key, "server_mean_us"])) : "-"
-			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s\n", labels[b], busy[c], n[key], m, p, io,
-				ratio(m, lm), ratio(p, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv
+			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s\n", labels[b], busy[c], n[key], m, p99, io,
+				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv
 		}
 	}' "$1"
 }
@@ -198,7 +198,7 @@ failed=0
 echo
 ((noisy)) && echo "==== noisy neighbours ($smp vCPUs): medians of $reps runs of ${runtime}s, fio io_uring direct=1, ublk and loop runs interleaved ====" ||
 	echo "==== bench-scale ($smp vCPUs): medians of $reps runs of ${runtime}s, fio io_uring direct=1 4k; volumes at iodepth 4 each, anchor (volumes 1) 2 jobs x iodepth 32 ===="
-echo "     share: of the same design's single device; /loop: of as many kernel loop devices; attach and stage+mkfs: median/worst ms"
+((noisy)) || echo "     share: of the same design's single device; /loop: of as many kernel loop devices; attach and stage+mkfs: median/worst ms"
 for k in "${kernels[@]}"; do
 	log="$logdir/bench-scale-$k.log"
 	((status[$k] == 0)) || failed=1

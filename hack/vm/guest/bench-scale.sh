@@ -92,7 +92,7 @@ run() {
 	shift 2
 	[ -z "$PARAMS" ] || set -- "$@" --params "$PARAMS"
 	if out=$($BIN bench scale --runtime "$RUNTIME" --size "$SIZE" --dir "$FASTBLK_DATA/scale-work" "$@" 2>&1); then
-		echo "$out" | sed -n -e "s/^SCALE /SCALE $_rep $_label /p" -e "s/^LAT /LAT $_rep $_label /p"
+		echo "$out" | sed -n -e "s/^SCALE /SCALE $_rep $_label /p" -e "s/^LAT /LAT $_rep $_label /p" -e "s/^bench scale: /bench-scale: $_label: /p"
 	else
 		echo "bench-scale: $_label $*: $out"
 		echo "SCALE $_rep $_label failed iops=-"
