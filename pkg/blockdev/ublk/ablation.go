@@ -31,6 +31,12 @@ type Ablation struct {
 	// SQEs are issued first: a design of fairness measured against the
 	// default, which handles a round's completions in ring order.
 	LightFirst bool
+	// ThreadNice runs the server threads at nice threadNice: a thread
+	// that serves many devices competes for a CPU as one task against
+	// every client of those devices, where the kernel loop driver's work
+	// runs in a worker per device and in interrupts (a design measured
+	// against the default).
+	ThreadNice bool
 	// PlainRing sets the ring up without SINGLE_ISSUER, DEFER_TASKRUN and
 	// COOP_TASKRUN: completions run their task work, and wake the thread,
 	// as they come, not when the thread waits for a batch. Idle buffer
@@ -68,6 +74,7 @@ var ablations = []struct {
 	{"batch-wait", func(a *Ablation) *bool { return &a.BatchWait }},
 	{"timed-batch", func(a *Ablation) *bool { return &a.TimedBatch }},
 	{"light-first", func(a *Ablation) *bool { return &a.LightFirst }},
+	{"thread-nice", func(a *Ablation) *bool { return &a.ThreadNice }},
 	{"plain-ring", func(a *Ablation) *bool { return &a.PlainRing }},
 	{"unbounded", func(a *Ablation) *bool { return &a.Unbounded }},
 	{"no-fixed-files", func(a *Ablation) *bool { return &a.NoFixedFiles }},

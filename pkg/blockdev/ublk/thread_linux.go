@@ -354,6 +354,11 @@ func (t *Thread) setup() (*threadLoop, error) {
 		ring.Close()
 		return nil, fmt.Errorf("server thread %d: %w", t.id, err)
 	}
+	if ab.ThreadNice {
+		// Linux keeps the nice value per thread: who 0 is this one.
+		// Refused (no CAP_SYS_NICE), the thread runs at the default.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, 0, threadNice)
+	}
 	if !t.cfg.Pin {
 		if err := unpin(home); err != nil {
 			ring.Close()
@@ -666,6 +671,9 @@ func (s *threadLoop) wait(now int64) (int, error) {
 	}
 	return s.reap()
 }
+
+// threadNice is a server thread's nice value under Ablation ThreadNice.
+const threadNice = -10
 
 // timedBatchWait bounds a batched wait under Ablation TimedBatch.
 const timedBatchWait = 200 * time.Microsecond
