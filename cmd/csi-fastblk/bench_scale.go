@@ -170,7 +170,7 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	var probe serverLatency
 	var probeErr error
 	if c.latProbe && c.metrics != "" {
-		probe.sum0, probe.n0, probeErr = c.serverLatency(ctx, vols[0].id)
+		probe.sum0, probe.n0, probeErr = c.serverLatency(ctx, "scale-0")
 	}
 	ios, err := c.runFio(ctx, devs)
 	if err != nil {
@@ -182,7 +182,7 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	}
 	line := c.describe(ios)
 	if c.latProbe && c.metrics != "" && probeErr == nil {
-		sum, n, err := c.serverLatency(ctx, vols[0].id)
+		sum, n, err := c.serverLatency(ctx, "scale-0")
 		probeErr = err
 		if err == nil && n > probe.n0 {
 			// Includes the ramp, which fio leaves out.
@@ -223,10 +223,11 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 // count before the run.
 type serverLatency struct{ sum0, n0 float64 }
 
-// serverLatency reads volume id's io latency sum and count from the
-// plugin's metrics: the time from the server's receipt of each request to
-// its commit.
-func (c scaleConfig) serverLatency(ctx context.Context, id string) (sum, n float64, err error) {
+// serverLatency reads the io latency sum and count of the volume created
+// as name from the plugin's metrics: the time from the server's receipt of
+// each request to its commit. The name, not the CSI volume ID: the metrics
+// label the plugin's own volume ID, which the CSI one only begins with.
+func (c scaleConfig) serverLatency(ctx context.Context, name string) (sum, n float64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.metrics, nil)
 	if err != nil {
 		return 0, 0, err
@@ -240,7 +241,7 @@ func (c scaleConfig) serverLatency(ctx context.Context, id string) (sum, n float
 	if err != nil {
 		return 0, 0, fmt.Errorf("metrics: %w", err)
 	}
-	label := `volume_id="` + id + `"`
+	label := `name="` + name + `"`
 	found := 0
 	for line := range strings.SplitSeq(string(body), "\n") {
 		name, rest, _ := strings.Cut(line, "{")
@@ -265,7 +266,7 @@ func (c scaleConfig) serverLatency(ctx context.Context, id string) (sum, n float
 		}
 	}
 	if found != 2 {
-		return 0, 0, fmt.Errorf("metrics: no io latency of volume %s", id)
+		return 0, 0, fmt.Errorf("metrics: no io latency of volume %s", name)
 	}
 	return sum, n, nil
 }
