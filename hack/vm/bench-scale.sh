@@ -164,13 +164,13 @@ noisytable() {
 		if (!(label in seenl)) { seenl[label] = 1; labels[++nl] = label }
 		if (!(kv["busy"] in seenb)) { seenb[kv["busy"]] = 1; busy[++nb] = kv["busy"] + 0 }
 		n[key]++
-		for (f in kv) if (f ~ /_us$/ || f == "iops") fig[key, f] = fig[key, f] " " kv[f]
+		for (f in kv) if (f ~ /_us$/ || f ~ /_per_io$/ || f == "iops") fig[key, f] = fig[key, f] " " kv[f]
 	}
 	function ratio(a, b) { return (b > 0) ? sprintf("%.2f", a / b) : "-" }
 	END {
 		if (nl == 0) exit
 		printf "\n  noisy neighbours: quiet volume 4k randread iodepth 1, alone (busy 0) and beside busy volumes at 4k randwrite iodepth 32\n"
-		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us"
+		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s %10s %9s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us", "cpu_us/io", "ctxsw/io"
 		for (b = 1; b <= nl; b++) for (c = 1; c <= nb; c++) {
 			key = labels[b] SUBSEP busy[c]; lk = "loop" SUBSEP busy[c]
 			if (!((key, "p99_us") in fig)) continue
@@ -179,8 +179,10 @@ noisytable() {
 			lp = ((lk, "p99_us") in fig) ? median(fig[lk, "p99_us"]) : 0
 			li = ((lk, "iops") in fig) ? median(fig[lk, "iops"]) : 0
 			sv = ((key, "server_mean_us") in fig) ? sprintf("%.1f", median(fig[key, "server_mean_us"])) : "-"
-			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s\n", labels[b], busy[c], n[key], m, p99, io,
-				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv
+			cpu = ((key, "cpu_us_per_io") in fig) ? sprintf("%.1f", median(fig[key, "cpu_us_per_io"])) : "-"
+			cs = ((key, "ctxsw_per_io") in fig) ? sprintf("%.3f", median(fig[key, "ctxsw_per_io"])) : "-"
+			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s %10s %9s\n", labels[b], busy[c], n[key], m, p99, io,
+				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv, cpu, cs
 		}
 	}' "$1"
 }
