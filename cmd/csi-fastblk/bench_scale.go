@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +40,11 @@ type scaleConfig struct {
 	// latProbe runs the first device at iodepth 1 on its own and
 	// reports its latency percentiles (the others run as configured).
 	latProbe bool
+	probeRW  string // the probe's fio --rw ("": rw)
+	// metrics is the plugin's /metrics URL (mode csi): with latProbe,
+	// the probe volume's mean latency inside the server is reported
+	// beside fio's, which tells the server's share of it.
+	metrics string
 }
 
 // runBenchScale runs fio (4k random at a small depth on every device at
@@ -65,6 +72,8 @@ func runBenchScale(ctx context.Context, args []string) error {
 	fs.StringVar(&c.params, "params", "", "StorageClass parameters of the volumes, k=v,k=v (mode csi)")
 	fs.IntVar(&c.mkfsSample, "mkfs-sample", 4, "volumes also staged with ext4, to time stage with its first mkfs (mode csi)")
 	fs.BoolVar(&c.latProbe, "lat-probe", false, "run the first device at iodepth 1 and print a LAT line of its latency percentiles (the others run as --iodepth says)")
+	fs.StringVar(&c.metrics, "metrics", "", "with --lat-probe in mode csi: the plugin's /metrics URL, to report the probe's mean latency inside the server (server_mean_us)")
+	fs.StringVar(&c.probeRW, "probe-rw", "", "with --lat-probe: the probe's fio --rw (default --rw), e.g. randread beside randwrite neighbours")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -157,6 +166,12 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	if err != nil {
 		return err
 	}
+	// The server's figure is a diagnosis: without it the run still counts.
+	var probe serverLatency
+	var probeErr error
+	if c.latProbe && c.metrics != "" {
+		probe.sum0, probe.n0, probeErr = c.serverLatency(ctx, "scale-0")
+	}
 	ios, err := c.runFio(ctx, devs)
 	if err != nil {
 		return err
@@ -166,6 +181,14 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 		return err
 	}
 	line := c.describe(ios)
+	if c.latProbe && c.metrics != "" && probeErr == nil {
+		sum, n, err := c.serverLatency(ctx, "scale-0")
+		probeErr = err
+		if err == nil && n > probe.n0 {
+			// Includes the ramp, which fio leaves out.
+			line += fmt.Sprintf(" server_mean_us=%.1f", (sum-probe.sum0)*1e6/(n-probe.n0))
+		}
+	}
 	line += fmt.Sprintf(" attach_ms_median=%.1f attach_ms_max=%.1f threads=%d rss_mib=%.1f", ms(median(attach)), ms(slices.Max(attach)),
 		after.threads, float64(after.rssKiB)/1024)
 	if ios.total > 0 {
@@ -189,8 +212,63 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	if len(staged) > 0 {
 		line += fmt.Sprintf(" stage_mkfs_ms_median=%.1f stage_mkfs_ms_max=%.1f", ms(median(staged)), ms(slices.Max(staged)))
 	}
+	if probeErr != nil {
+		fmt.Fprintf(os.Stderr, "bench scale: server latency: %v\n", probeErr)
+	}
 	fmt.Println(line)
 	return nil
+}
+
+// serverLatency is the probe volume's latency histogram sum (seconds) and
+// count before the run.
+type serverLatency struct{ sum0, n0 float64 }
+
+// serverLatency reads the io latency sum and count of the volume created
+// as name from the plugin's metrics: the time from the server's receipt of
+// each request to its commit. The name, not the CSI volume ID: the metrics
+// label the plugin's own volume ID, which the CSI one only begins with.
+func (c scaleConfig) serverLatency(ctx context.Context, name string) (sum, n float64, err error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.metrics, nil)
+	if err != nil {
+		return 0, 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, 0, fmt.Errorf("metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0, fmt.Errorf("metrics: %w", err)
+	}
+	label := `name="` + name + `"`
+	found := 0
+	for line := range strings.SplitSeq(string(body), "\n") {
+		name, rest, _ := strings.Cut(line, "{")
+		if !strings.Contains(rest, label) {
+			continue
+		}
+		fields := strings.Fields(rest[strings.LastIndexByte(rest, '}')+1:])
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			continue
+		}
+		switch name {
+		case "fastblk_volume_io_latency_seconds_sum":
+			sum = v
+			found++
+		case "fastblk_volume_io_latency_seconds_count":
+			n = v
+			found++
+		}
+	}
+	if found != 2 {
+		return 0, 0, fmt.Errorf("metrics: no io latency of volume %s", name)
+	}
+	return sum, n, nil
 }
 
 // scaleLoop measures kernel loop devices with direct I/O on files of the
@@ -239,10 +317,11 @@ type fioResult struct {
 	iops  float64
 	total uint64 // I/Os completed
 	// With latProbe: the probe's IOPS and its completion latency
-	// percentiles (50, 99, 99.9) in microseconds; iops and total are then
-	// the other devices'.
+	// percentiles (50, 99, 99.9) and mean in microseconds; iops and
+	// total are then the other devices'.
 	probeIOPS float64
 	lat       [3]float64
+	latMean   float64
 }
 
 // latPercentiles are the keys of fio's clat_ns percentiles the LAT line
@@ -272,6 +351,9 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 		if c.latProbe && i == 0 {
 			// A group of its own, at depth 1: fio reports it apart.
 			args = append(args, "--iodepth=1", "--numjobs=1")
+			if c.probeRW != "" {
+				args = append(args, "--rw="+c.probeRW)
+			}
 		}
 		if c.latProbe && i == 1 {
 			args = append(args, "--new_group")
@@ -285,6 +367,7 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 		IOPS     float64 `json:"iops"`
 		TotalIOs uint64  `json:"total_ios"`
 		Clat     struct {
+			Mean       float64            `json:"mean"`
 			Percentile map[string]float64 `json:"percentile"`
 		} `json:"clat_ns"`
 	}
@@ -307,7 +390,7 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 		if jobs[0].Write.TotalIOs > p.TotalIOs {
 			p = jobs[0].Write
 		}
-		r.probeIOPS = p.IOPS
+		r.probeIOPS, r.latMean = p.IOPS, p.Clat.Mean/1e3
 		for i, k := range latPercentiles {
 			ns, ok := p.Clat.Percentile[k]
 			if !ok {
@@ -328,8 +411,12 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 // line of the probe's latency (busy: how many other devices ran).
 func (c scaleConfig) describe(r fioResult) string {
 	if c.latProbe {
-		return fmt.Sprintf("LAT mode=%s volumes=%d rw=%s bs=%s busy=%d probe_iops=%.0f p50_us=%.1f p99_us=%.1f p999_us=%.1f iops=%.0f",
-			c.mode, c.volumes, c.rw, c.bs, c.volumes-1, r.probeIOPS, r.lat[0], r.lat[1], r.lat[2], r.iops)
+		rw := c.rw
+		if c.probeRW != "" && c.probeRW != c.rw {
+			rw = c.probeRW + "/" + c.rw // the probe's, then the others'
+		}
+		return fmt.Sprintf("LAT mode=%s volumes=%d rw=%s bs=%s busy=%d probe_iops=%.0f mean_us=%.1f p50_us=%.1f p99_us=%.1f p999_us=%.1f iops=%.0f",
+			c.mode, c.volumes, rw, c.bs, c.volumes-1, r.probeIOPS, r.latMean, r.lat[0], r.lat[1], r.lat[2], r.iops)
 	}
 	return fmt.Sprintf("SCALE mode=%s volumes=%d rw=%s bs=%s iodepth=%d jobs=%d iops=%.0f", c.mode, c.volumes, c.rw, c.bs, c.iodepth, c.jobs, r.iops)
 }

@@ -7,14 +7,17 @@
 # the VM on each kernel (hack/vm/bench.sh), first writes into a fresh sparse
 # volume against loop on a fresh sparse file (bench.sh --sparse), and 1, 8,
 # 16 and 64 volumes at once against as many loop devices
-# (hack/vm/bench-scale.sh). Benchmarks, not tests: it fails only when a
+# (hack/vm/bench-scale.sh), and noisy neighbours: one quiet volume at 4k
+# randread iodepth 1 beside 15 busy ones against the same on 16 loop devices
+# (bench-scale.sh --noisy). Benchmarks, not tests: it fails only when a
 # benchmark fails to run. Studies beyond this report (profiles, ablations,
 # sweeps) are in docs/benchmark-studies.md.
 #
 # Environment: BENCH_REPS (default 3), BENCH_RUNTIME (seconds per fio run,
-#   default 10), BENCH_ONLY (space-separated subset, in order, of: scale vm
-#   sparse engine), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g.
-#   --compare for the thread-per-queue design beside), BENCH_OUT (default
+#   default 10), BENCH_ONLY (space-separated subset, in order, of: scale
+#   noisy vm sparse engine), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g.
+#   --compare for the thread-per-queue design beside), BENCH_NOISY_ARGS
+#   (extra bench-scale.sh --noisy flags, e.g. --kernel 6.12), BENCH_OUT (default
 #   bin/benchmarks.md); UPDATE_DOCS=1 also copies the report to
 #   docs/benchmarks.md.
 set -euo pipefail
@@ -22,7 +25,7 @@ cd "$(dirname "$0")/../.."
 
 reps=${BENCH_REPS:-3}
 runtime=${BENCH_RUNTIME:-10}
-only=${BENCH_ONLY:-"scale vm sparse engine"}
+only=${BENCH_ONLY:-"scale noisy vm sparse engine"}
 out=${BENCH_OUT:-bin/benchmarks.md}
 mkdir -p "$(dirname "$out")"
 tmp=$(mktemp -d)
@@ -82,7 +85,11 @@ for b in $only; do
 		section "Many volumes at once (VM)" hack/vm/bench-scale.sh --volumes '8 16 64' ${BENCH_SCALE_ARGS:-} \
 			--reps "$reps" --runtime "$runtime"
 		;;
-	*) echo "unknown benchmark $b (want engine, vm, sparse or scale)" >&2; exit 2 ;;
+	noisy)
+		# shellcheck disable=SC2086 # flags, split on purpose
+		section "Noisy neighbours (VM)" hack/vm/bench-scale.sh --noisy ${BENCH_NOISY_ARGS:-} --reps "$reps" --runtime "$runtime"
+		;;
+	*) echo "unknown benchmark $b (want engine, vm, sparse, scale or noisy)" >&2; exit 2 ;;
 	esac
 done
 echo "report: $out" >&2

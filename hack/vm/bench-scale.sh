@@ -24,6 +24,11 @@
 #               with 15 others busy at iodepth 4 (p50/p99/p99.9), for each
 #               design, loop, and the backing files themselves ("file")
 #   --lat-only  only the latency probe
+#   --noisy     only the noisy-neighbour probe: one volume at 4k randread
+#               iodepth 1 alone, then beside 15 others at 4k randwrite
+#               iodepth 32; the quiet volume's mean and p99 latency and the
+#               neighbours' IOPS, each design's as a ratio of loop's, and
+#               the quiet volume's mean inside the server
 #   --smp N     the VM's CPUs (default 2)
 #   --profile   also one run of each csi-fastblk design and workload under perf
 #               (whole guest, cpu-clock samples with call graphs; the plugin
@@ -35,7 +40,7 @@ set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0 variants="" loop=1 lat=0 noscale=0 smp=2 profile=0
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0 variants="" loop=1 lat=0 noscale=0 smp=2 profile=0 noisy=0
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -48,6 +53,7 @@ while (($#)); do
 	--no-loop) loop=0; shift ;;
 	--lat) lat=1; shift ;;
 	--lat-only) lat=1 noscale=1; shift ;;
+	--noisy) lat=1 noscale=1 noisy=1 rws=randwrite; shift ;;
 	--smp) smp=${2:?}; shift 2 ;;
 	--profile) profile=1; shift ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
@@ -73,7 +79,7 @@ nruns=$((nruns * (1 - noscale) + lat * (nlabels + loop) * $(wc -w <<<"$rws") * 2
 timeout=$((reps * nruns * (runtime + 60) + 600))
 guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SCALE_VOLUMES='$volumes' BENCH_SCALE_RW='$rws' BENCH_SCALE_COMPARE=$compare"
 guest+=" BENCH_SCALE_VARIANTS='$variants' BENCH_SCALE_LOOP=$loop BENCH_SCALE_LAT=$lat BENCH_SCALE_NOSCALE=$noscale"
-guest+=" BENCH_SCALE_PROFILE=$profile"
+guest+=" BENCH_SCALE_PROFILE=$profile BENCH_SCALE_NOISY=$noisy"
 guest+=" /opt/fastblk/vm/bench-scale.sh"
 
 # table LOG prints, per workload, device kind and volume count, the median
@@ -146,6 +152,41 @@ lattable() {
 	}' "$1"
 }
 
+# noisytable LOG prints, per design, the quiet volume's median mean and p99
+# latency (us) alone (busy 0) and beside its busy neighbours, the
+# neighbours' aggregate IOPS, and each as a ratio of loop's in the same run.
+noisytable() {
+	awk "$AWK_MEDIAN"'
+	/^LAT / && $4 != "failed" {
+		label = $3; delete kv
+		for (i = 4; i <= NF; i++) { split($i, p, "="); kv[p[1]] = p[2] }
+		key = label SUBSEP kv["busy"]
+		if (!(label in seenl)) { seenl[label] = 1; labels[++nl] = label }
+		if (!(kv["busy"] in seenb)) { seenb[kv["busy"]] = 1; busy[++nb] = kv["busy"] + 0 }
+		n[key]++
+		for (f in kv) if (f ~ /_us$/ || f ~ /_per_io$/ || f == "iops") fig[key, f] = fig[key, f] " " kv[f]
+	}
+	function ratio(a, b) { return (b > 0) ? sprintf("%.2f", a / b) : "-" }
+	END {
+		if (nl == 0) exit
+		printf "\n  noisy neighbours: quiet volume 4k randread iodepth 1, alone (busy 0) and beside busy volumes at 4k randwrite iodepth 32\n"
+		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s %10s %9s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us", "cpu_us/io", "ctxsw/io"
+		for (b = 1; b <= nl; b++) for (c = 1; c <= nb; c++) {
+			key = labels[b] SUBSEP busy[c]; lk = "loop" SUBSEP busy[c]
+			if (!((key, "p99_us") in fig)) continue
+			m = median(fig[key, "mean_us"]); p99 = median(fig[key, "p99_us"]); io = median(fig[key, "iops"])
+			lm = ((lk, "mean_us") in fig) ? median(fig[lk, "mean_us"]) : 0
+			lp = ((lk, "p99_us") in fig) ? median(fig[lk, "p99_us"]) : 0
+			li = ((lk, "iops") in fig) ? median(fig[lk, "iops"]) : 0
+			sv = ((key, "server_mean_us") in fig) ? sprintf("%.1f", median(fig[key, "server_mean_us"])) : "-"
+			cpu = ((key, "cpu_us_per_io") in fig) ? sprintf("%.1f", median(fig[key, "cpu_us_per_io"])) : "-"
+			cs = ((key, "ctxsw_per_io") in fig) ? sprintf("%.3f", median(fig[key, "ctxsw_per_io"])) : "-"
+			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s %10s %9s\n", labels[b], busy[c], n[key], m, p99, io,
+				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv, cpu, cs
+		}
+	}' "$1"
+}
+
 declare -A status=()
 for k in "${kernels[@]}"; do
 	set +e
@@ -157,15 +198,16 @@ done
 
 failed=0
 echo
-echo "==== bench-scale ($smp vCPUs): medians of $reps runs of ${runtime}s, fio io_uring direct=1 4k; volumes at iodepth 4 each, anchor (volumes 1) 2 jobs x iodepth 32 ===="
-echo "     share: of the same design's single device; /loop: of as many kernel loop devices; attach and stage+mkfs: median/worst ms"
+((noisy)) && echo "==== noisy neighbours ($smp vCPUs): medians of $reps runs of ${runtime}s, fio io_uring direct=1, ublk and loop runs interleaved ====" ||
+	echo "==== bench-scale ($smp vCPUs): medians of $reps runs of ${runtime}s, fio io_uring direct=1 4k; volumes at iodepth 4 each, anchor (volumes 1) 2 jobs x iodepth 32 ===="
+((noisy)) || echo "     share: of the same design's single device; /loop: of as many kernel loop devices; attach and stage+mkfs: median/worst ms"
 for k in "${kernels[@]}"; do
 	log="$logdir/bench-scale-$k.log"
 	((status[$k] == 0)) || failed=1
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
 	grep -a -E '^bench-scale: ' "$log" | sed 's/^/  /' | head -20 || true
 	((noscale)) || table "$log"
-	lattable "$log"
+	if ((noisy)); then noisytable "$log"; else lattable "$log"; fi
 	grep -a -E '^(PROFILED|PROFILE) ' "$log" | sed 's/^/  /' || true
 done
 exit "$failed"

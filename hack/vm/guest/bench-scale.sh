@@ -25,7 +25,10 @@
 # p50/p99/p99.9 printed as LAT lines; with loop, the backing files
 # themselves ("file", direct I/O) are measured too), BENCH_SCALE_NOSCALE
 # (1: only the latency probe), BENCH_SCALE_PROFILE (1: in the first rep,
-# each csi-fastblk workload once more under /usr/bin/perf, see profile).
+# each csi-fastblk workload once more under /usr/bin/perf, see profile),
+# BENCH_SCALE_NOISY (1: only the noisy-neighbour probe: one device at 4k
+# randread iodepth 1 alone and beside BENCH_SCALE_LAT_BUSY others at 4k
+# randwrite iodepth 32, no "file" runs).
 . /opt/fastblk/vm/lib.sh
 VOLUMES=${BENCH_SCALE_VOLUMES:-"1 16 64"}
 RWS=${BENCH_SCALE_RW:-"randread randwrite"}
@@ -34,9 +37,16 @@ ANCHOR=${BENCH_SCALE_ANCHOR:-2x32}
 RUNTIME=${BENCH_RUNTIME:-10}
 REPS=${BENCH_REPS:-3}
 SIZE=${BENCH_SCALE_SIZE:-64Mi}
+PROBE_RW=""
+if [ "${BENCH_SCALE_NOISY:-0}" = 1 ]; then
+	BENCH_SCALE_LAT=1 BENCH_SCALE_NOSCALE=1 RWS=randwrite DEPTH=32 PROBE_RW=randread
+fi
 BIN=/usr/bin/csi-fastblk
 SOCK=/tmp/fastblk-scale.sock
 PLUGIN_PID=""
+# The plugin's metrics, which the noisy-neighbour probe reads for the quiet
+# volume's latency inside the server.
+METRICS_ADDR=127.0.0.1:9811
 
 stop_plugin() {
 	[ -z "$PLUGIN_PID" ] && return 0
@@ -63,7 +73,7 @@ start_plugin() {
 	done
 	# shellcheck disable=SC2086
 	env $_env $BIN serve --endpoint "unix://$SOCK" --node-id bench --data-dir "$FASTBLK_DATA/scale-$1/data" --backend ublk \
-		--dev-dir "/tmp/scale-dev-$1" --metrics-address 127.0.0.1:0 --max-volumes-per-node 256 $_flags \
+		--dev-dir "/tmp/scale-dev-$1" --metrics-address "$METRICS_ADDR" --max-volumes-per-node 256 $_flags \
 		>"/tmp/scale-$1.log" 2>&1 &
 	PLUGIN_PID=$!
 	i=0
@@ -82,7 +92,7 @@ run() {
 	shift 2
 	[ -z "$PARAMS" ] || set -- "$@" --params "$PARAMS"
 	if out=$($BIN bench scale --runtime "$RUNTIME" --size "$SIZE" --dir "$FASTBLK_DATA/scale-work" "$@" 2>&1); then
-		echo "$out" | sed -n -e "s/^SCALE /SCALE $_rep $_label /p" -e "s/^LAT /LAT $_rep $_label /p"
+		echo "$out" | sed -n -e "s/^SCALE /SCALE $_rep $_label /p" -e "s/^LAT /LAT $_rep $_label /p" -e "s/^bench scale: /bench-scale: $_label: /p"
 	else
 		echo "bench-scale: $_label $*: $out"
 		echo "SCALE $_rep $_label failed iops=-"
@@ -119,7 +129,7 @@ variants=${BENCH_SCALE_VARIANTS:-shared}
 labels=""
 for v in $variants; do labels="$labels ${v%%=*}"; done
 [ "${BENCH_SCALE_LOOP:-1}" = 1 ] && labels="$labels loop"
-[ "${BENCH_SCALE_LOOP:-1}" = 1 ] && [ "${BENCH_SCALE_LAT:-0}" = 1 ] && labels="$labels file"
+[ "${BENCH_SCALE_LOOP:-1}" = 1 ] && [ "${BENCH_SCALE_LAT:-0}" = 1 ] && [ -z "$PROBE_RW" ] && labels="$labels file"
 LAT_BUSY=${BENCH_SCALE_LAT_BUSY:-15}
 
 # flags_of LABEL prints the serve flags of a variant.
@@ -148,7 +158,7 @@ while [ $rep -le "$REPS" ]; do
 			for rw in $RWS; do
 				for n in 1 $((LAT_BUSY + 1)); do
 					run $rep $label --mode $mode --pid "${PLUGIN_PID:-0}" --endpoint "unix://$SOCK" --volumes "$n" --rw "$rw" \
-						--iodepth "$DEPTH" --mkfs-sample 0 --lat-probe
+						--iodepth "$DEPTH" --mkfs-sample 0 --lat-probe ${PROBE_RW:+--probe-rw "$PROBE_RW" --metrics "http://$METRICS_ADDR/metrics"}
 				done
 			done
 		fi

@@ -17,6 +17,26 @@ type Ablation struct {
 	// ReapOne takes one completion per wake-up (it waits for one and
 	// reaps one) instead of waiting for a batch and reaping them all.
 	ReapOne bool
+	// BatchWait makes a busy thread wait for a quarter of its backing
+	// I/O in flight before it looks at new requests, as it did before
+	// (threadLoop.waitFor), instead of waking for the first completion
+	// while any request can arrive.
+	BatchWait bool
+	// TimedBatch is BatchWait with the wait bounded to timedBatchWait:
+	// the other design of fairness, batches bounded in time rather
+	// than none while requests can arrive.
+	TimedBatch bool
+	// LightFirst handles each round's completions of light queues (few
+	// backing operations in flight) before the others', so that their
+	// SQEs are issued first: a design of fairness measured against the
+	// default, which handles a round's completions in ring order.
+	LightFirst bool
+	// ThreadNice runs the server threads at nice threadNice: a thread
+	// that serves many devices competes for a CPU as one task against
+	// every client of those devices, where the kernel loop driver's work
+	// runs in a worker per device and in interrupts (a design measured
+	// against the default).
+	ThreadNice bool
 	// PlainRing sets the ring up without SINGLE_ISSUER, DEFER_TASKRUN and
 	// COOP_TASKRUN: completions run their task work, and wake the thread,
 	// as they come, not when the thread waits for a batch. Idle buffer
@@ -51,6 +71,10 @@ var ablations = []struct {
 }{
 	{"submit-each", func(a *Ablation) *bool { return &a.SubmitEach }},
 	{"reap-one", func(a *Ablation) *bool { return &a.ReapOne }},
+	{"batch-wait", func(a *Ablation) *bool { return &a.BatchWait }},
+	{"timed-batch", func(a *Ablation) *bool { return &a.TimedBatch }},
+	{"light-first", func(a *Ablation) *bool { return &a.LightFirst }},
+	{"thread-nice", func(a *Ablation) *bool { return &a.ThreadNice }},
 	{"plain-ring", func(a *Ablation) *bool { return &a.PlainRing }},
 	{"unbounded", func(a *Ablation) *bool { return &a.Unbounded }},
 	{"no-fixed-files", func(a *Ablation) *bool { return &a.NoFixedFiles }},

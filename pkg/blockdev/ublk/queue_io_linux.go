@@ -25,6 +25,7 @@ var (
 // onCmd handles the completion of a FETCH or COMMIT_AND_FETCH: a new
 // request for tag, or the end of the tag.
 func (l *loop) onCmd(tag uint16, res int32) error {
+	l.s.parked--
 	if int(tag) >= len(l.tags) {
 		return errBadTag
 	}

@@ -243,6 +243,7 @@ func (l *loop) prepCmd(op uint32, tag uint16, result int32) error {
 	sqe.PrepURingCmd(l.fileChar, op)
 	sqe.Flags |= l.fileFlag
 	sqe.UserData = encodeUD(udCmd, l.slot, tag)
+	l.s.parked++
 	if l.zc {
 		// AUTO_BUF_REG: sqe->addr is struct ublk_auto_buf_reg (index =
 		// the tag's buffer slot, no flags); the command's own addr

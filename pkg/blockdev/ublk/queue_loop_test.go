@@ -66,6 +66,7 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 		}
 		got += ring.Reap(s.cqes)
 	}
+	s.parked = 0 // reaped here, not by onCmd: none is parked
 	return l, f
 }
 
@@ -405,8 +406,9 @@ func TestLoopPoll(t *testing.T) {
 	}
 }
 
-// TestWaitFor pins the batched-wait policy: one completion when little is
-// in flight, a quarter of the backing I/O when much is.
+// TestWaitFor pins the batched wait of a thread where no request can
+// arrive: one completion when little is in flight, a quarter of the
+// backing I/O when much is.
 func TestWaitFor(t *testing.T) {
 	for _, c := range []struct {
 		backing int
@@ -415,6 +417,32 @@ func TestWaitFor(t *testing.T) {
 		if got := (&threadLoop{backing: c.backing}).waitFor(); got != c.want {
 			t.Errorf("waitFor with %d backing = %d, want %d", c.backing, got, c.want)
 		}
+	}
+}
+
+// TestWaitForNews pins the wait while requests can arrive: one completion
+// whatever backing I/O is in flight, the quarter of it once every tag is
+// in service, and the quarter again with the batch-wait ablation.
+func TestWaitForNews(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		parked  int
+		backing int
+		ab      Ablation
+		want    uint32
+	}{
+		{"idle", 64, 0, Ablation{}, 1},
+		{"busy, tags parked", 32, 256, Ablation{}, 1},
+		{"every tag in service", 0, 256, Ablation{}, 64},
+		{"busy, tags parked, batch-wait", 32, 256, Ablation{BatchWait: true}, 64},
+		{"busy, tags parked, timed-batch", 32, 256, Ablation{TimedBatch: true}, 64},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := &threadLoop{parked: c.parked, backing: c.backing, ab: c.ab}
+			if got := s.waitFor(); got != c.want {
+				t.Fatalf("waitFor = %d, want %d", got, c.want)
+			}
+		})
 	}
 }
 
@@ -443,6 +471,60 @@ func TestBatchWaitFor(t *testing.T) {
 				t.Fatalf("waitFor = %d, want %d", got, c.want)
 			}
 		})
+	}
+}
+
+// TestNewRequestDoesNotWaitForOtherBacking proves that a thread whose
+// queues can receive requests wakes for the first one, whatever backing
+// I/O of other devices is in flight: device A's backing reads are stalled
+// (reads of a pipe nobody writes to: a backing file that hangs) and a
+// request of device B arrives (its parked FETCH completes; here a poll
+// standing in for the uring_cmd, which a regular file cannot park). Before,
+// the thread waited for a quarter of A's backing I/O first, and B's request
+// waited as long as A's file stalled: here until the test released A's
+// reads after a few seconds.
+func TestNewRequestDoesNotWaitForOtherBacking(t *testing.T) {
+	l, _ := hostLoop(t, 4, TargetFile)
+	s := l.s
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	defer pw.Close()
+	const stalled = 16
+	buf := make([]byte, 512)
+	for i := range stalled {
+		sqe := s.ring.GetSQE()
+		sqe.PrepRead(int32(pr.Fd()), buf, ^uint64(0))    // a pipe has no offset
+		sqe.UserData = encodeUD(udBacking, 0, uint16(i)) // slot 0: device A
+		s.backing++
+	}
+	news, err := uring.NewWaker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer news.Close()
+	news.PrepPoll(s.ring.GetSQE(), encodeUD(udCmd, l.slot, 0))
+	s.parked++ // device B's tag 0 waits for a request
+	if err := news.Wake(); err != nil {
+		t.Fatal(err)
+	}
+	// The bound of a wait that would never end: A's reads complete.
+	release := time.AfterFunc(3*time.Second, func() { pw.Write(make([]byte, stalled*len(buf))) })
+	n, err := s.next(false)
+	released := !release.Stop()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotNews := false
+	for _, c := range s.cqes[:n] {
+		kind, slot, _ := decodeUD(c.UserData)
+		gotNews = gotNews || (kind == udCmd && slot == l.slot)
+	}
+	if !gotNews || released {
+		t.Fatalf("device B's request came back with %d CQEs (it did: %v) only after device A's stalled backing reads were released (%v): it waited for them",
+			n, gotNews, released)
 	}
 }
 
@@ -544,5 +626,26 @@ func TestReclaimBacksOffWhileRingBusy(t *testing.T) {
 	s.reclaimIdle()
 	if l.tailsUsed || len(s.tails) != 0 {
 		t.Fatal("not reclaimed once the ring was quiet")
+	}
+}
+
+// TestLightFirstOrdersRound proves the light-first design's order: the
+// completions of queues with few backing operations in flight first, then
+// the busy queues', each side in ring order, none lost or duplicated.
+func TestLightFirstOrdersRound(t *testing.T) {
+	busy, quiet := &loop{backing: 3 * lightBacking}, &loop{backing: 1}
+	s := &threadLoop{slots: []*loop{busy, quiet}, cqes: make([]uring.CQE, 8)}
+	order := []struct {
+		slot, tag uint16
+	}{{0, 0}, {0, 1}, {1, 0}, {0, 2}, {1, 1}, {0, 3}}
+	for i, c := range order {
+		s.cqes[i] = uring.CQE{UserData: encodeUD(udBacking, c.slot, c.tag)}
+	}
+	s.lightFirst(len(order))
+	want := []struct{ slot, tag uint16 }{{1, 0}, {1, 1}, {0, 0}, {0, 1}, {0, 2}, {0, 3}}
+	for i, w := range want {
+		if _, slot, tag := decodeUD(s.cqes[i].UserData); slot != w.slot || tag != w.tag {
+			t.Fatalf("cqe %d is slot %d tag %d, want slot %d tag %d", i, slot, tag, w.slot, w.tag)
+		}
 	}
 }

@@ -354,6 +354,11 @@ func (t *Thread) setup() (*threadLoop, error) {
 		ring.Close()
 		return nil, fmt.Errorf("server thread %d: %w", t.id, err)
 	}
+	if ab.ThreadNice {
+		// Linux keeps the nice value per thread: who 0 is this one.
+		// Refused (no CAP_SYS_NICE), the thread runs at the default.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, 0, threadNice)
+	}
 	if !t.cfg.Pin {
 		if err := unpin(home); err != nil {
 			ring.Close()
@@ -399,16 +404,19 @@ type threadLoop struct {
 	pollMax  int      // t.cfg.PollInFlight (0: pollMaxInFlight)
 	ring     *uring.Ring
 	cqes     []uring.CQE
-	cur      *loop    // the queue handling a CQE now (dispatch)
-	slots    []*loop  // queues by slot (user_data); nil = free
-	free     []uint16 // free slots, a stack
+	spare    []uring.CQE // lightFirst's scratch
+	cur      *loop       // the queue handling a CQE now (dispatch)
+	slots    []*loop     // queues by slot (user_data); nil = free
+	free     []uint16    // free slots, a stack
 	bufSlots rangeAlloc
 	// backing counts backing operations in flight, serving the requests
-	// received and not yet committed, and batchCmds the PREP/COMMIT
-	// commands of batch mode that still owe their CQE, over every queue.
-	backing, serving, batchCmds int
-	fetchers                    int // batch-mode queues with their FETCH armed
-	attached                    int // queues the thread took, ever
+	// received and not yet committed, batchCmds the PREP/COMMIT
+	// commands of batch mode that still owe their CQE, and parked the
+	// FETCH and COMMIT_AND_FETCH commands that still owe theirs (each
+	// one's CQE is a new request, or its tag's end), over every queue.
+	backing, serving, batchCmds, parked int
+	fetchers                            int // batch-mode queues with their FETCH armed
+	attached                            int // queues the thread took, ever
 	// held are the queues holding requests for their rate limits,
 	// commits the batch-mode queues with results to send this round,
 	// tails the copy-mode queues whose buffer tails await a reclaim, and
@@ -482,6 +490,9 @@ func (s *threadLoop) serve() error {
 // device's requests must not stop every device of the thread. A panic
 // outside a queue's handling ends the thread (run).
 func (s *threadLoop) dispatch(n int) {
+	if s.ab.LightFirst {
+		s.lightFirst(n)
+	}
 	for i := 0; i < n; {
 		i = s.dispatchFrom(i, n)
 	}
@@ -509,6 +520,34 @@ func (s *threadLoop) dispatchFrom(i, n int) (next int) {
 	}
 	s.cur = nil
 	return n
+}
+
+// lightBacking is the most backing operations a queue may have in flight
+// and still count as light (Ablation LightFirst).
+const lightBacking = 2
+
+// lightFirst orders the round's CQEs, s.cqes[:n], so that those of light
+// queues (few backing operations in flight: a device at a low queue depth
+// beside busy ones) come first, each side in ring order: their SQEs then
+// go first into the submission queue, and the kernel issues them before
+// the busy devices' (Ablation LightFirst, a design of fairness measured
+// against the default).
+func (s *threadLoop) lightFirst(n int) {
+	if cap(s.spare) < n {
+		s.spare = make([]uring.CQE, 0, len(s.cqes))
+	}
+	heavy := s.spare[:0]
+	light := 0
+	for i := range n {
+		_, slot, _ := decodeUD(s.cqes[i].UserData)
+		if l := s.queue(slot); l == nil || l.backing <= lightBacking {
+			s.cqes[light] = s.cqes[i]
+			light++
+			continue
+		}
+		heavy = append(heavy, s.cqes[i])
+	}
+	copy(s.cqes[light:n], heavy)
 }
 
 // errQueuePanic is the class of a queue failed by a panic in its handling.
@@ -622,6 +661,9 @@ func (s *threadLoop) wait(now int64) (int, error) {
 	if b := s.reclaimWait(now); b > 0 && (bound == 0 || b < bound) {
 		bound = b
 	}
+	if s.ab.TimedBatch && (bound == 0 || timedBatchWait < bound) {
+		bound = timedBatchWait
+	}
 	_, err := s.ring.SubmitAndWait(s.waitFor(), bound)
 	s.t.stats.enters.Add(1)
 	if err != nil && !errors.Is(err, unix.ETIME) {
@@ -630,19 +672,32 @@ func (s *threadLoop) wait(now int64) (int, error) {
 	return s.reap()
 }
 
-// waitFor is how many completions a sleeping wait asks for: a quarter of
-// the backing operations in flight, at least one. Backing I/O is sure to
-// complete, while parked FETCHes complete only when requests arrive, so
-// the wait never hangs; a busy thread wakes once per batch. Where a
-// batch-mode queue has its FETCH armed, the first CQE of news: one FETCH
-// CQE stands for a whole batch of new requests, which must not wait there
-// for a quarter of the backing I/O to finish (measured in the VM: 6-11%
-// fewer 4k IOPS at queue depth 32). Plus the CQEs of the PREP/COMMIT
-// commands this wait submits or left unreaped, which come at once.
+// threadNice is a server thread's nice value under Ablation ThreadNice.
+const threadNice = -10
+
+// timedBatchWait bounds a batched wait under Ablation TimedBatch.
+const timedBatchWait = 200 * time.Microsecond
+
+// waitFor is how many completions a sleeping wait asks for. While any
+// queue of the thread can receive a request (a FETCH or COMMIT_AND_FETCH
+// parked, or a batch-mode FETCH armed), one: the CQE of a new request
+// stands alone (one CQE for one request, or in batch mode for a whole
+// batch), and a wait for more would hold it behind other devices' backing
+// I/O, without bound if their backing file stalls. A busy thread still
+// serves in batches: what completes while it handles a round is reaped by
+// the next one at once. Only when no request can arrive (every tag in
+// service) does it wait for a quarter of the backing operations in flight,
+// which are sure to complete. Plus the CQEs of the PREP/COMMIT commands
+// this wait submits or left unreaped, which come at once.
+//
+// Ablations BatchWait and TimedBatch restore the quarter of the backing I/O for
+// queues of one CQE per request (TimedBatch bounding the wait to
+// timedBatchWait), to measure the policy against them.
 func (s *threadLoop) waitFor() uint32 {
-	want := max(1, s.backing/4)
-	if s.fetchers > 0 || s.ab.ReapOne {
-		want = 1
+	want := 1
+	news := s.fetchers > 0 || (s.parked > 0 && !s.ab.BatchWait && !s.ab.TimedBatch)
+	if !news && !s.ab.ReapOne {
+		want = max(1, s.backing/4)
 	}
 	return uint32(want + s.batchCmds)
 }
