@@ -111,6 +111,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	thawAbandoned(store)
 	cfg.devices.AdoptUnmarked = true // once per data directory: the upgrade
+	cfg.devices.Report = klog.ErrorS
 	backend, fallback, err := blockdev.SelectBackend(cfg.backend, cfg.devices)
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", cfg.backend, err)

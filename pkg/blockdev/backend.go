@@ -66,6 +66,17 @@ type BackendConfig struct {
 	// opens /dev/ublk-control; tests point this elsewhere to exercise the
 	// fallback on hosts without ublk.
 	UblkControl string
+	// Report, when set, is told what goes wrong in the background, with
+	// no caller to return it to (a ublk server thread that fails); its
+	// arguments are klog.ErrorS's. Nil drops the reports.
+	Report func(err error, msg string, keysAndValues ...any)
+}
+
+// report passes a background failure to Report, if set.
+func (c BackendConfig) report(err error, msg string, keysAndValues ...any) {
+	if c.Report != nil {
+		c.Report(err, msg, keysAndValues...)
+	}
 }
 
 // UblkControl is the ublk control device; its presence selects ublk in "auto".

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
-	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
@@ -66,7 +65,7 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 		ThreadRoom: func() (int64, error) {
 			room, err := PidsHeadroom(os.Getpid())
 			if err != nil {
-				klog.ErrorS(err, "cannot read the pids headroom; creating the device anyway")
+				cfg.report(err, "cannot read the pids headroom; creating the device anyway")
 			}
 			return room, err
 		},
@@ -264,6 +263,17 @@ func (b *ublkBackend) IOStats(volumeID string) (IOStats, bool) {
 	return st, true
 }
 
+var _ HealthReporter = (*ublkBackend)(nil)
+
+// Health fails while a device holds its I/O because its queue or server
+// thread failed and it has not been recovered (ublk.Server.Health).
+func (b *ublkBackend) Health() error {
+	if err := b.srv.Health(); err != nil {
+		return fmt.Errorf("ublk server: %w", err)
+	}
+	return nil
+}
+
 var _ Quiescer = (*ublkBackend)(nil)
 
 // Quiesce holds the I/O of the volume's device until resume: requests that
@@ -278,9 +288,9 @@ func (b *ublkBackend) Quiesce(ctx context.Context, volumeID string) (func() erro
 	return func() error { resume(); return nil }, nil
 }
 
-// watchThread logs a server thread's failure the moment it happens, with the
-// volumes it served: their devices hold their I/O (state "failed" in their
-// stats and health) until the plugin restarts and re-adopts them.
+// watchThread reports a server thread's failure the moment it happens, with
+// the volumes it served: their devices hold their I/O (state "failed" in
+// their stats) and Health fails until they are recovered.
 func (b *ublkBackend) watchThread(t *ublk.Thread) {
 	<-t.Done()
 	err := t.Err()
@@ -293,6 +303,6 @@ func (b *ublkBackend) watchThread(t *ublk.Thread) {
 			vols = append(vols, s.VolumeID)
 		}
 	}
-	klog.ErrorS(err, "ublk server thread failed: its devices hold their I/O until the plugin restarts and re-adopts them",
+	b.cfg.report(err, "ublk server thread failed: its devices hold their I/O until they are recovered (health fails meanwhile)",
 		"thread", t.ID(), "volumes", vols)
 }

@@ -88,6 +88,19 @@ func (p *Threads) Err() error {
 	return nil
 }
 
+// live counts the threads that have not ended.
+func (p *Threads) live() int {
+	n := 0
+	for _, t := range p.threads {
+		select {
+		case <-t.Done():
+		default:
+			n++
+		}
+	}
+	return n
+}
+
 // Close ends every thread (see Thread.Close) and returns their failures.
 func (p *Threads) Close() error {
 	for _, t := range p.threads {
