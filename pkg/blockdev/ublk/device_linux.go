@@ -259,7 +259,7 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 			MtimeTick: &d.mtimeTick, Gate: &d.gate,
 		}
 		if threads != nil {
-			qc.Thread = threads[q]
+			qc.Thread, qc.reserved = threads[q], true
 		} else {
 			cpus, err := d.ctl.QueueAffinity(d.ID(), q)
 			if err != nil {
@@ -269,6 +269,9 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 		}
 		queue, err := StartQueue(qc)
 		if err != nil {
+			if threads != nil {
+				unreserveAll(threads[q+1:], d.info.QueueDepth)
+			}
 			return err
 		}
 		d.queues = append(d.queues, queue)

@@ -89,6 +89,10 @@ type QueueConfig struct {
 	// Gate pauses the device's queues (Device.Pause); shared by them.
 	// nil: never paused.
 	Gate *Gate
+	// reserved: Threads.pick already booked the queue's room on Thread.
+	// The queue owns the booking either way: it is given back when the
+	// queue fails to start or ends.
+	reserved bool
 	// MtimeTick is shared by the device's queues, so that one mtime
 	// update per clock tick serves them all (freshenMtime). nil: the
 	// queue keeps its own.
@@ -189,6 +193,9 @@ func (c *QueueConfig) validate() error {
 // left running.
 func StartQueue(cfg QueueConfig) (*Queue, error) {
 	if err := cfg.validate(); err != nil {
+		if cfg.reserved {
+			cfg.Thread.unreserve(cfg.Depth)
+		}
 		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
 	}
 	q := &Queue{cfg: cfg, thread: cfg.Thread, done: make(chan struct{})}
@@ -211,8 +218,10 @@ func StartQueue(cfg QueueConfig) (*Queue, error) {
 
 // start maps the queue's memory and hands the queue to its thread.
 func (q *Queue) start() error {
-	if err := q.thread.reserve(q.cfg.Depth); err != nil {
-		return err
+	if !q.cfg.reserved {
+		if err := q.thread.reserve(q.cfg.Depth); err != nil {
+			return err
+		}
 	}
 	l := newLoop(q)
 	var err error

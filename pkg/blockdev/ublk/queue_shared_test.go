@@ -381,3 +381,36 @@ func TestAblationsServeCorrectly(t *testing.T) {
 		})
 	}
 }
+
+// TestThreadsPickReserves proves that pick books the room of the queues it
+// places before it returns: devices attached one after the other, or at
+// once, see each other's queues (before, the booking waited for the queue
+// to start, so two attaches picked the same least loaded thread), and a
+// pool with no room left refuses. Host test.
+func TestThreadsPickReserves(t *testing.T) {
+	p, err := NewThreads(2, ThreadConfig{CPU: -1, Tags: 2 * queueCost(64)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	picked := make([][]*Thread, 4)
+	var wg sync.WaitGroup
+	for i := range picked {
+		wg.Go(func() {
+			ths, err := p.pick(1, 64)
+			if err != nil {
+				t.Errorf("pick %d: %v", i, err)
+			}
+			picked[i] = ths
+		})
+	}
+	wg.Wait()
+	for _, th := range p.Threads() {
+		if got := th.load(); got != 2*queueCost(64) {
+			t.Errorf("thread %d: %d tags reserved after 4 one-queue picks on 2 threads, want %d", th.ID(), got, 2*queueCost(64))
+		}
+	}
+	if _, err := p.pick(1, 64); !errors.Is(err, ErrThreadFull) {
+		t.Errorf("pick on full threads = %v, want ErrThreadFull", err)
+	}
+}

@@ -43,7 +43,9 @@ func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 func (p *Threads) Len() int { return len(p.threads) }
 
 // pick chooses the threads for a device's queues (SpreadQueues) and
-// reserves room for each queue on its thread.
+// reserves room for each queue on its thread before it returns, so that a
+// concurrent pick sees the load (the caller's queues own the reservations:
+// StartQueue with QueueConfig.reserved).
 func (p *Threads) pick(queues int, depth uint16) ([]*Thread, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -61,9 +63,20 @@ func (p *Threads) pick(queues int, depth uint16) ([]*Thread, error) {
 	}
 	out := make([]*Thread, queues)
 	for q, i := range idx {
+		if err := p.threads[i].reserve(depth); err != nil {
+			unreserveAll(out[:q], depth)
+			return nil, err
+		}
 		out[q] = p.threads[i]
 	}
 	return out, nil
+}
+
+// unreserveAll gives back one queue's reservation on each of threads.
+func unreserveAll(threads []*Thread, depth uint16) {
+	for _, t := range threads {
+		t.unreserve(depth)
+	}
 }
 
 // Threads returns the threads.
