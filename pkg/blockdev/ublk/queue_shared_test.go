@@ -3,6 +3,7 @@ package ublk
 import (
 	"errors"
 	"os"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
 
 // testThread starts a shared server thread that the test closes at its end
@@ -412,5 +414,62 @@ func TestThreadsPickReserves(t *testing.T) {
 	}
 	if _, err := p.pick(1, 64); !errors.Is(err, ErrThreadFull) {
 		t.Errorf("pick on full threads = %v, want ErrThreadFull", err)
+	}
+}
+
+// TestThreadWakeNotLostWithoutSQE proves that a wake handled while no SQE
+// is free (submission and pending queues full) is not lost: the thread
+// arms its eventfd poll again once an SQE is free, so a later Close still
+// reaches it. Host test: the thread's loop runs on the test's locked
+// goroutine over a small ring that the test fills with polls on an eventfd
+// of its own, hands it the wake CQE there, then frees the ring and lets it
+// serve. Before, the re-arm was dropped and the Close went unnoticed (the
+// test's watchdog ends the wait).
+func TestThreadWakeNotLostWithoutSQE(t *testing.T) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	newWaker := func() *uring.Waker {
+		w, err := uring.NewWaker()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		return w
+	}
+	th := &Thread{cfg: ThreadConfig{Tags: 1, Queues: 1}, waker: newWaker(), done: make(chan struct{})}
+	ring, err := uring.New(uring.Config{Entries: 2, CQEntries: 4, Flags: ringFlags, PendingEntries: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 4), slots: make([]*loop, 1), free: []uint16{0},
+		bufSlots: newRangeAlloc(1)}
+	defer s.close(nil)
+	stray := encodeUD(udCmd, 1<<12-1, 0) // no queue's
+	held := newWaker()
+	polls := 0
+	for sqe := ring.GetSQE(); sqe != nil; sqe = ring.GetSQE() {
+		held.PrepPoll(sqe, stray)
+		polls++
+	}
+	s.handle(&uring.CQE{UserData: encodeUD(udWake, 0, 0)}) // no SQE free for the re-arm
+	held.Wake()
+	for got := 0; got < polls; got += ring.Reap(s.cqes) {
+		if _, err := ring.SubmitAndWait(1, 5*time.Second); err != nil {
+			t.Fatalf("reap the test's polls: %v", err)
+		}
+	}
+	watchdog := newWaker()
+	watchdog.PrepPoll(ring.GetSQE(), stray)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		th.stop()
+	}()
+	lost := time.AfterFunc(5*time.Second, func() {
+		t.Error("the thread did not notice Close: the wake whose re-arm found no SQE free was lost")
+		watchdog.Wake()
+	})
+	defer lost.Stop()
+	if err := s.serve(); !errors.Is(err, ErrQueueStopped) {
+		t.Fatalf("serve = %v, want ErrQueueStopped", err)
 	}
 }

@@ -360,8 +360,7 @@ func (t *Thread) setup() (*threadLoop, error) {
 			return nil, fmt.Errorf("server thread %d: %w", t.id, err)
 		}
 	}
-	sqe := ring.GetSQE()
-	t.waker.PrepPoll(sqe, encodeUD(udWake, 0, 0))
+	s.armWaker()
 	if _, err := ring.Submit(); err != nil {
 		ring.Close()
 		return nil, fmt.Errorf("server thread %d: arm waker: %w", t.id, err)
@@ -414,6 +413,10 @@ type threadLoop struct {
 	// tails the copy-mode queues whose buffer tails await a reclaim, and
 	// ending the queues that may have nothing left to do.
 	held, commits, tails, ending []*loop
+	// wakeDisarmed: the poll on the thread's eventfd is not in the ring
+	// (no SQE was free when its last CQE came), so wakes (mail, Nudge,
+	// Close) go unnoticed until armWaker succeeds.
+	wakeDisarmed bool
 	// round counts the loop's rounds; roundAt is when (monoNow) this one
 	// began.
 	round   uint64
@@ -437,6 +440,9 @@ type threadLoop struct {
 func (s *threadLoop) serve() error {
 	n := 0
 	for {
+		if s.wakeDisarmed {
+			s.armWaker()
+		}
 		if s.t.closing.Load() {
 			return ErrQueueStopped
 		}
@@ -519,9 +525,7 @@ func (s *threadLoop) handle(c *uring.CQE) {
 	kind, slot, tag := decodeUD(c.UserData)
 	if kind == udWake {
 		s.t.waker.Drain()
-		if sqe := s.ring.GetSQE(); sqe != nil {
-			s.t.waker.PrepPoll(sqe, encodeUD(udWake, 0, 0))
-		}
+		s.armWaker()
 		return
 	}
 	if int(slot) >= len(s.slots) || s.slots[slot] == nil {
@@ -547,6 +551,23 @@ func (s *threadLoop) handle(c *uring.CQE) {
 		l.fail(err)
 	}
 }
+
+// armWaker polls the thread's eventfd again. With no SQE free (the
+// submission and pending queues full within a round) it is tried again at
+// the start of every round, and waits stay short meanwhile (wakeRetry): a
+// wake that found no poll armed leaves the eventfd readable, so the poll
+// fires as soon as it is in the ring, and mail, a Nudge or a Close is late,
+// never lost.
+func (s *threadLoop) armWaker() {
+	sqe := s.ring.GetSQE()
+	s.wakeDisarmed = sqe == nil
+	if sqe != nil {
+		s.t.waker.PrepPoll(sqe, encodeUD(udWake, 0, 0))
+	}
+}
+
+// wakeRetry bounds a sleeping wait while the waker is not armed.
+const wakeRetry = time.Millisecond
 
 // pollMaxInFlight is the most requests a thread may be serving and still
 // poll: with more, the next completion is never far, a sleeping wait
@@ -621,6 +642,9 @@ func (s *threadLoop) wait(now int64) (int, error) {
 	bound := s.heldWait(now)
 	if b := s.reclaimWait(now); b > 0 && (bound == 0 || b < bound) {
 		bound = b
+	}
+	if s.wakeDisarmed && (bound == 0 || wakeRetry < bound) {
+		bound = wakeRetry
 	}
 	_, err := s.ring.SubmitAndWait(s.waitFor(), bound)
 	s.t.stats.enters.Add(1)
