@@ -278,10 +278,11 @@ func TestThreadsPick(t *testing.T) {
 	}
 }
 
-// TestThreadsPinnedOnePerCPU proves that Pin without a CPU pins server
-// thread i to the i-th CPU the process may use (--ublk-pin-threads), and
-// that without Pin no thread is pinned: the process's tasks allowed on
-// exactly one CPU are counted before and after. Host test.
+// TestThreadsPinnedOnePerCPU proves that Pin pins server thread i to the
+// i-th CPU the process may use (--ublk-pin-threads), whatever the config's
+// CPU (its zero value pinned every thread to CPU 0 before), and that
+// without Pin no thread is pinned: the process's tasks allowed on exactly
+// one CPU are counted before and after. Host test.
 func TestThreadsPinnedOnePerCPU(t *testing.T) {
 	cpus := usableCPUList()
 	if len(cpus) < 2 {
@@ -312,8 +313,9 @@ func TestThreadsPinnedOnePerCPU(t *testing.T) {
 		return out
 	}
 	before := pinned()
-	for _, pin := range []bool{false, true} {
-		p, err := NewThreads(2, ThreadConfig{CPU: -1, Pin: pin})
+	for _, cfg := range []ThreadConfig{{CPU: -1}, {CPU: -1, Pin: true}, {Pin: true}, {}} {
+		pin := cfg.Pin
+		p, err := NewThreads(2, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -325,7 +327,7 @@ func TestThreadsPinnedOnePerCPU(t *testing.T) {
 				want++
 			}
 			if got[c] != want {
-				t.Errorf("Pin %v: %d tasks pinned to CPU %d (thread %d's), want %d", pin, got[c], c, i, want)
+				t.Errorf("%+v: %d tasks pinned to CPU %d (thread %d's), want %d", cfg, got[c], c, i, want)
 			}
 		}
 	}

@@ -56,8 +56,7 @@ type ThreadConfig struct {
 	// files each); 0 means DefaultThreadQueues.
 	Queues int
 	// CPU, when >= 0, is where the thread sets up its ring; Pin keeps it
-	// there for its life. Shared threads leave CPU unset; with Pin,
-	// NewThreads sets it per thread.
+	// there for its life. NewThreads sets CPU per thread itself.
 	CPU int
 	Pin bool
 	// IOWQWorkers caps the thread's io-wq workers (bounded work: writes

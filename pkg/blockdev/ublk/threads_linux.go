@@ -14,19 +14,22 @@ type Threads struct {
 	threads []*Thread
 }
 
-// NewThreads starts n server threads of cfg. With cfg.Pin and no cfg.CPU,
-// thread i is pinned to the i-th CPU the process may use (round robin).
+// NewThreads starts n server threads of cfg. It chooses each thread's CPU
+// (cfg.CPU is not used: one CPU for every thread of a pool is never
+// meant): with cfg.Pin, thread i is pinned to the i-th CPU the process may
+// use (round robin); without, no thread moves.
 func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("server threads: %d: %w", n, errInvalid)
 	}
 	var cpus []int
-	if cfg.Pin && cfg.CPU < 0 {
+	if cfg.Pin {
 		cpus = usableCPUList()
 	}
 	p := &Threads{}
 	for i := range n {
 		tc := cfg
+		tc.CPU = -1
 		if len(cpus) > 0 {
 			tc.CPU = cpus[i%len(cpus)]
 		}
