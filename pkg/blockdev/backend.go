@@ -44,7 +44,8 @@ type BackendConfig struct {
 	// (see ublk.ServerConfig.BatchIO).
 	BatchIO string
 	// Threads (ublk only) is how many server threads serve every
-	// device's queues; 0 means one per CPU the plugin may use.
+	// device's queues; 0 means one per CPU the plugin may use, at most
+	// its cgroup's CPU limit (rounded up).
 	// ThreadPerQueue gives each queue a thread of its own instead, the
 	// design before shared threads, for benchmark comparisons.
 	Threads        int

@@ -47,7 +47,8 @@ type ServerConfig struct {
 	// Queue is the queues' buffer, submission and wait policy.
 	Queue QueueOptions
 	// Threads is how many server threads serve every device's queues
-	// (0 = one per CPU the process may use); ThreadPerQueue instead
+	// (0 = one per CPU the process may use, at most its cgroup's CPU
+	// limit rounded up: cpuLimit); ThreadPerQueue instead
 	// gives each queue a thread of its own, the design before shared
 	// threads, kept for comparison in benchmarks.
 	Threads        int
@@ -145,7 +146,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if !cfg.ThreadPerQueue {
 		n := cfg.Threads
 		if n <= 0 {
-			n = usableCPUs()
+			n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
 		}
 		tc := cfg.Thread
 		tc.CPU = -1
