@@ -3,6 +3,7 @@ package ublk
 import (
 	"context"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -61,5 +62,55 @@ func TestServerHealthFailsWhileThreadFailed(t *testing.T) {
 	writeRead(t, d.Path, 0, 3, false)
 	if err := s2.Detach(ctx, "vol"); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestServerControlNotBlockedByStuckCommand proves that a control command
+// that waits (a synchronous DEL_DEV of a device whose block device is
+// still open waits for the last reference, up to its 10 s timeout) holds
+// up no other command: GET_FEATURES answers meanwhile. Before, one mutex
+// serialised every command, so it waited for the DEL_DEV's timeout.
+func TestServerControlNotBlockedByStuckCommand(t *testing.T) {
+	needUblk(t)
+	dir := scratchDir(t)
+	file := sparseFile(t, dir, "vol.img", 16<<20)
+	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: filepath.Join(dir, "state"), Threads: 1})
+	if err != nil || len(errs) > 0 {
+		t.Fatal(err, errs)
+	}
+	d, err := s.Attach(context.Background(), AttachSpec{VolumeID: "vol", File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	holder, err := os.Open(d.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.Control()
+	if err := c.StopDev(d.DevID); err != nil {
+		t.Fatal(err)
+	}
+	deleted := make(chan error, 1)
+	go func() { deleted <- c.DelDev(d.DevID, false) }()
+	time.Sleep(200 * time.Millisecond) // the DEL_DEV is in the kernel, waiting
+	start := time.Now()
+	if _, err := c.GetFeatures(); err != nil {
+		t.Errorf("get features beside a waiting DEL_DEV: %v", err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("get features took %v beside a waiting DEL_DEV: control commands are serialised", took)
+	}
+	holder.Close()
+	s.Close() // releases /dev/ublkcN, the DEL_DEV's last reference
+	if err := <-deleted; err != nil {
+		t.Logf("DEL_DEV: %v", err)
+	}
+	c2, err := OpenControl()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if err := deleteDev(c2, d.DevID); err != nil {
+		t.Errorf("delete device: %v", err)
 	}
 }
