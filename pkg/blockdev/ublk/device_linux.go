@@ -448,12 +448,14 @@ func (d *Device) Delete(ctx context.Context) error {
 // with threads of their own leave when their rings close; queues on shared
 // threads, when QUIESCE_DEV (Linux 6.16+) aborts their parked commands:
 // without it one device cannot be released alone (closing the shared
-// threads, Threads.Close, releases all of them).
+// threads, Threads.Close, releases all of them): the error then wraps
+// errQueuesLive and errors.ErrUnsupported, and /dev/ublkcN stays open, as
+// must the backing file, since the queues still use both.
 func (d *Device) Release(ctx context.Context) error {
 	if d.sharedLive() {
 		if d.info.Flags&FlagQuiesce == 0 {
-			return fmt.Errorf("release ublk device %d alone: its queues run on shared server threads and the driver lacks QUIESCE (Linux 6.16+): %w",
-				d.ID(), errors.ErrUnsupported)
+			return fmt.Errorf("release ublk device %d alone: its queues run on shared server threads and the driver lacks QUIESCE (Linux 6.16+): %w: %w",
+				d.ID(), errQueuesLive, errors.ErrUnsupported)
 		}
 		if err := d.ctl.QuiesceDev(d.ID(), quiesceWait); err != nil {
 			return fmt.Errorf("release ublk device %d: %w", d.ID(), err)

@@ -96,8 +96,12 @@ type Server struct {
 	features uint64
 	owner    uint64
 
-	mu   sync.Mutex // guards devs only; never held across a control command
+	mu   sync.Mutex // guards devs and stuck; never held across a control command
 	devs map[string]*served
+	// stuck are the devices this process started to re-adopt and could
+	// neither finish nor let go of (their queues live on the shared
+	// threads): they hold their I/O until the process restarts (Health).
+	stuck map[string]*stuck
 
 	probeMu sync.Mutex
 	nowait  map[uint64]bool // StaleMtimeRefusesNowait by filesystem (st_dev)
@@ -434,6 +438,7 @@ func (s *Server) detachRecorded(id string) error {
 			if err := s.deleteRecorded(st); err != nil {
 				return fmt.Errorf("detach %s: %w", id, err)
 			}
+			s.unhold(id) // STOP_DEV ended its queues
 			return nil
 		}
 	}
@@ -556,6 +561,13 @@ func (s *Server) Close() error {
 		// Closing the rings cancels every parked command at once: the
 		// devices stay QUIESCED, their I/O held.
 		errs = append(errs, s.threads.Close())
+	}
+	s.mu.Lock()
+	stuck := s.stuck
+	s.stuck = nil
+	s.mu.Unlock()
+	for _, st := range stuck {
+		errs = append(errs, st.release())
 	}
 	for _, sv := range devs {
 		errs = append(errs, sv.dev.Release(context.Background()))
