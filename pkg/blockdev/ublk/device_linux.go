@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -59,10 +58,10 @@ type Device struct {
 	// removing it takes STOP_DEV, even when a later step of its creation
 	// failed.
 	started bool
-	// mtimeTick is the queues' shared QueueConfig.MtimeTick, gate
-	// their QueueConfig.Gate.
-	mtimeTick atomic.Int64
-	gate      Gate
+	// mtime is the queues' shared QueueConfig.mtime (nil without
+	// NowaitWrites), gate their QueueConfig.Gate.
+	mtime *mtimeToucher
+	gate  Gate
 }
 
 // Info returns the device's negotiated info.
@@ -251,12 +250,15 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 			return fmt.Errorf("ublk device %d: %w", d.ID(), err)
 		}
 	}
+	if d.mtime == nil && cfg.Queue.NowaitWrites && cfg.Target.Kind == TargetFile {
+		d.mtime = newMtimeToucher(cfg.Target.FD)
+	}
 	used := map[int]bool{}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
 		qc := QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char, CPU: -1,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
-			MtimeTick: &d.mtimeTick, Gate: &d.gate,
+			mtime: d.mtime, Gate: &d.gate,
 		}
 		if threads != nil {
 			qc.Thread, qc.reserved = threads[q], true
@@ -375,7 +377,13 @@ func (d *Device) sharedLive() bool {
 	return false
 }
 
+// closeChar closes /dev/ublkcN, and ends the mtime updates once every
+// queue has ended (a queue that runs may still ask for one).
 func (d *Device) closeChar() error {
+	if d.queuesEnded() {
+		d.mtime.close()
+		d.mtime = nil
+	}
 	if d.char < 0 {
 		return nil
 	}

@@ -7,8 +7,12 @@
 // two fixed-file slots ([ublkc, backing]) and a run of buffer slots in its
 // ring, registers the heads of its buffers there (copy mode) and FETCHes
 // every tag. That thread is then the queue's ublk daemon: every IO command
-// and every backing operation is issued from it, and it never blocks on
-// anything but io_uring_enter.
+// and every backing operation is issued from it, and it waits on nothing
+// but io_uring_enter: what may wait on a filesystem (the backing file's
+// mtime, freshenMtime) runs off the thread. It still registers the heads
+// of copy-mode buffers with io_uring_register when a tag first needs them
+// (registered): that pins pages of our own memory, at most once per tag
+// and size.
 //
 // Per request (queue_io_linux.go): the tag's completion → decode the
 // descriptor (desc.go) → one backing SQE (READ/WRITE, FSYNC DATASYNC,
@@ -93,10 +97,10 @@ type QueueConfig struct {
 	// The queue owns the booking either way: it is given back when the
 	// queue fails to start or ends.
 	reserved bool
-	// MtimeTick is shared by the device's queues, so that one mtime
-	// update per clock tick serves them all (freshenMtime). nil: the
-	// queue keeps its own.
-	MtimeTick *atomic.Int64
+	// mtime is shared by the device's queues, so that one mtime update
+	// per clock tick serves them all (freshenMtime). nil: the
+	// queue keeps its own (with Options.NowaitWrites).
+	mtime *mtimeToucher
 }
 
 // QueueOptions are a queue thread's buffer, submission and wait policy;

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -141,9 +140,8 @@ func TestSharedThreadIsFair(t *testing.T) {
 	slowF, _ := backingFile(t, size)
 	slow := addTestDev(t, c, 1, 32, 128<<10, 0, size)
 	lim := qos.New(qos.Limits{IOPS: 50})
-	var tick atomic.Int64
 	sq, err := StartQueue(QueueConfig{DevID: slow.info.DevID, Depth: 32, CharFD: slow.charFD, Flags: slow.info.Flags,
-		MaxIOBytes: slow.info.MaxIOBufBytes, Thread: th, CPU: -1, Target: FileTarget(int(slowF.Fd())), Limiter: lim, MtimeTick: &tick})
+		MaxIOBytes: slow.info.MaxIOBufBytes, Thread: th, CPU: -1, Target: FileTarget(int(slowF.Fd())), Limiter: lim})
 	if err != nil {
 		t.Fatal(err)
 	}
