@@ -69,16 +69,12 @@ func newUblkBackend(cfg BackendConfig) (Backend, error) {
 			}
 			return room, err
 		},
+		Report: cfg.Report,
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
 	}
 	b := &ublkBackend{cfg: cfg, srv: srv, startup: startup}
-	if p := srv.Threads(); p != nil {
-		for _, t := range p.Threads() {
-			go b.watchThread(t)
-		}
-	}
 	for _, s := range srv.List() {
 		if _, err := b.link(s.VolumeID, s.Path); err != nil {
 			b.startup = append(b.startup, err)
@@ -266,7 +262,7 @@ func (b *ublkBackend) IOStats(volumeID string) (IOStats, bool) {
 var _ HealthReporter = (*ublkBackend)(nil)
 
 // Health fails while a device holds its I/O because its queue or server
-// thread failed and it has not been recovered (ublk.Server.Health).
+// thread failed and the server did not heal it (ublk.Server.Health).
 func (b *ublkBackend) Health() error {
 	if err := b.srv.Health(); err != nil {
 		return fmt.Errorf("ublk server: %w", err)
@@ -286,23 +282,4 @@ func (b *ublkBackend) Quiesce(ctx context.Context, volumeID string) (func() erro
 		return nil, ublkErr("quiesce "+volumeID, err)
 	}
 	return func() error { resume(); return nil }, nil
-}
-
-// watchThread reports a server thread's failure the moment it happens, with
-// the volumes it served: their devices hold their I/O (state "failed" in
-// their stats) and Health fails until they are recovered.
-func (b *ublkBackend) watchThread(t *ublk.Thread) {
-	<-t.Done()
-	err := t.Err()
-	if err == nil {
-		return // closed with the server
-	}
-	var vols []string
-	for _, s := range b.srv.List() {
-		if e := b.srv.Err(s.VolumeID); e != nil && errors.Is(e, ublk.ErrThreadDead) {
-			vols = append(vols, s.VolumeID)
-		}
-	}
-	b.cfg.report(err, "ublk server thread failed: its devices hold their I/O until they are recovered (health fails meanwhile)",
-		"thread", t.ID(), "volumes", vols)
 }

@@ -26,7 +26,10 @@
 //     budget; the one place the policy is stated.
 //   - Server (server_linux.go, state.go): the devices of one plugin
 //     instance, by volume ID, recorded in a state directory so a restarted
-//     process re-adopts them and sweeps those whose volume is gone.
+//     process re-adopts them and sweeps those whose volume is gone. A
+//     device that holds its I/O (a failed server thread or queue, a
+//     re-adoption that could not finish) makes Health fail
+//     (health_linux.go), so that the plugin is restarted.
 //
 // # Ownership
 //

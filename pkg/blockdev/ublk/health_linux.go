@@ -37,8 +37,8 @@ func (s *Server) Health() error {
 			}
 		}
 	}
-	if s.threads != nil && s.threads.live() == 0 {
-		errs = append(errs, fmt.Errorf("all %d server threads failed: %w", s.threads.Len(), ErrNoThread))
+	if p := s.Threads(); p != nil && p.live() == 0 {
+		errs = append(errs, fmt.Errorf("all %d server threads failed: %w", p.Len(), ErrNoThread))
 	}
 	return errors.Join(errs...)
 }
@@ -54,10 +54,17 @@ type stuck struct {
 
 // release closes the stuck device's files once its queues have ended.
 func (st *stuck) release() error {
-	if err := st.dev.waitQueues(context.Background()); err != nil {
-		return err // still running: left open
+	var errs []error
+	if st.dev != nil {
+		if err := st.dev.waitQueues(context.Background()); err != nil {
+			return err // still running: left open
+		}
+		errs = append(errs, st.dev.closeChar())
 	}
-	return errors.Join(st.dev.closeChar(), st.file.Close())
+	if st.file != nil {
+		errs = append(errs, st.file.Close())
+	}
+	return errors.Join(errs...)
 }
 
 // hold records a device the server can neither serve nor let go of.

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -61,6 +62,10 @@ type ServerConfig struct {
 	// recorded one is left for a later Attach instead of re-adopted (see
 	// checkThreads). Shared threads start no thread per device.
 	ThreadRoom func() (int64, error)
+	// Report, when set, is told what happens in the background with no
+	// caller to return it to (a server thread that fails); its arguments
+	// are klog.ErrorS's.
+	Report func(err error, msg string, keysAndValues ...any)
 }
 
 // AttachSpec asks for a volume's device.
@@ -95,6 +100,7 @@ type Server struct {
 	threads  *Threads // nil with ThreadPerQueue
 	features uint64
 	owner    uint64
+	closed   atomic.Bool // Close began: thread ends are no failures
 
 	mu   sync.Mutex // guards devs and stuck; never held across a control command
 	devs map[string]*served
@@ -152,14 +158,14 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 		if n <= 0 {
 			n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
 		}
-		tc := cfg.Thread
-		tc.CPU = -1
-		if s.threads, err = NewThreads(n, tc); err != nil {
+		if s.threads, err = NewThreads(n, cfg.Thread); err != nil {
 			ctl.Close()
 			return nil, nil, err
 		}
 	}
-	return s, s.adopt(ctx), nil
+	errs := s.adopt(ctx)
+	s.watchAll()
+	return s, errs, nil
 }
 
 // usableCPUList lists the CPUs the process may run on (its affinity
@@ -305,7 +311,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		target = FileTarget(int(file.Fd()))
 	}
 	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
-		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.threads, Persist: func(info DevInfo) error {
+		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads(), Persist: func(info DevInfo) error {
 			st.DevID, st.Flags = info.DevID, info.Flags
 			if spec.Null {
 				return nil // benchmark devices are never re-adopted
@@ -545,6 +551,7 @@ func (s *Server) Stats(id string) (queues []QueueStats, recovered bool) {
 // Close stops serving without stopping the devices: they stay QUIESCED,
 // their I/O held, until the next Server re-adopts them. Idempotent.
 func (s *Server) Close() error {
+	s.closed.Store(true)
 	s.mu.Lock()
 	devs := s.devs
 	s.devs = map[string]*served{}
@@ -557,10 +564,10 @@ func (s *Server) Close() error {
 			delete(devs, id)
 		}
 	}
-	if s.threads != nil {
+	if p := s.Threads(); p != nil {
 		// Closing the rings cancels every parked command at once: the
 		// devices stay QUIESCED, their I/O held.
-		errs = append(errs, s.threads.Close())
+		errs = append(errs, p.Close())
 	}
 	s.mu.Lock()
 	stuck := s.stuck
@@ -615,7 +622,7 @@ const ThreadReserve = 16
 // checkThreads applies checkThreads to a device of queues queues, when
 // each queue gets a thread of its own; shared threads start none.
 func (s *Server) checkThreads(queues int) error {
-	if s.threads != nil {
+	if s.Threads() != nil {
 		return nil
 	}
 	return checkThreads(s.cfg.ThreadRoom, queues)

@@ -24,7 +24,8 @@
 // tag has been aborted. A thread that fails (a panic, a ring error) ends
 // every queue it served with its error, which the devices report
 // (Device.Err), and closes its ring, so that devices with user recovery
-// are quiesced, their I/O held, not lost.
+// are quiesced, their I/O held, not lost; the Server's Health fails while
+// they are (health_linux.go).
 
 package ublk
 
