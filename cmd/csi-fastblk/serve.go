@@ -62,7 +62,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		})
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
 		"longest a ublk queue thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
-	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use)")
+	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use, at most its CPU limit)")
 	fs.BoolVar(&c.devices.ThreadPerQueue, "ublk-thread-per-queue", false, "benchmarks only: give each ublk queue a thread of its own (the design before shared server threads)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
@@ -115,6 +115,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	thawAbandoned(st.Dir())
 	cfg.devices.AdoptUnmarked = true // once per data directory: the upgrade
+	cfg.devices.Report = klog.ErrorS
 	be, fallback, err := backend.Select(cfg.backend, cfg.devices)
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", cfg.backend, err)

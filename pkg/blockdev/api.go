@@ -238,6 +238,15 @@ type LimitSetter interface {
 	SetLimits(ctx context.Context, volumeID string, lim qos.Limits) error
 }
 
+// HealthReporter is implemented by backends whose devices can stop being
+// served while the process runs (the ublk server's threads can fail):
+// Health returns why some device holds its I/O, nil when every device is
+// served. The plugin's health check fails with it, so that the kubelet
+// restarts a plugin that cannot heal itself.
+type HealthReporter interface {
+	Health() error
+}
+
 // IOStatser is implemented by backends that measure their devices' I/O
 // themselves (the ublk server does; the kernel loop device does not).
 type IOStatser interface {

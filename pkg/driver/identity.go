@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
 
 // Identity implements csi.IdentityServer.
@@ -43,13 +45,20 @@ func (s *Identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeRe
 }
 
 // Healthy checks what the plugin needs to serve: free capacity can be read
-// from the data directory and the backend can list its devices.
+// from the data directory, the backend can list its devices, and none of
+// them holds its I/O for a failure the backend did not heal
+// (blockdev.HealthReporter).
 func (d *Driver) Healthy(ctx context.Context) error {
 	if _, _, err := d.store.Capacity(); err != nil {
 		return &healthError{part: "data directory", err: err}
 	}
 	if _, err := d.backend.List(ctx); err != nil {
 		return &healthError{part: d.backend.Name() + " backend", err: err}
+	}
+	if h, ok := d.backend.(blockdev.HealthReporter); ok {
+		if err := h.Health(); err != nil {
+			return &healthError{part: d.backend.Name() + " devices", err: err}
+		}
 	}
 	return nil
 }

@@ -46,7 +46,8 @@ type Config struct {
 	// (see ublk.ServerConfig.BatchIO).
 	BatchIO string
 	// Threads (ublk only) is how many server threads serve every
-	// device's queues; 0 means one per CPU the plugin may use.
+	// device's queues; 0 means one per CPU the plugin may use, at most
+	// its cgroup's CPU limit (rounded up).
 	// ThreadPerQueue gives each queue a thread of its own instead, the
 	// design before shared threads, for benchmark comparisons.
 	Threads        int
@@ -68,6 +69,17 @@ type Config struct {
 	// opens /dev/ublk-control; tests point this elsewhere to exercise the
 	// fallback on hosts without ublk.
 	UblkControl string
+	// Report, when set, is told what goes wrong in the background, with
+	// no caller to return it to (a ublk server thread that fails); its
+	// arguments are klog.ErrorS's. Nil drops the reports.
+	Report func(err error, msg string, keysAndValues ...any)
+}
+
+// report passes a background failure to Report, if set.
+func (c Config) report(err error, msg string, keysAndValues ...any) {
+	if c.Report != nil {
+		c.Report(err, msg, keysAndValues...)
+	}
 }
 
 // UblkControl is the ublk control device; its presence selects ublk in "auto".

@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
-	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/cgroup"
@@ -64,20 +63,16 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		ThreadRoom: func() (int64, error) {
 			room, err := cgroup.PidsHeadroom(os.Getpid())
 			if err != nil {
-				klog.ErrorS(err, "cannot read the pids headroom; creating the device anyway")
+				cfg.report(err, "cannot read the pids headroom; creating the device anyway")
 			}
 			return room, err
 		},
+		Report: cfg.Report,
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
 	}
 	b := &ublkBackend{cfg: cfg, srv: srv, startup: startup}
-	if p := srv.Threads(); p != nil {
-		for _, t := range p.Threads() {
-			go b.watchThread(t)
-		}
-	}
 	for _, s := range srv.List() {
 		if _, err := b.link(s.VolumeID, s.Path); err != nil {
 			b.startup = append(b.startup, err)
@@ -262,6 +257,17 @@ func (b *ublkBackend) IOStats(volumeID string) (blockdev.IOStats, bool) {
 	return st, true
 }
 
+var _ blockdev.HealthReporter = (*ublkBackend)(nil)
+
+// Health fails while a device holds its I/O because its queue or server
+// thread failed and the server did not heal it (ublk.Server.Health).
+func (b *ublkBackend) Health() error {
+	if err := b.srv.Health(); err != nil {
+		return fmt.Errorf("ublk server: %w", err)
+	}
+	return nil
+}
+
 var _ blockdev.IOHolder = (*ublkBackend)(nil)
 
 // HoldIO holds the I/O of the volume's device until release: requests that
@@ -274,23 +280,4 @@ func (b *ublkBackend) HoldIO(ctx context.Context, volumeID string) (func() error
 		return nil, ublkErr("quiesce "+volumeID, err)
 	}
 	return func() error { resume(); return nil }, nil
-}
-
-// watchThread logs a server thread's failure the moment it happens, with the
-// volumes it served: their devices hold their I/O (state "failed" in their
-// stats and health) until the plugin restarts and re-adopts them.
-func (b *ublkBackend) watchThread(t *ublk.Thread) {
-	<-t.Done()
-	err := t.Err()
-	if err == nil {
-		return // closed with the server
-	}
-	var vols []string
-	for _, s := range b.srv.List() {
-		if e := b.srv.Err(s.VolumeID); e != nil && errors.Is(e, ublk.ErrThreadDead) {
-			vols = append(vols, s.VolumeID)
-		}
-	}
-	klog.ErrorS(err, "ublk server thread failed: its devices hold their I/O until the plugin restarts and re-adopts them",
-		"thread", t.ID(), "volumes", vols)
 }

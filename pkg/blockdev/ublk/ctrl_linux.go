@@ -24,15 +24,27 @@ const (
 	startDevTimeout = 30 * time.Second
 )
 
-// Control is a connection to /dev/ublk-control: the device fd and an SQE128
-// io_uring on which control commands are issued. It is safe for concurrent
-// use; commands are serialised (lock order: Control.mu only).
+// Control is a connection to /dev/ublk-control. It is safe for concurrent
+// use, and commands run concurrently: each takes a channel of its own (an
+// SQE128 io_uring and a payload page, ctrlChan) from an idle list, or
+// makes one, so that one command that waits its whole timeout (a STOP_DEV
+// or DEL_DEV of a device still held) delays no other device's attach or
+// detach. mu guards the fd and the idle list only, never a command.
 type Control struct {
-	mu   sync.Mutex
-	fd   int // /dev/ublk-control, -1 when closed
+	mu     sync.Mutex
+	fd     int // /dev/ublk-control, -1 once closed and unused
+	closed bool
+	busy   int         // channels out with a command
+	idle   []*ctrlChan // channels ready for the next command
+}
+
+// ctrlChan is one command at a time's ring and payload page.
+type ctrlChan struct {
+	fd   int
 	ring *uring.Ring
 	page *payload
 	cqes [1]uring.CQE
+	dead bool // abandoned: never used again
 }
 
 // OpenControl opens /dev/ublk-control.
@@ -47,85 +59,108 @@ func OpenControl() (*Control, error) {
 	return &Control{fd: fd}, nil
 }
 
-// Close releases the control fd and ring. It is idempotent.
+// Close releases the control fd and the idle channels; channels still out
+// with a command are released when it returns. It is idempotent.
 func (c *Control) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.fd < 0 {
+	if c.closed {
 		return nil
 	}
+	c.closed = true
 	var errs []error
-	if c.ring != nil {
-		errs = append(errs, c.ring.Close())
-		c.ring = nil
+	for _, ch := range c.idle {
+		errs = append(errs, ch.release())
 	}
-	if c.page != nil {
-		errs = append(errs, c.page.release())
-		c.page = nil
+	c.idle = nil
+	if c.busy == 0 {
+		errs = append(errs, unix.Close(c.fd))
+		c.fd = -1
 	}
-	errs = append(errs, unix.Close(c.fd))
-	c.fd = -1
 	return errors.Join(errs...)
 }
 
-// prepare makes sure the ring and payload page exist. Called with mu held.
-func (c *Control) prepare() error {
-	if c.fd < 0 {
-		return fmt.Errorf("ublk control: %w", os.ErrClosed)
+// get returns a channel for one command: an idle one, or a new one.
+func (c *Control) get() (*ctrlChan, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("ublk control: %w", os.ErrClosed)
 	}
-	if c.ring == nil {
-		r, err := uring.New(uring.Config{Entries: 4, Flags: uring.IORING_SETUP_SQE128})
-		if err != nil {
-			return fmt.Errorf("create control ring: %w", err)
-		}
-		c.ring = r
+	if n := len(c.idle); n > 0 {
+		ch := c.idle[n-1]
+		c.idle = c.idle[:n-1]
+		c.busy++
+		return ch, nil
 	}
-	if c.page == nil {
-		p, err := newPayload()
-		if err != nil {
-			return err
-		}
-		c.page = p
+	r, err := uring.New(uring.Config{Entries: 4, Flags: uring.IORING_SETUP_SQE128})
+	if err != nil {
+		return nil, fmt.Errorf("create control ring: %w", err)
 	}
-	return nil
+	p, err := newPayload()
+	if err != nil {
+		r.Close()
+		return nil, err
+	}
+	c.busy++
+	return &ctrlChan{fd: c.fd, ring: r, page: p}, nil
 }
 
-// abandon drops a ring whose command did not answer in time or failed to
-// reach the kernel. Closing the ring cancels the command; the payload page
-// is leaked on purpose (one page), since the kernel may still write to it.
-// Called with mu held.
-func (c *Control) abandon() {
-	if c.ring != nil {
-		_ = c.ring.Close()
-		c.ring = nil
+// put gives back the channel of a finished command. An abandoned one is
+// dropped; after Close every one is released, and the last closes the fd.
+func (c *Control) put(ch *ctrlChan) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.busy--
+	switch {
+	case ch.dead:
+	case c.closed:
+		_ = ch.release()
+	default:
+		c.idle = append(c.idle, ch)
 	}
-	c.page = nil
+	if c.closed && c.busy == 0 && c.fd >= 0 {
+		_ = unix.Close(c.fd)
+		c.fd = -1
+	}
+}
+
+func (ch *ctrlChan) release() error {
+	return errors.Join(ch.ring.Close(), ch.page.release())
+}
+
+// abandon drops a channel whose command did not answer in time or failed
+// to reach the kernel. Closing the ring cancels the command; the payload
+// page is leaked on purpose (one page), since the kernel may still write
+// to it.
+func (ch *ctrlChan) abandon() {
+	_ = ch.ring.Close()
+	ch.dead = true
 }
 
 // submit issues one control command and waits for its result, at most
 // timeout (cmdTimeout when not positive: no command waits unbounded). The
-// header fields are the caller's; name is used in errors. Called with mu
-// held.
-func (c *Control) submit(name string, op uint32, h ctrlCmd, timeout time.Duration) (int32, error) {
+// header fields are the caller's; name is used in errors.
+func (ch *ctrlChan) submit(name string, op uint32, h ctrlCmd, timeout time.Duration) (int32, error) {
 	if timeout <= 0 {
 		timeout = cmdTimeout
 	}
-	sqe := c.ring.GetSQE128()
+	sqe := ch.ring.GetSQE128()
 	if sqe == nil {
 		return 0, fmt.Errorf("ublk %s: control ring full", name)
 	}
-	sqe.SQE.PrepURingCmd(int32(c.fd), op)
+	sqe.SQE.PrepURingCmd(int32(ch.fd), op)
 	sqe.SQE.UserData = uint64(op)
 	putCtrlCmd(sqe.Cmd()[:], h)
-	if _, err := c.ring.SubmitAndWait(1, timeout); err != nil {
-		c.abandon() // the command may be queued or running: start afresh
+	if _, err := ch.ring.SubmitAndWait(1, timeout); err != nil {
+		ch.abandon() // the command may be queued or running
 		return 0, fmt.Errorf("ublk %s dev %d: %w", name, h.DevID, err)
 	}
-	if n := c.ring.Reap(c.cqes[:]); n != 1 || c.cqes[0].UserData != uint64(op) {
-		c.abandon()
+	if n := ch.ring.Reap(ch.cqes[:]); n != 1 || ch.cqes[0].UserData != uint64(op) {
+		ch.abandon()
 		return 0, fmt.Errorf("ublk %s dev %d: no completion", name, h.DevID)
 	}
-	res := c.cqes[0].Res
+	res := ch.cqes[0].Res
 	if res < 0 {
 		return res, fmt.Errorf("ublk %s dev %d: %w", name, h.DevID, unix.Errno(-res))
 	}
@@ -150,88 +185,88 @@ const noQueue = 0xffff
 
 // simple issues a command that carries at most one inline datum.
 func (c *Control) simple(name string, op uint32, devID uint32, data uint64, timeout time.Duration) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.prepare(); err != nil {
+	ch, err := c.get()
+	if err != nil {
 		return err
 	}
-	_, err := c.submit(name, op, ctrlCmd{DevID: devID, QueueID: noQueue, Data: data}, timeout)
+	defer c.put(ch)
+	_, err = ch.submit(name, op, ctrlCmd{DevID: devID, QueueID: noQueue, Data: data}, timeout)
 	return err
 }
 
 // GetFeatures returns the UBLK_F_* flags the driver supports (6.5+).
 func (c *Control) GetFeatures() (uint64, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.prepare(); err != nil {
+	ch, err := c.get()
+	if err != nil {
 		return 0, err
 	}
-	c.page.clear(featuresLen)
-	h := ctrlCmd{DevID: ^uint32(0), QueueID: noQueue, Len: featuresLen, Addr: c.page.addr()}
-	if _, err := c.submit("get features", cmdGetFeatures, h, cmdTimeout); err != nil {
+	defer c.put(ch)
+	ch.page.clear(featuresLen)
+	h := ctrlCmd{DevID: ^uint32(0), QueueID: noQueue, Len: featuresLen, Addr: ch.page.addr()}
+	if _, err := ch.submit("get features", cmdGetFeatures, h, cmdTimeout); err != nil {
 		return 0, err
 	}
-	return binary.LittleEndian.Uint64(c.page.bytes(featuresLen)), nil
+	return binary.LittleEndian.Uint64(ch.page.bytes(featuresLen)), nil
 }
 
 // AddDev creates a device from info (DevID ^0 allocates one) and returns
 // the negotiated info: the id and the flags the kernel accepted.
 func (c *Control) AddDev(info DevInfo) (DevInfo, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.prepare(); err != nil {
+	ch, err := c.get()
+	if err != nil {
 		return DevInfo{}, err
 	}
-	n := c.page.putDevInfo(info)
-	h := ctrlCmd{DevID: info.DevID, QueueID: noQueue, Len: n, Addr: c.page.addr()}
-	if _, err := c.submit("add dev", cmdAddDev, h, cmdTimeout); err != nil {
+	defer c.put(ch)
+	n := ch.page.putDevInfo(info)
+	h := ctrlCmd{DevID: info.DevID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
+	if _, err := ch.submit("add dev", cmdAddDev, h, cmdTimeout); err != nil {
 		return DevInfo{}, err
 	}
-	return c.page.devInfo(), nil
+	return ch.page.devInfo(), nil
 }
 
 // GetDevInfo returns the device's info. An unknown id fails with ENODEV.
 func (c *Control) GetDevInfo(devID uint32) (DevInfo, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.prepare(); err != nil {
+	ch, err := c.get()
+	if err != nil {
 		return DevInfo{}, err
 	}
-	n := c.page.putDevInfo(DevInfo{})
-	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: c.page.addr()}
-	if _, err := c.submit("get dev info", cmdGetDevInfo, h, cmdTimeout); err != nil {
+	defer c.put(ch)
+	n := ch.page.putDevInfo(DevInfo{})
+	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
+	if _, err := ch.submit("get dev info", cmdGetDevInfo, h, cmdTimeout); err != nil {
 		return DevInfo{}, err
 	}
-	return c.page.devInfo(), nil
+	return ch.page.devInfo(), nil
 }
 
 // setParams sends SET_PARAMS (only before START_DEV).
 func (c *Control) setParams(devID uint32, p params) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.prepare(); err != nil {
+	ch, err := c.get()
+	if err != nil {
 		return err
 	}
-	n := c.page.putParams(p)
-	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: c.page.addr()}
-	_, err := c.submit("set params", cmdSetParams, h, cmdTimeout)
+	defer c.put(ch)
+	n := ch.page.putParams(p)
+	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
+	_, err = ch.submit("set params", cmdSetParams, h, cmdTimeout)
 	return err
 }
 
 // QueueAffinity returns the CPUs the kernel maps to queue qid.
 func (c *Control) QueueAffinity(devID uint32, qid uint16) ([]int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err := c.prepare(); err != nil {
+	ch, err := c.get()
+	if err != nil {
 		return nil, err
 	}
+	defer c.put(ch)
 	const maskLen = 512 // 4096 CPUs, a multiple of sizeof(long)
-	c.page.clear(maskLen)
-	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: maskLen, Addr: c.page.addr(), Data: uint64(qid)}
-	if _, err := c.submit("get queue affinity", cmdGetQueueAffinity, h, cmdTimeout); err != nil {
+	ch.page.clear(maskLen)
+	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: maskLen, Addr: ch.page.addr(), Data: uint64(qid)}
+	if _, err := ch.submit("get queue affinity", cmdGetQueueAffinity, h, cmdTimeout); err != nil {
 		return nil, err
 	}
-	return cpusOf(c.page.bytes(maskLen)), nil
+	return cpusOf(ch.page.bytes(maskLen)), nil
 }
 
 // cpusOf decodes a little-endian CPU bitmap.

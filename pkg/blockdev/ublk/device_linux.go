@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -59,10 +58,10 @@ type Device struct {
 	// removing it takes STOP_DEV, even when a later step of its creation
 	// failed.
 	started bool
-	// mtimeTick is the queues' shared QueueConfig.MtimeTick, gate
-	// their QueueConfig.Gate.
-	mtimeTick atomic.Int64
-	gate      Gate
+	// mtime is the queues' shared QueueConfig.mtime (nil without
+	// NowaitWrites), gate their QueueConfig.Gate.
+	mtime *mtimeToucher
+	gate  Gate
 }
 
 // Info returns the device's negotiated info.
@@ -251,15 +250,18 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 			return fmt.Errorf("ublk device %d: %w", d.ID(), err)
 		}
 	}
+	if d.mtime == nil && cfg.Queue.NowaitWrites && cfg.Target.Kind == TargetFile {
+		d.mtime = newMtimeToucher(cfg.Target.FD)
+	}
 	used := map[int]bool{}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
 		qc := QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char, CPU: -1,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
-			MtimeTick: &d.mtimeTick, Gate: &d.gate,
+			mtime: d.mtime, Gate: &d.gate,
 		}
 		if threads != nil {
-			qc.Thread = threads[q]
+			qc.Thread, qc.reserved = threads[q], true
 		} else {
 			cpus, err := d.ctl.QueueAffinity(d.ID(), q)
 			if err != nil {
@@ -269,6 +271,9 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 		}
 		queue, err := StartQueue(qc)
 		if err != nil {
+			if threads != nil {
+				unreserveAll(threads[q+1:], d.info.QueueDepth)
+			}
 			return err
 		}
 		d.queues = append(d.queues, queue)
@@ -372,7 +377,13 @@ func (d *Device) sharedLive() bool {
 	return false
 }
 
+// closeChar closes /dev/ublkcN, and ends the mtime updates once every
+// queue has ended (a queue that runs may still ask for one).
 func (d *Device) closeChar() error {
+	if d.queuesEnded() {
+		d.mtime.close()
+		d.mtime = nil
+	}
 	if d.char < 0 {
 		return nil
 	}
@@ -445,12 +456,14 @@ func (d *Device) Delete(ctx context.Context) error {
 // with threads of their own leave when their rings close; queues on shared
 // threads, when QUIESCE_DEV (Linux 6.16+) aborts their parked commands:
 // without it one device cannot be released alone (closing the shared
-// threads, Threads.Close, releases all of them).
+// threads, Threads.Close, releases all of them): the error then wraps
+// errQueuesLive and errors.ErrUnsupported, and /dev/ublkcN stays open, as
+// must the backing file, since the queues still use both.
 func (d *Device) Release(ctx context.Context) error {
 	if d.sharedLive() {
 		if d.info.Flags&FlagQuiesce == 0 {
-			return fmt.Errorf("release ublk device %d alone: its queues run on shared server threads and the driver lacks QUIESCE (Linux 6.16+): %w",
-				d.ID(), errors.ErrUnsupported)
+			return fmt.Errorf("release ublk device %d alone: its queues run on shared server threads and the driver lacks QUIESCE (Linux 6.16+): %w: %w",
+				d.ID(), errQueuesLive, errors.ErrUnsupported)
 		}
 		if err := d.ctl.QuiesceDev(d.ID(), quiesceWait); err != nil {
 			return fmt.Errorf("release ublk device %d: %w", d.ID(), err)

@@ -5,9 +5,10 @@
 // # Layers
 //
 //   - zuapi_linux.go: the UAPI of include/uapi/linux/ublk_cmd.h (7.3).
-//   - Control (ctrl_linux.go): /dev/ublk-control and an SQE128 ring for
-//     control commands, serialised, each bounded by a timeout; payloads
-//     live in an mmap'd page, never in Go heap memory.
+//   - Control (ctrl_linux.go): /dev/ublk-control and SQE128 rings for
+//     control commands, one per command in flight so that a slow command
+//     holds up no other, each bounded by a timeout; payloads live in
+//     mmap'd pages, never in Go heap memory.
 //   - features_linux.go: GET_FEATURES, the kernel floor (Linux 6.5+) and the
 //     choice of ADD_DEV flags (user recovery with reissue, UPDATE_SIZE,
 //     QUIESCE, AUTO_BUF_REG zero copy and BATCH_IO where offered).
@@ -25,7 +26,10 @@
 //     budget; the one place the policy is stated.
 //   - Server (server_linux.go, state.go): the devices of one plugin
 //     instance, by volume ID, recorded in a state directory so a restarted
-//     process re-adopts them and sweeps those whose volume is gone.
+//     process re-adopts them and sweeps those whose volume is gone. A
+//     device that holds its I/O (a failed server thread or queue, a
+//     re-adoption that could not finish) makes Health fail
+//     (health_linux.go), so that the plugin is restarted.
 //
 // # Ownership
 //

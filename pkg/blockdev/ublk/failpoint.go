@@ -19,6 +19,9 @@ const (
 	// creation) after its queues ended and /dev/ublkcN was closed, before
 	// DEL_DEV.
 	fpDeleting = "ublk-deleting"
+	// fpRecovering is in the re-adoption of a device after its queues
+	// started on the server's threads, before END_USER_RECOVERY.
+	fpRecovering = "ublk-recovering"
 )
 
 func failAt(name string) error {

@@ -3,6 +3,8 @@ package ublk
 import (
 	"errors"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -13,6 +15,58 @@ import (
 // futimens(fd, {UTIME_OMIT, UTIME_NOW}).
 func touchMtime(fd int) error {
 	return setMtime(fd, unix.Timespec{Nsec: unix.UTIME_NOW})
+}
+
+// mtimeToucher keeps a backing file's mtime current for a device's queues
+// (freshenMtime) on a goroutine of its own: utimensat takes the inode lock
+// and may wait for the filesystem's journal, or for ever on a frozen
+// filesystem, and a server thread serving other devices must never wait
+// for one device's file. It works on a duplicate of the file's descriptor,
+// so the file may be closed while an update is still under way.
+type mtimeToucher struct {
+	tick atomic.Int64 // the coarse clock's tick (ns) of the last update asked
+	ask  chan struct{}
+	once sync.Once
+}
+
+// newMtimeToucher starts the updates of fd's mtime; nil when fd cannot be
+// duplicated (the writes then meet stale mtimes: refusals, which go to
+// io-wq as they would without RWF_NOWAIT).
+func newMtimeToucher(fd int) *mtimeToucher {
+	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	m := &mtimeToucher{ask: make(chan struct{}, 1)}
+	go m.run(dup)
+	return m
+}
+
+func (m *mtimeToucher) run(fd int) {
+	defer unix.Close(fd)
+	for range m.ask {
+		_ = touchMtime(fd)
+	}
+}
+
+// request asks for the mtime to be set at tick, unless a queue asked for
+// that tick already; it never blocks. It reports whether it asked.
+func (m *mtimeToucher) request(tick int64) bool {
+	if last := m.tick.Load(); last == tick || !m.tick.CompareAndSwap(last, tick) {
+		return false
+	}
+	select {
+	case m.ask <- struct{}{}:
+	default: // an update is asked for already
+	}
+	return true
+}
+
+// close ends the updates once no queue asks any more. Idempotent.
+func (m *mtimeToucher) close() {
+	if m != nil {
+		m.once.Do(func() { close(m.ask) })
+	}
 }
 
 // setMtime is futimens(fd, {UTIME_OMIT, mtime}): utimensat with a NULL path

@@ -2,6 +2,7 @@ package ublk
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -130,5 +131,96 @@ func TestStaleMtimeRefusesNowaitReportsAMissingDir(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Dir(dir)); len(entries) != 0 {
 		t.Fatalf("the probe left %d entries behind", len(entries))
+	}
+}
+
+// TestFreshenMtimeNeverBlocksTheThread proves that a queue keeping its
+// backing file's mtime current (NowaitWrites) never waits for the file's
+// filesystem on the server thread: with the filesystem frozen, utimensat
+// waits until the thaw, and freshenMtime must return at once all the same
+// (the update happens off the thread; the writes meanwhile are refused and
+// go to io-wq). Before, the thread made the utimensat itself and stopped
+// serving every device until the thaw. Host test: root, an ext4 file
+// system on a loop device, frozen with FIFREEZE.
+func TestFreshenMtimeNeverBlocksTheThread(t *testing.T) {
+	dir := frozenFS(t)
+	f, err := os.Create(filepath.Join(dir.path, "backing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	q := &Queue{cfg: QueueConfig{Target: FileTarget(int(f.Fd())), Options: QueueOptions{NowaitWrites: true}}}
+	l := newLoop(q)
+	l.s = &threadLoop{round: 1}
+	defer l.mtime.close()
+	dir.freeze(t)
+	thawed := time.AfterFunc(3*time.Second, func() { dir.thaw(t) })
+	defer func() {
+		if thawed.Stop() {
+			dir.thaw(t)
+		}
+	}()
+	start := time.Now()
+	l.freshenMtime()
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("freshenMtime took %v on a frozen filesystem: the server thread waited for it", took)
+	}
+	if got := q.stats.mtimeUpdates.Load(); got != 1 {
+		t.Errorf("mtime updates asked: %d, want 1", got)
+	}
+}
+
+// testFS is a small ext4 filesystem mounted for one test.
+type testFS struct {
+	path string
+	fd   int // the mount's root, for FIFREEZE and FITHAW
+}
+
+// frozenFS mounts a fresh ext4 filesystem on a loop device (skipping
+// without root or the tools) and unmounts it when the test ends.
+func frozenFS(t *testing.T) *testFS {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a filesystem")
+	}
+	img := filepath.Join(t.TempDir(), "fs.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
+		t.Skipf("mkfs.ext4: %v: %s", err, out)
+	}
+	mnt := t.TempDir()
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		t.Skipf("mount: %v: %s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
+			t.Errorf("umount: %v: %s", err, out)
+		}
+	})
+	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return &testFS{path: mnt, fd: fd}
+}
+
+// FIFREEZE and FITHAW, _IOWR('X', 119, int) and _IOWR('X', 120, int).
+const fiFreeze, fiThaw = 0xc0045877, 0xc0045878
+
+func (fs *testFS) freeze(t *testing.T) {
+	if err := unix.IoctlSetInt(fs.fd, fiFreeze, 0); err != nil {
+		t.Fatalf("freeze: %v", err)
+	}
+}
+
+func (fs *testFS) thaw(t *testing.T) {
+	if err := unix.IoctlSetInt(fs.fd, fiThaw, 0); err != nil {
+		t.Errorf("thaw: %v", err)
 	}
 }

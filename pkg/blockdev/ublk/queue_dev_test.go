@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"runtime/debug"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -89,7 +88,6 @@ func startQueues(t *testing.T, d *testDev, tgt Target, opts QueueOptions) ([]*Qu
 func startQueuesOn(t *testing.T, d *testDev, tgt Target, opts QueueOptions, ths []*Thread) ([]*Queue, string) {
 	t.Helper()
 	var qs []*Queue
-	var mtimeTick atomic.Int64 // shared, as Device shares it
 	for qid := range d.info.NrHWQueues {
 		var th *Thread
 		if len(ths) > 0 {
@@ -97,7 +95,7 @@ func startQueuesOn(t *testing.T, d *testDev, tgt Target, opts QueueOptions, ths 
 		}
 		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
 			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: th,
-			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: opts, MtimeTick: &mtimeTick})
+			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: opts})
 		if err != nil {
 			t.Fatalf("start queue %d: %v", qid, err)
 		}

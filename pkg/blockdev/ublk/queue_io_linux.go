@@ -251,9 +251,10 @@ func (l *loop) nowaitOK() bool {
 // backing file's mtime (and so its ctime) is the current tick of the coarse
 // clock, as the kernel would otherwise need to make it inside the write. It
 // looks at the clock once per round (twice after a refusal), and the first
-// queue of the device to claim a tick updates the mtime for all of them. An
-// update that fails costs nothing but refusals: those writes go to io-wq,
-// as they would without RWF_NOWAIT.
+// queue of the device to claim a tick asks the device's mtimeToucher, which
+// updates it off the server thread. A write sent before the update is done,
+// or after one that failed, costs nothing but a refusal: it goes to io-wq,
+// as it would without RWF_NOWAIT.
 func (l *loop) freshenMtime() {
 	if l.mtimeRound == l.s.round {
 		return
@@ -263,11 +264,7 @@ func (l *loop) freshenMtime() {
 	if unix.ClockGettime(unix.CLOCK_REALTIME_COARSE, &now) != nil {
 		return
 	}
-	tick := now.Nano()
-	if last := l.mtimeTick.Load(); last == tick || !l.mtimeTick.CompareAndSwap(last, tick) {
-		return
-	}
-	if touchMtime(l.cfg.Target.FD) == nil {
+	if l.mtime != nil && l.mtime.request(now.Nano()) {
 		l.q.stats.mtimeUpdates.Add(1)
 	}
 }

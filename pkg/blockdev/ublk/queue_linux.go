@@ -7,8 +7,12 @@
 // two fixed-file slots ([ublkc, backing]) and a run of buffer slots in its
 // ring, registers the heads of its buffers there (copy mode) and FETCHes
 // every tag. That thread is then the queue's ublk daemon: every IO command
-// and every backing operation is issued from it, and it never blocks on
-// anything but io_uring_enter.
+// and every backing operation is issued from it, and it waits on nothing
+// but io_uring_enter: what may wait on a filesystem (the backing file's
+// mtime, freshenMtime) runs off the thread. It still registers the heads
+// of copy-mode buffers with io_uring_register when a tag first needs them
+// (registered): that pins pages of our own memory, at most once per tag
+// and size.
 //
 // Per request (queue_io_linux.go): the tag's completion → decode the
 // descriptor (desc.go) → one backing SQE (READ/WRITE, FSYNC DATASYNC,
@@ -89,10 +93,14 @@ type QueueConfig struct {
 	// Gate pauses the device's queues (Device.Pause); shared by them.
 	// nil: never paused.
 	Gate *Gate
-	// MtimeTick is shared by the device's queues, so that one mtime
-	// update per clock tick serves them all (freshenMtime). nil: the
-	// queue keeps its own.
-	MtimeTick *atomic.Int64
+	// reserved: Threads.pick already booked the queue's room on Thread.
+	// The queue owns the booking either way: it is given back when the
+	// queue fails to start or ends.
+	reserved bool
+	// mtime is shared by the device's queues, so that one mtime update
+	// per clock tick serves them all (freshenMtime). nil: the
+	// queue keeps its own (with Options.NowaitWrites).
+	mtime *mtimeToucher
 }
 
 // QueueOptions are a queue thread's buffer, submission and wait policy;
@@ -189,6 +197,9 @@ func (c *QueueConfig) validate() error {
 // left running.
 func StartQueue(cfg QueueConfig) (*Queue, error) {
 	if err := cfg.validate(); err != nil {
+		if cfg.reserved {
+			cfg.Thread.unreserve(cfg.Depth)
+		}
 		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
 	}
 	q := &Queue{cfg: cfg, thread: cfg.Thread, done: make(chan struct{})}
@@ -211,8 +222,10 @@ func StartQueue(cfg QueueConfig) (*Queue, error) {
 
 // start maps the queue's memory and hands the queue to its thread.
 func (q *Queue) start() error {
-	if err := q.thread.reserve(q.cfg.Depth); err != nil {
-		return err
+	if !q.cfg.reserved {
+		if err := q.thread.reserve(q.cfg.Depth); err != nil {
+			return err
+		}
 	}
 	l := newLoop(q)
 	var err error

@@ -3,7 +3,6 @@ package ublk
 import (
 	"encoding/binary"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -65,10 +64,12 @@ type loop struct {
 	backing int // backing operations in flight
 	// mtimeRound is the thread's round in which the queue last looked at
 	// the clock for the backing file's mtime, recheckRound the round in
-	// which a refusal made it look again, and mtimeTick the coarse
-	// clock's tick (ns) of the device's last mtime update (freshenMtime).
+	// which a refusal made it look again, and mtime updates it
+	// (freshenMtime; nil without NowaitWrites); ownMtime: the queue's
+	// own, not its device's, ended with it.
 	mtimeRound, recheckRound uint64
-	mtimeTick                *atomic.Int64
+	mtime                    *mtimeToucher
+	ownMtime                 bool
 	// nowaitOffUntil: until then, writes skip RWF_NOWAIT (nowaitPause).
 	nowaitOffUntil int64
 	// tailsUsed says that some request reached past the registered head
@@ -91,9 +92,9 @@ type loop struct {
 func newLoop(q *Queue) *loop {
 	cfg := &q.cfg
 	l := &loop{q: q, cfg: cfg, zc: cfg.Flags&FlagAutoBufReg != 0, tags: make([]tagState, cfg.Depth),
-		started: make(chan error, 1), mtimeTick: cfg.MtimeTick}
-	if l.mtimeTick == nil {
-		l.mtimeTick = new(atomic.Int64)
+		started: make(chan error, 1), mtime: cfg.mtime}
+	if l.mtime == nil && cfg.Options.NowaitWrites && cfg.Target.Kind == TargetFile {
+		l.mtime, l.ownMtime = newMtimeToucher(cfg.Target.FD), true
 	}
 	if cfg.Limiter != nil || cfg.Gate != nil {
 		l.held = make([]uint16, cfg.Depth)
@@ -191,6 +192,9 @@ func (l *loop) teardown() {
 // end records how the queue ended and tells its waiters.
 func (l *loop) end(err error) {
 	l.q.err = err
+	if l.ownMtime {
+		l.mtime.close()
+	}
 	l.q.thread.unreserve(l.cfg.Depth)
 	close(l.q.done)
 }

@@ -30,7 +30,10 @@ var ErrNotOwned = errors.New("ublk device not owned")
 // /dev/ublkcN is released), open /dev/ublkcN, start the queues,
 // END_USER_RECOVERY with our pid. The block device and any mount on it are
 // kept. A device not carrying cfg.Owner fails with ErrNotOwned and is left
-// alone; an unknown id fails with an error matching unix.ENODEV.
+// alone; an unknown id fails with an error matching unix.ENODEV. A failure
+// after queues started that could not end them (shared threads without
+// QUIESCE) wraps errQueuesLive and returns the device too: the caller keeps
+// it and its target open until the threads end (Server.Close).
 func RecoverDevice(ctx context.Context, ctl *Control, id uint32, cfg DeviceConfig) (*Device, error) {
 	info, err := ctl.GetDevInfo(id)
 	if err != nil {
@@ -45,8 +48,15 @@ func RecoverDevice(ctx context.Context, ctl *Control, id uint32, cfg DeviceConfi
 	// START_USER_RECOVERY succeeds only on a device that was started.
 	d := &Device{ctl: ctl, info: info, char: -1, started: true}
 	if err := d.resume(ctx, cfg); err != nil {
-		// Leave the device quiesced for a later attempt; only drop what we opened.
-		return nil, errors.Join(err, d.Release(context.WithoutCancel(ctx)))
+		// Leave the device quiesced for a later attempt; only drop what
+		// we opened. Queues that cannot be ended (shared threads
+		// without QUIESCE) keep /dev/ublkcN open and the error wraps
+		// errQueuesLive: the caller must keep the backing file open too.
+		err = errors.Join(err, d.Release(context.WithoutCancel(ctx)))
+		if errors.Is(err, errQueuesLive) {
+			return d, err
+		}
+		return nil, err
 	}
 	if d.info, err = ctl.GetDevInfo(id); err != nil {
 		d.info = info
@@ -73,6 +83,9 @@ func (d *Device) resume(ctx context.Context, cfg DeviceConfig) error {
 		return err
 	}
 	if err := d.startQueues(cfg); err != nil {
+		return err
+	}
+	if err := failAt(fpRecovering); err != nil {
 		return err
 	}
 	return d.ctl.EndUserRecovery(d.ID(), os.Getpid())
@@ -271,8 +284,15 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	lim := qos.New(st.Limits)
 	st.NowaitWrites = s.nowaitWrites(file, &st)
 	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: FileTarget(int(file.Fd())), DMAAlign: dio, Owner: s.owner,
-		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.threads})
+		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads()})
 	if err != nil {
+		if errors.Is(err, errQueuesLive) {
+			// Its queues still serve from that file: kept open, not
+			// closed under them, until the threads end. The device
+			// holds its I/O meanwhile, and health says so.
+			s.hold(st.VolumeID, &stuck{dev: dev, file: file, err: err})
+			return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
+		}
 		file.Close()
 		if errors.Is(err, unix.ENODEV) || errors.Is(err, ErrNotOwned) {
 			return removeState(s.cfg.StateDir, st.VolumeID)

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 
@@ -47,7 +48,8 @@ type ServerConfig struct {
 	// Queue is the queues' buffer, submission and wait policy.
 	Queue QueueOptions
 	// Threads is how many server threads serve every device's queues
-	// (0 = one per CPU the process may use); ThreadPerQueue instead
+	// (0 = one per CPU the process may use, at most its cgroup's CPU
+	// limit rounded up: cpuLimit); ThreadPerQueue instead
 	// gives each queue a thread of its own, the design before shared
 	// threads, kept for comparison in benchmarks.
 	Threads        int
@@ -60,6 +62,10 @@ type ServerConfig struct {
 	// recorded one is left for a later Attach instead of re-adopted (see
 	// checkThreads). Shared threads start no thread per device.
 	ThreadRoom func() (int64, error)
+	// Report, when set, is told what happens in the background with no
+	// caller to return it to (a server thread that fails); its arguments
+	// are klog.ErrorS's.
+	Report func(err error, msg string, keysAndValues ...any)
 }
 
 // AttachSpec asks for a volume's device.
@@ -94,9 +100,14 @@ type Server struct {
 	threads  *Threads // nil with ThreadPerQueue
 	features uint64
 	owner    uint64
+	closed   atomic.Bool // Close began: thread ends are no failures
 
-	mu   sync.Mutex // guards devs only; never held across a control command
+	mu   sync.Mutex // guards devs and stuck; never held across a control command
 	devs map[string]*served
+	// stuck are the devices this process started to re-adopt and could
+	// neither finish nor let go of (their queues live on the shared
+	// threads): they hold their I/O until the process restarts (Health).
+	stuck map[string]*stuck
 
 	probeMu sync.Mutex
 	nowait  map[uint64]bool // StaleMtimeRefusesNowait by filesystem (st_dev)
@@ -145,16 +156,16 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if !cfg.ThreadPerQueue {
 		n := cfg.Threads
 		if n <= 0 {
-			n = usableCPUs()
+			n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
 		}
-		tc := cfg.Thread
-		tc.CPU = -1
-		if s.threads, err = NewThreads(n, tc); err != nil {
+		if s.threads, err = NewThreads(n, cfg.Thread); err != nil {
 			ctl.Close()
 			return nil, nil, err
 		}
 	}
-	return s, s.adopt(ctx), nil
+	errs := s.adopt(ctx)
+	s.watchAll()
+	return s, errs, nil
 }
 
 // usableCPUList lists the CPUs the process may run on (its affinity
@@ -300,7 +311,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		target = FileTarget(int(file.Fd()))
 	}
 	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
-		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.threads, Persist: func(info DevInfo) error {
+		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads(), Persist: func(info DevInfo) error {
 			st.DevID, st.Flags = info.DevID, info.Flags
 			if spec.Null {
 				return nil // benchmark devices are never re-adopted
@@ -433,6 +444,7 @@ func (s *Server) detachRecorded(id string) error {
 			if err := s.deleteRecorded(st); err != nil {
 				return fmt.Errorf("detach %s: %w", id, err)
 			}
+			s.unhold(id) // STOP_DEV ended its queues
 			return nil
 		}
 	}
@@ -539,6 +551,7 @@ func (s *Server) Stats(id string) (queues []QueueStats, recovered bool) {
 // Close stops serving without stopping the devices: they stay QUIESCED,
 // their I/O held, until the next Server re-adopts them. Idempotent.
 func (s *Server) Close() error {
+	s.closed.Store(true)
 	s.mu.Lock()
 	devs := s.devs
 	s.devs = map[string]*served{}
@@ -551,10 +564,17 @@ func (s *Server) Close() error {
 			delete(devs, id)
 		}
 	}
-	if s.threads != nil {
+	if p := s.Threads(); p != nil {
 		// Closing the rings cancels every parked command at once: the
 		// devices stay QUIESCED, their I/O held.
-		errs = append(errs, s.threads.Close())
+		errs = append(errs, p.Close())
+	}
+	s.mu.Lock()
+	stuck := s.stuck
+	s.stuck = nil
+	s.mu.Unlock()
+	for _, st := range stuck {
+		errs = append(errs, st.release())
 	}
 	for _, sv := range devs {
 		errs = append(errs, sv.dev.Release(context.Background()))
@@ -602,7 +622,7 @@ const ThreadReserve = 16
 // checkThreads applies checkThreads to a device of queues queues, when
 // each queue gets a thread of its own; shared threads start none.
 func (s *Server) checkThreads(queues int) error {
-	if s.threads != nil {
+	if s.Threads() != nil {
 		return nil
 	}
 	return checkThreads(s.cfg.ThreadRoom, queues)

@@ -105,3 +105,89 @@ func testStartFailure(t *testing.T, perQueue bool) {
 		t.Fatal(err)
 	}
 }
+
+// TestServerFailedRecoveryKeepsFilesOfLiveQueues proves that a re-adoption
+// that fails after the device's queues started on the shared threads
+// (here before END_USER_RECOVERY) ends them where the driver can
+// (QUIESCE_DEV, Linux 6.16+), and the device is re-adopted by the next
+// Attach with its data; where it cannot (6.12), the queues go on using
+// /dev/ublkcN and the backing file, so both stay open (before, the backing
+// file was closed under them, its fd number free for any other file) and
+// health fails until the restarted plugin re-adopts the device.
+func TestServerFailedRecoveryKeepsFilesOfLiveQueues(t *testing.T) {
+	feats := needUblk(t)
+	dir := scratchDir(t)
+	file := sparseFile(t, dir, "vol.img", 16<<20)
+	state := filepath.Join(dir, "state")
+	ctx := context.Background()
+	s1 := newTestServer(t, state)
+	d, err := s1.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeRead(t, d.Path, 0, 5, true)
+	if err := s1.Close(); err != nil {
+		t.Fatal(err)
+	}
+	injected := errors.New("injected recovery failure")
+	setFailpoint(t, func(name string) error {
+		if name == fpRecovering {
+			return injected
+		}
+		return nil
+	})
+	s2, errs, err := NewServer(ctx, ServerConfig{StateDir: state})
+	if err != nil {
+		t.Fatal(err)
+	}
+	failpoint = nil
+	if len(errs) != 1 || !errors.Is(errs[0], injected) {
+		t.Fatalf("start-up errors %v, want the injected failure", errs)
+	}
+	open := backingOpen(t, file)
+	if feats&FlagQuiesce != 0 {
+		if open {
+			t.Error("backing file still open after its queues were ended")
+		}
+		if err := s2.Health(); err != nil {
+			t.Errorf("health with nothing held: %v", err)
+		}
+		if _, err := s2.Attach(ctx, AttachSpec{VolumeID: "vol", File: file}); err != nil {
+			t.Fatalf("re-adopt after the failed attempt: %v", err)
+		}
+		writeRead(t, d.Path, 0, 5, false)
+		if err := s2.Detach(ctx, "vol"); err != nil {
+			t.Fatal(err)
+		}
+		s2.Close()
+		return
+	}
+	if !open {
+		t.Error("backing file closed while the queues of the failed recovery still serve from it")
+	}
+	if err := s2.Health(); !errors.Is(err, errQueuesLive) {
+		t.Errorf("Health = %v, want the held device", err)
+	}
+	s2.Close()
+	s3 := newTestServer(t, state) // the restarted plugin
+	defer s3.Close()
+	writeRead(t, d.Path, 0, 5, false)
+	if err := s3.Detach(ctx, "vol"); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// backingOpen reports whether the process holds path open.
+func backingOpen(t *testing.T, path string) bool {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fd := range fds {
+		if target, err := os.Readlink(filepath.Join("/proc/self/fd", fd.Name())); err == nil && target == path {
+			return true
+		}
+	}
+	return false
+}

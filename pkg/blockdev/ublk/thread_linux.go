@@ -24,7 +24,8 @@
 // tag has been aborted. A thread that fails (a panic, a ring error) ends
 // every queue it served with its error, which the devices report
 // (Device.Err), and closes its ring, so that devices with user recovery
-// are quiesced, their I/O held, not lost.
+// are quiesced, their I/O held, not lost; the Server's Health fails while
+// they are (health_linux.go).
 
 package ublk
 
@@ -56,8 +57,7 @@ type ThreadConfig struct {
 	// files each); 0 means DefaultThreadQueues.
 	Queues int
 	// CPU, when >= 0, is where the thread sets up its ring; Pin keeps it
-	// there for its life. Shared threads leave CPU unset; with Pin,
-	// NewThreads sets it per thread.
+	// there for its life. NewThreads sets CPU per thread itself.
 	CPU int
 	Pin bool
 	// IOWQWorkers caps the thread's io-wq workers (bounded work: writes
@@ -365,8 +365,7 @@ func (t *Thread) setup() (*threadLoop, error) {
 			return nil, fmt.Errorf("server thread %d: %w", t.id, err)
 		}
 	}
-	sqe := ring.GetSQE()
-	t.waker.PrepPoll(sqe, encodeUD(udWake, 0, 0))
+	s.armWaker()
 	if _, err := ring.Submit(); err != nil {
 		ring.Close()
 		return nil, fmt.Errorf("server thread %d: arm waker: %w", t.id, err)
@@ -422,6 +421,10 @@ type threadLoop struct {
 	// tails the copy-mode queues whose buffer tails await a reclaim, and
 	// ending the queues that may have nothing left to do.
 	held, commits, tails, ending []*loop
+	// wakeDisarmed: the poll on the thread's eventfd is not in the ring
+	// (no SQE was free when its last CQE came), so wakes (mail, Nudge,
+	// Close) go unnoticed until armWaker succeeds.
+	wakeDisarmed bool
 	// round counts the loop's rounds; roundAt is when (monoNow) this one
 	// began.
 	round   uint64
@@ -445,6 +448,9 @@ type threadLoop struct {
 func (s *threadLoop) serve() error {
 	n := 0
 	for {
+		if s.wakeDisarmed {
+			s.armWaker()
+		}
 		if s.t.closing.Load() {
 			return ErrQueueStopped
 		}
@@ -558,9 +564,7 @@ func (s *threadLoop) handle(c *uring.CQE) {
 	kind, slot, tag := decodeUD(c.UserData)
 	if kind == udWake {
 		s.t.waker.Drain()
-		if sqe := s.ring.GetSQE(); sqe != nil {
-			s.t.waker.PrepPoll(sqe, encodeUD(udWake, 0, 0))
-		}
+		s.armWaker()
 		return
 	}
 	if int(slot) >= len(s.slots) || s.slots[slot] == nil {
@@ -586,6 +590,23 @@ func (s *threadLoop) handle(c *uring.CQE) {
 		l.fail(err)
 	}
 }
+
+// armWaker polls the thread's eventfd again. With no SQE free (the
+// submission and pending queues full within a round) it is tried again at
+// the start of every round, and waits stay short meanwhile (wakeRetry): a
+// wake that found no poll armed leaves the eventfd readable, so the poll
+// fires as soon as it is in the ring, and mail, a Nudge or a Close is late,
+// never lost.
+func (s *threadLoop) armWaker() {
+	sqe := s.ring.GetSQE()
+	s.wakeDisarmed = sqe == nil
+	if sqe != nil {
+		s.t.waker.PrepPoll(sqe, encodeUD(udWake, 0, 0))
+	}
+}
+
+// wakeRetry bounds a sleeping wait while the waker is not armed.
+const wakeRetry = time.Millisecond
 
 // pollMaxInFlight is the most requests a thread may be serving and still
 // poll: with more, the next completion is never far, a sleeping wait
@@ -660,6 +681,9 @@ func (s *threadLoop) wait(now int64) (int, error) {
 	bound := s.heldWait(now)
 	if b := s.reclaimWait(now); b > 0 && (bound == 0 || b < bound) {
 		bound = b
+	}
+	if s.wakeDisarmed && (bound == 0 || wakeRetry < bound) {
+		bound = wakeRetry
 	}
 	if s.ab.TimedBatch && (bound == 0 || timedBatchWait < bound) {
 		bound = timedBatchWait

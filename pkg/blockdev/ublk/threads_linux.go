@@ -14,19 +14,22 @@ type Threads struct {
 	threads []*Thread
 }
 
-// NewThreads starts n server threads of cfg. With cfg.Pin and no cfg.CPU,
-// thread i is pinned to the i-th CPU the process may use (round robin).
+// NewThreads starts n server threads of cfg. It chooses each thread's CPU
+// (cfg.CPU is not used: one CPU for every thread of a pool is never
+// meant): with cfg.Pin, thread i is pinned to the i-th CPU the process may
+// use (round robin); without, no thread moves.
 func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 	if n <= 0 {
 		return nil, fmt.Errorf("server threads: %d: %w", n, errInvalid)
 	}
 	var cpus []int
-	if cfg.Pin && cfg.CPU < 0 {
+	if cfg.Pin {
 		cpus = usableCPUList()
 	}
 	p := &Threads{}
 	for i := range n {
 		tc := cfg
+		tc.CPU = -1
 		if len(cpus) > 0 {
 			tc.CPU = cpus[i%len(cpus)]
 		}
@@ -43,7 +46,9 @@ func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 func (p *Threads) Len() int { return len(p.threads) }
 
 // pick chooses the threads for a device's queues (SpreadQueues) and
-// reserves room for each queue on its thread.
+// reserves room for each queue on its thread before it returns, so that a
+// concurrent pick sees the load (the caller's queues own the reservations:
+// StartQueue with QueueConfig.reserved).
 func (p *Threads) pick(queues int, depth uint16) ([]*Thread, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -61,9 +66,20 @@ func (p *Threads) pick(queues int, depth uint16) ([]*Thread, error) {
 	}
 	out := make([]*Thread, queues)
 	for q, i := range idx {
+		if err := p.threads[i].reserve(depth); err != nil {
+			unreserveAll(out[:q], depth)
+			return nil, err
+		}
 		out[q] = p.threads[i]
 	}
 	return out, nil
+}
+
+// unreserveAll gives back one queue's reservation on each of threads.
+func unreserveAll(threads []*Thread, depth uint16) {
+	for _, t := range threads {
+		t.unreserve(depth)
+	}
 }
 
 // Threads returns the threads.
@@ -86,6 +102,19 @@ func (p *Threads) Err() error {
 		}
 	}
 	return nil
+}
+
+// live counts the threads that have not ended.
+func (p *Threads) live() int {
+	n := 0
+	for _, t := range p.threads {
+		select {
+		case <-t.Done():
+		default:
+			n++
+		}
+	}
+	return n
 }
 
 // Close ends every thread (see Thread.Close) and returns their failures.

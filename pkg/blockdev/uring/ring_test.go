@@ -190,3 +190,26 @@ func TestSetMaxWorkers(t *testing.T) {
 		t.Fatalf("io-wq caps after SetMaxWorkers(3, 0) = %v, want [3 %d] (before: %v)", after, before[1], before)
 	}
 }
+
+// TestRawEnterOnlyWithoutTaskWork pins which enters keep their P: a
+// GETEVENTS enter runs a DEFER_TASKRUN ring's task work, which may fault
+// and sleep, so it must release the P even when it waits for nothing
+// (before: every enter with minComplete 0 went through RawSyscall6,
+// Reap's GETEVENTS flush among them).
+func TestRawEnterOnlyWithoutTaskWork(t *testing.T) {
+	for _, c := range []struct {
+		min, flags uint32
+		raw        bool
+	}{
+		{0, 0, true},
+		{0, IORING_ENTER_SQ_WAKEUP, true},
+		{0, IORING_ENTER_GETEVENTS, false},
+		{0, IORING_ENTER_GETEVENTS | IORING_ENTER_REGISTERED_RING, false},
+		{1, IORING_ENTER_GETEVENTS, false},
+		{1, 0, false},
+	} {
+		if got := rawEnter(c.min, c.flags); got != c.raw {
+			t.Errorf("rawEnter(%d, %#x) = %v, want %v", c.min, c.flags, got, c.raw)
+		}
+	}
+}

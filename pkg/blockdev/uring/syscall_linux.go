@@ -33,15 +33,18 @@ func setup(entries uint32, p *params) (int, error) {
 // enter calls io_uring_enter once. EINTR is returned to the caller, which
 // knows whether and how to retry (a timed wait must keep its deadline).
 //
-// An enter that waits for nothing (minComplete 0) does not sleep: io_uring
-// issues with IOCB_NOWAIT and hands what would block to its workers. It
-// goes through RawSyscall6, which keeps the P and skips the scheduler's
-// syscall bookkeeping, a measurable cost when each I/O is its own enter.
-// One that may wait uses Syscall6, so the P is released while it sleeps.
+// Only an enter that submits and neither waits nor asks for events
+// (rawEnter) goes through RawSyscall6, which keeps the P and skips the
+// scheduler's syscall bookkeeping, a measurable cost when each I/O is its
+// own enter: io_uring issues it with IOCB_NOWAIT and hands what would block
+// to its workers. Every other one uses Syscall6, so the P is released if
+// it sleeps: a wait, and any enter with GETEVENTS, which on a DEFER_TASKRUN
+// ring runs the ring's task work (completions that copy data to user
+// memory, and so may fault and sleep).
 func enter(fd int, toSubmit, minComplete, flags uint32, arg unsafe.Pointer, argSize uintptr) (int, error) {
 	var n uintptr
 	var errno unix.Errno
-	if minComplete == 0 {
+	if rawEnter(minComplete, flags) {
 		n, _, errno = unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(fd), uintptr(toSubmit),
 			uintptr(minComplete), uintptr(flags), uintptr(arg), argSize)
 	} else {
@@ -53,6 +56,12 @@ func enter(fd int, toSubmit, minComplete, flags uint32, arg unsafe.Pointer, argS
 		return 0, errno
 	}
 	return int(n), nil
+}
+
+// rawEnter says whether an enter may keep its P (RawSyscall6): only when it
+// waits for nothing and runs no task work (no GETEVENTS).
+func rawEnter(minComplete, flags uint32) bool {
+	return minComplete == 0 && flags&IORING_ENTER_GETEVENTS == 0
 }
 
 // register calls io_uring_register(fd, op, arg, nrArgs), retrying EINTR.

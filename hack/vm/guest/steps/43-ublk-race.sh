@@ -10,6 +10,6 @@ bin=$FASTBLK_ROOT/pkg/blockdev/ublk/ublk.race.test
 [ -x "$bin" ] || { echo "$bin missing: hack/vm/initramfs.sh builds it"; exit 1; }
 cd "$FASTBLK_ROOT/pkg/blockdev/ublk" &&
 	GORACE=halt_on_error=1 "$bin" -test.v -test.count=1 -test.timeout=14m \
-		-test.run '^(TestSharedThreadServesManyDevices|TestSharedThreadIsFair|TestThreadFailureSurfaces|TestServerLifecycle|TestServerPauseHoldsWrites)$' || exit 1
+		-test.run '^(TestSharedThreadServesManyDevices|TestSharedThreadIsFair|TestThreadFailureSurfaces|TestServerLifecycle|TestServerPauseHoldsWrites|TestServerHealthFailsWhileThreadFailed|TestServerControlNotBlockedByStuckCommand)$' || exit 1
 left=$(ublk_devices)
 [ -z "$left" ] || { echo "ublk devices left behind: $left"; exit 1; }

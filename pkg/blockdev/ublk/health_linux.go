@@ -1,0 +1,89 @@
+package ublk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+)
+
+// ErrNoThread is the class of Health's failure when no server thread is
+// left to serve a new device.
+var ErrNoThread = errors.New("no live server thread")
+
+// Health reports why the server does not serve every device it holds: a
+// device whose queue or server thread failed, or whose re-adoption could
+// neither finish nor be undone, has its I/O held by the kernel, so its
+// users hang until it is recovered. It lists every such volume with its
+// failure, and fails too when no server thread is left for new devices.
+// Nil when all is served.
+func (s *Server) Health() error {
+	s.mu.Lock()
+	ids := make([]string, 0, len(s.devs))
+	for id := range s.devs {
+		ids = append(ids, id)
+	}
+	var errs []error
+	for id, st := range s.stuck {
+		errs = append(errs, fmt.Errorf("volume %s holds its i/o until the plugin restarts: %w", id, st.err))
+	}
+	s.mu.Unlock()
+	sort.Strings(ids)
+	for _, id := range ids {
+		if sv := s.get(id); sv != nil {
+			if err := sv.dev.Err(); err != nil {
+				errs = append(errs, fmt.Errorf("volume %s holds its i/o: %w", id, err))
+			}
+		}
+	}
+	if p := s.Threads(); p != nil && p.live() == 0 {
+		errs = append(errs, fmt.Errorf("all %d server threads failed: %w", p.Len(), ErrNoThread))
+	}
+	return errors.Join(errs...)
+}
+
+// stuck is a device whose re-adoption failed after its queues started on
+// the shared threads, which could not end them: its /dev/ublkcN and backing
+// file stay open while they run.
+type stuck struct {
+	dev  *Device
+	file *os.File
+	err  error
+}
+
+// release closes the stuck device's files once its queues have ended.
+func (st *stuck) release() error {
+	var errs []error
+	if st.dev != nil {
+		if err := st.dev.waitQueues(context.Background()); err != nil {
+			return err // still running: left open
+		}
+		errs = append(errs, st.dev.closeChar())
+	}
+	if st.file != nil {
+		errs = append(errs, st.file.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// hold records a device the server can neither serve nor let go of.
+func (s *Server) hold(id string, st *stuck) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stuck == nil {
+		s.stuck = map[string]*stuck{}
+	}
+	s.stuck[id] = st
+}
+
+// unhold releases a stuck device whose queues its removal ended.
+func (s *Server) unhold(id string) {
+	s.mu.Lock()
+	st := s.stuck[id]
+	delete(s.stuck, id)
+	s.mu.Unlock()
+	if st != nil {
+		_ = st.release()
+	}
+}
