@@ -28,7 +28,8 @@ run: deps build
 	mkdir -p /var/lib/csi-fastblk
 	$(BIN)/csi-fastblk serve --endpoint unix:///tmp/csi-fastblk.sock -v=2
 
-# Everything CI runs.
+# Everything CI runs, the user's path on a real two-node Kubernetes last
+# (e2e-k8s builds and caches what it needs on a fresh machine).
 test: deps vet lint unit fuzz sanity integration chart-test e2e-vm
 
 vet:

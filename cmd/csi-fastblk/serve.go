@@ -26,6 +26,8 @@ type serveConfig struct {
 	endpoint       string
 	backend        string
 	metricsAddress string
+	healthAddress  string
+	registration   registrationConfig
 	statusAddress  string
 	exposeStatus   bool
 	reconcileRetry time.Duration
@@ -79,6 +81,11 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
 		"advertise ControllerExpandVolume (leave off in clusters: external-resizer has no per-node mode, so nodes grow their own volumes in NodeExpandVolume)")
 	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /healthz (empty disables)")
+	fs.StringVar(&c.healthAddress, "health-address", "", "address for /healthz alone, for the kubelet's liveness probe (empty disables; /healthz is on --metrics-address too)")
+	fs.StringVar(&c.registration.dir, "registration-dir", "",
+		"register with the kubelet: the kubelet's plugin registration directory (<kubelet dir>/plugins_registry), where the plugin serves <driver name>-reg.sock (empty: no registration)")
+	fs.StringVar(&c.registration.path, "kubelet-registration-path", "",
+		"the CSI endpoint's socket path as the kubelet sees it on the node (default: the --endpoint path)")
 	fs.StringVar(&c.statusAddress, "status-address", "",
 		"local address for /status, which names volumes and paths: unix:///path or host:port "+
 			"(default: status.sock beside a unix CSI endpoint's socket; none disables)")
@@ -151,6 +158,10 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return err
 	}
 	defer release()
+	reg, err := newRegistration(cfg, drv)
+	if err != nil {
+		return err
+	}
 	go drv.WatchIOErrors(ctx, ioWatchInterval)
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
@@ -163,7 +174,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	defer stopMetrics()
 	klog.InfoS("serving", "endpoint", cfg.endpoint)
-	err = drv.Serve(ctx, lis)
+	err = serveRegistered(ctx, drv, reg, func(ctx context.Context) error { return drv.Serve(ctx, lis) })
 	klog.InfoS("stopped")
 	if errors.Is(err, context.Canceled) {
 		return nil

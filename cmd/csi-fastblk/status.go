@@ -23,7 +23,7 @@ import (
 )
 
 // startMetrics serves /metrics and /healthz on --metrics-address (unless
-// empty), and /status on --status-address, a local-only listener; /status
+// empty), /healthz alone on --health-address (unless empty), and /status on --status-address, a local-only listener; /status
 // also goes on the metrics address with --expose-status.
 func startMetrics(cfg *serveConfig, status metrics.StatusFunc, startup metrics.Startup) (stop func(), err error) {
 	var servers []*metrics.Server
@@ -41,6 +41,15 @@ func startMetrics(cfg *serveConfig, status metrics.StatusFunc, startup metrics.S
 		}
 		servers = append(servers, metrics.Serve(lis, metrics.Handler(status, startup, cfg.exposeStatus)))
 		klog.InfoS("serving metrics", "address", lis.Addr(), "status", cfg.exposeStatus)
+	}
+	if cfg.healthAddress != "" {
+		lis, err := net.Listen("tcp", cfg.healthAddress)
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("health listen %s: %w", cfg.healthAddress, err)
+		}
+		servers = append(servers, metrics.Serve(lis, metrics.HealthHandler(status, startup)))
+		klog.InfoS("serving health", "address", lis.Addr())
 	}
 	addr := statusAddress(cfg)
 	if addr == "" {

@@ -5,6 +5,7 @@
 #                        the images to import, see e2e.sh)
 #   cluster.sh down      stop it, remove what it made, and fail on any leak
 #   cluster.sh kubectl … / helm …   run the client against it
+#   cluster.sh restart-kubelet NODE  stop a node's kubelet and start it again
 #
 # Network: every address exists only inside network namespaces made here.
 # A bridge lives in its own namespace ($NS_BR, 10.231.0.1/24); the control
@@ -181,7 +182,8 @@ control_plane() {
 		--service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
 		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
 		--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
-		--allow-privileged=true --profiling=false --v=1
+		--allow-privileged=true --profiling=false --v=1 \
+		--runtime-config=storage.k8s.io/v1beta1=true
 	wait_for 90 "kube-apiserver" kubectl get --raw /readyz
 	start kube-controller-manager "$NS_CP" "$b/kube-controller-manager" \
 		--kubeconfig="$K8S_WORK/controller-manager.kubeconfig" \
@@ -320,7 +322,15 @@ nodes() {
 # --- up / down ----------------------------------------------------------------
 
 kubectl() { in_ns "$NS_CP" "$K8S_BIN/kubectl" --kubeconfig="$K8S_WORK/admin.kubeconfig" "$@"; }
-helm() { in_ns "$NS_CP" "$K8S_BIN/helm" --kubeconfig="$K8S_WORK/admin.kubeconfig" "$@"; }
+# helm installs, upgrades and renders the chart with the harness's resizer
+# (RESIZER_TAG and RESIZER_ARGS, see lib.sh) instead of the chart's default.
+helm() {
+	local extra=()
+	case ${1:-} in
+	install | upgrade | template) extra=(--set "resizer.image.tag=$RESIZER_TAG" --set "resizer.extraArgs={$RESIZER_ARGS}") ;;
+	esac
+	in_ns "$NS_CP" "$K8S_BIN/helm" --kubeconfig="$K8S_WORK/admin.kubeconfig" "$@" "${extra[@]}"
+}
 
 # host_state prints what the leak check compares: the host's iptables and
 # nftables rules and the kernel-wide sysctls kubelet likes to set.
@@ -507,11 +517,22 @@ leak_check() {
 	return "$fail"
 }
 
+# restart_kubelet NODE stops the node's kubelet and starts a new one in the
+# node's namespaces (those of its node.sh), as a kubelet upgrade or crash
+# does; containers keep running.
+restart_kubelet() {
+	local n=$1 holder
+	holder=$(cat "$K8S_WORK/pids/node-$n") || die "node $n is not running"
+	kill_pids TERM "$(cat "$K8S_WORK/$n/kubelet.pid")"
+	nsenter -t "$holder" -m -n -- "$ROOT/hack/k8s/node.sh" "$n" kubelet
+}
+
 # Sourced (to reuse the functions): stop here.
 [[ ${BASH_SOURCE[0]} == "$0" ]] || return 0
 case ${1:-} in
 up) up ;;
 down) down ;;
 kubectl | helm) c=$1; shift; "$c" "$@" ;;
-*) echo "usage: $0 up|down|kubectl ARGS|helm ARGS" >&2; exit 2 ;;
+restart-kubelet) restart_kubelet "$2" ;;
+*) echo "usage: $0 up|down|restart-kubelet NODE|kubectl ARGS|helm ARGS" >&2; exit 2 ;;
 esac

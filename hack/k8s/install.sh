@@ -8,11 +8,12 @@
 #      kube-proxy and kubectl from the k8s.io/kubernetes Go module through a
 #      wrapper module that replaces the staging modules by their releases;
 #   4. helm as hack/chart builds it;
-#   5. the CSI sidecars and the snapshot-controller at the chart's versions
-#      (csi-provisioner, csi-snapshotter and snapshot-controller from their Go
-#      modules; csi-resizer, csi-node-driver-registrar and livenessprobe, which
-#      the module proxy does not serve, from the cache: see sidecars), and the
-#      OCI image archives of every image the cluster runs.
+#   5. the CSI sidecars from their Go modules: csi-provisioner, csi-snapshotter
+#      and snapshot-controller at the chart's versions, csi-resizer at
+#      $RESIZER_TAG (lib.sh: the newest release the module proxy serves), and
+#      the OCI image archives of every image the cluster runs. The plugin
+#      registers itself with the kubelet and answers its liveness probe, so
+#      neither node-driver-registrar nor livenessprobe is needed.
 # Safe to run repeatedly: each step is skipped when its result is cached in
 # $K8S_CACHE (a warm run takes seconds). Usage: install.sh [step...]
 set -euo pipefail
@@ -107,16 +108,15 @@ kube() {
 }
 
 # Each sidecar: image reference (the chart's value), repository, tag,
-# command. The tags are read from the chart's values.yaml.
+# command. The tags are read from the chart's values.yaml, but the
+# resizer's ($RESIZER_TAG, see lib.sh).
 sidecar_list() {
 	local v=$ROOT/charts/csi-fastblk/values.yaml
 	val() { awk -v s="$1:" '$1 == s {f = 1} f && $1 == "tag:" {print $2; exit}' "$v"; }
 	echo "registry.k8s.io/sig-storage/csi-provisioner external-provisioner $(val provisioner) csi-provisioner"
-	echo "registry.k8s.io/sig-storage/csi-resizer external-resizer $(val resizer) csi-resizer"
+	echo "registry.k8s.io/sig-storage/csi-resizer external-resizer $RESIZER_TAG csi-resizer"
 	echo "registry.k8s.io/sig-storage/csi-snapshotter external-snapshotter $(val snapshotter) csi-snapshotter"
 	echo "registry.k8s.io/sig-storage/snapshot-controller external-snapshotter $(val snapshotController) snapshot-controller"
-	echo "registry.k8s.io/sig-storage/csi-node-driver-registrar node-driver-registrar $(val registrar) csi-node-driver-registrar"
-	echo "registry.k8s.io/sig-storage/livenessprobe livenessprobe $(val livenessProbe) livenessprobe"
 }
 
 # sidecar_module REPO TAG prints the Go module path of a kubernetes-csi
@@ -198,40 +198,27 @@ sidecar_build() {
 	mark "$id"
 }
 
-# sidecars puts each sidecar's static binary, at the chart's tag, in
-# $K8S_BIN/sidecars as <command>-<tag>.
-#
-# csi-provisioner, csi-snapshotter and snapshot-controller are built from
-# their Go modules (external-provisioner/v6, external-snapshotter/v8), which
-# the module proxy serves at the chart's tags. csi-resizer,
-# csi-node-driver-registrar and livenessprobe cannot be built here: their
-# repositories declare module paths without the /v2 their v2 tags need, so
-# the Go module proxy does not serve them (it answers 403), and no other
-# source is reachable. Their binaries must already be in the cache (this
-# machine's were built from the upstream repositories at the chart's tags);
-# without them the step fails and says so.
+# sidecars puts each sidecar's static binary in $K8S_BIN/sidecars as
+# <command>-<tag>, built from its Go module (external-provisioner/v6,
+# external-snapshotter/v8, external-resizer at $RESIZER_TAG) through a
+# wrapper module; the builds of different modules run in parallel.
 sidecars() {
-	local ref repo tag cmd missing=() built=()
+	local ref repo tag cmd key pids=() fail=0 p
 	declare -A cmds=()
 	while read -r ref repo tag cmd; do
-		[[ -n $tag ]] || die "no tag for $ref in values.yaml"
+		[[ -n $tag ]] || die "no tag for $ref"
 		cmds[$repo $tag]+=" $cmd"
 	done < <(sidecar_list)
-	local key
 	for key in "${!cmds[@]}"; do
 		# shellcheck disable=SC2086 # a list of commands
-		if sidecar_build $key ${cmds[$key]}; then
-			built+=("${key% *}")
-		fi
+		(sidecar_build $key ${cmds[$key]} || die "the Go module proxy does not serve $key") &
+		pids+=($!)
 	done
+	for p in "${pids[@]}"; do wait "$p" || fail=1; done
+	((fail == 0)) || die "building the CSI sidecars failed"
 	while read -r ref repo tag cmd; do
-		[[ -x $K8S_BIN/sidecars/$cmd-$tag ]] && continue
-		missing+=("$cmd $tag (github.com/kubernetes-csi/$repo)")
+		[[ -x $K8S_BIN/sidecars/$cmd-$tag ]] || die "$cmd $tag missing from $K8S_BIN/sidecars"
 	done < <(sidecar_list)
-	((${#missing[@]} == 0)) && return 0
-	log "error: CSI sidecars missing from $K8S_BIN/sidecars:"
-	printf '  %s\n' "${missing[@]}" >&2
-	die "the Go module proxy does not serve these at the chart's tags (their go.mod lacks the /v2 of their tags), so they cannot be built on this machine; put their static binaries, built from the upstream repositories at those tags, in $K8S_BIN/sidecars as <command>-<tag> (built from modules here: ${built[*]:-none})"
 }
 
 # oci_image REF ROOTFS entrypoint|cmd ARGS... writes $K8S_CACHE/images/<name>-<tag>.oci.tar,

@@ -7,8 +7,18 @@ KUBE_VERSION=v1.36.3
 K8S_CACHE="${K8S_CACHE:-/var/cache/csi-fastblk-k8s}"
 K8S_WORK="${K8S_WORK:-/var/lib/csi-fastblk-k8s}"
 K8S_BIN="$K8S_CACHE/bin"
-# The CSI sidecars' binaries, one per chart tag, as
+# The CSI sidecars' binaries, one per tag, as
 # $K8S_BIN/sidecars/<command>-<tag> (see sidecars in install.sh).
+
+# The csi-resizer the cluster runs: the chart's default (v2) is a /v2
+# module path the Go module proxy refuses, so the harness builds the newest
+# release it serves, v1.14.0, and installs the chart with its tag and
+# RESIZER_ARGS (helm in cluster.sh). v1.14 modifies volumes only with its
+# VolumeAttributesClass feature gate, and reads the class at
+# storage.k8s.io/v1beta1, which the API server then serves
+# (--runtime-config in cluster.sh).
+RESIZER_TAG=v1.14.0
+RESIZER_ARGS=--feature-gates=VolumeAttributesClass=true
 
 log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }

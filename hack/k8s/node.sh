@@ -17,6 +17,21 @@ dir=$K8S_WORK/$node
 conf=$dir/conf
 logs=$K8S_WORK/logs
 
+# start_kubelet starts the node's kubelet in the background (its log
+# appended to), recording its pid.
+start_kubelet() {
+	"$K8S_BIN/kubelet" --config="$conf/kubelet.yaml" --kubeconfig="$conf/kubelet.kubeconfig" \
+		--hostname-override="$node" --node-ip="$(cat "$conf/node-ip")" --v=2 >>"$logs/$node-kubelet.log" 2>&1 &
+	echo $! >"$dir/kubelet.pid"
+}
+
+# node.sh NODE kubelet, run inside a running node's namespaces (cluster.sh
+# restart-kubelet), starts its kubelet again.
+if [[ ${2:-} == kubelet ]]; then
+	start_kubelet
+	exit 0
+fi
+
 # Host path -> the node's private directory. /var/lib/kubelet is then made
 # shared so that mounts the plugin makes in its container (Bidirectional
 # propagation) reach kubelet, and pods' mounts reach the plugin.
@@ -75,9 +90,7 @@ while read -r ref _; do
 	grep -qx "$ref" <<<"$have" || die "$node: $ref missing after import"
 done <"$K8S_WORK/images.list"
 
-"$K8S_BIN/kubelet" --config="$conf/kubelet.yaml" --kubeconfig="$conf/kubelet.kubeconfig" \
-	--hostname-override="$node" --node-ip="$(cat "$conf/node-ip")" --v=2 >"$logs/$node-kubelet.log" 2>&1 &
-echo $! >"$dir/kubelet.pid"
+start_kubelet
 "$K8S_BIN/kube-proxy" --config="$conf/kube-proxy.yaml" --v=2 >"$logs/$node-kube-proxy.log" 2>&1 &
 echo $! >"$dir/kube-proxy.pid"
 echo ready >"$dir/node.ready"

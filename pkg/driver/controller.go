@@ -123,6 +123,9 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (store.VolumeSpec,
 	if err != nil {
 		return spec, err
 	}
+	if size, err = fitFilesystem(size, req.GetCapacityRange(), req.GetVolumeCapabilities(), req.GetParameters()); err != nil {
+		return spec, err
+	}
 	spec = store.VolumeSpec{Name: req.GetName(), SizeBytes: size, Params: req.GetParameters(),
 		MutableParams: req.GetMutableParameters()}
 	if err := s.d.checkLimits(blockdev.Volume{Params: spec.Params, MutableParams: spec.MutableParams}); err != nil {

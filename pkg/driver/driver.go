@@ -48,6 +48,8 @@ type Driver struct {
 	exec    utilexec.Interface
 	locks   *keyLocks
 	tag     string // this node's tag in volume and snapshot IDs (ids.go)
+	// readiness is set before serving (AddReadinessCheck), read only after.
+	readiness []readinessCheck
 }
 
 // New validates cfg and returns a Driver over store and backend.

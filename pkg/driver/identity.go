@@ -35,10 +35,15 @@ func (s *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 	}}, nil
 }
 
-// Probe reports ready only when the data directory is usable and the
-// backend answers; the livenessprobe sidecar turns this into /healthz.
+// Probe reports ready only when the plugin is healthy (Healthy); while a
+// readiness check fails (the kubelet has not confirmed the registration
+// yet) it answers "not ready", which sidecars wait out, instead of an
+// error, which they treat as fatal.
 func (s *Identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeResponse, error) {
 	if err := s.d.Healthy(ctx); err != nil {
+		if h, ok := errors.AsType[*healthError](err); ok && h.notReady {
+			return &csi.ProbeResponse{Ready: wrapperspb.Bool(false)}, nil
+		}
 		return nil, status.Error(codes.FailedPrecondition, err.Error())
 	}
 	return &csi.ProbeResponse{Ready: wrapperspb.Bool(true)}, nil
@@ -60,7 +65,7 @@ func (d *Driver) Healthy(ctx context.Context) error {
 			return &healthError{part: d.backend.Name() + " devices", err: err}
 		}
 	}
-	return nil
+	return d.ready(ctx)
 }
 
 // healthError is a failed health check: the part of the plugin that failed
@@ -68,6 +73,9 @@ func (d *Driver) Healthy(ctx context.Context) error {
 type healthError struct {
 	part string
 	err  error
+	// notReady: a readiness check failed (readiness.go); its error names
+	// no path and is told whole.
+	notReady bool
 }
 
 func (e *healthError) Error() string { return e.part + ": " + e.err.Error() }
@@ -82,6 +90,9 @@ func HealthSummary(err error) string {
 	}
 	part := "health check"
 	if h, ok := errors.AsType[*healthError](err); ok {
+		if h.notReady {
+			return h.Error()
+		}
 		part = h.part
 	}
 	if errno, ok := errors.AsType[syscall.Errno](err); ok {

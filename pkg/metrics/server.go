@@ -28,7 +28,22 @@ func Handler(status StatusFunc, startup Startup, withStatus bool) http.Handler {
 	if withStatus {
 		mux.Handle("/status", statusHandler(status))
 	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+	mux.Handle("/healthz", healthz(status, startup))
+	return mux
+}
+
+// HealthHandler returns the mux with /healthz alone, for the kubelet's
+// liveness probe.
+func HealthHandler(status StatusFunc, startup Startup) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/healthz", healthz(status, startup))
+	return mux
+}
+
+// healthz answers "ok" while the plugin is healthy, else 503 with the
+// failed part (no host paths).
+func healthz(status StatusFunc, startup Startup) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		st, err := status(r.Context())
 		switch {
 		case err != nil:
@@ -44,7 +59,6 @@ func Handler(status StatusFunc, startup Startup, withStatus bool) http.Handler {
 			}
 		}
 	})
-	return mux
 }
 
 // StatusHandler returns the mux with /status alone: the node's volumes,

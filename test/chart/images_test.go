@@ -7,8 +7,7 @@ import (
 
 // imageValues are the value prefixes of every image the chart can run.
 var imageValues = []string{
-	"plugin", "provisioner", "resizer", "snapshotter", "registrar",
-	"livenessProbe", "snapshotController",
+	"plugin", "provisioner", "resizer", "snapshotter", "snapshotController",
 }
 
 // TestImagesComeFromValues renders with a sentinel repository, tag and pull

@@ -267,15 +267,12 @@ func TestResourcesAndProbes(t *testing.T) {
 		if c.Resources.Requests["cpu"] == "" || c.Resources.Requests["memory"] == "" {
 			t.Errorf("%s requests %v: want cpu and memory", c.Name, c.Resources.Requests)
 		}
-		if c.Name == "liveness-probe" {
-			continue // it is the plugin's probe
-		}
 		if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil {
 			t.Errorf("%s has no HTTP liveness probe", c.Name)
 			continue
 		}
 		port := -1
-		for _, cp := range append(c.Ports, mustContainer(t, p, "liveness-probe").Ports...) {
+		for _, cp := range c.Ports {
 			if cp.Name == c.LivenessProbe.HTTPGet.Port {
 				port = cp.ContainerPort
 			}
@@ -292,8 +289,7 @@ func TestResourcesAndProbes(t *testing.T) {
 		port, path string
 	}{
 		"csi-provisioner": {"9812", "/metrics"}, "csi-resizer": {"9813", "/healthz/leader-election"},
-		"csi-snapshotter": {"9814", "/metrics"}, "node-driver-registrar": {"9809", "/healthz"},
-		"liveness-probe": {"9808", ""},
+		"csi-snapshotter": {"9814", "/metrics"},
 	}
 	for name, w := range want {
 		c := mustContainer(t, p, name)
@@ -304,12 +300,17 @@ func TestResourcesAndProbes(t *testing.T) {
 			t.Errorf("%s probes %s, want %s", name, c.LivenessProbe.HTTPGet.Path, w.path)
 		}
 	}
-	lp := mustContainer(t, p, "liveness-probe")
-	if _, ok := lp.arg("health-port"); ok {
-		t.Error("livenessprobe uses the deprecated --health-port")
+	// The kubelet probes the plugin's own /healthz, served alone on
+	// --health-address: no livenessprobe or registrar sidecar.
+	for _, name := range []string{"liveness-probe", "node-driver-registrar"} {
+		if _, ok := p.container(name); ok {
+			t.Errorf("the node pod still runs %s", name)
+		}
 	}
-	if v, _ := lp.arg("probe-timeout"); v != "3s" || plugin.LivenessProbe.TimeoutSeconds != 5 {
-		t.Errorf("--probe-timeout=%s and the plugin probe's timeout %ds: want 3s and 5s", v, plugin.LivenessProbe.TimeoutSeconds)
+	lp := plugin.LivenessProbe
+	if v, _ := plugin.arg("health-address"); v != ":9808" || lp.HTTPGet.Port != "healthz" || lp.HTTPGet.Path != "/healthz" ||
+		lp.TimeoutSeconds != 5 {
+		t.Errorf("plugin --health-address=%q, probe %+v: want :9808 probed at /healthz on port healthz within 5s", v, lp)
 	}
 }
 

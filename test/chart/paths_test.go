@@ -39,9 +39,9 @@ func hostPathOf(t *testing.T, p podSpec, c container, inner string) string {
 }
 
 // TestSocketPathsAgree follows the socket from the plugin's --endpoint, each
-// sidecar's --csi-address and the registrar's --kubelet-registration-path
+// sidecar's --csi-address and the plugin's --kubelet-registration-path
 // to host paths: all must be the same file, inside the kubelet's plugin
-// directory, and the registrar must write into plugins_registry.
+// directory, and the plugin's --registration-dir must be plugins_registry.
 func TestSocketPathsAgree(t *testing.T) {
 	for name, dir := range kubeletDirs {
 		for _, driver := range []string{"fastblk.csi.io", "other.example.com"} {
@@ -71,17 +71,14 @@ func TestSocketPathsAgree(t *testing.T) {
 						t.Errorf("%s --csi-address reaches %s on the host, want %s", c.Name, got, want)
 					}
 				}
-				if sidecars != 5 {
-					t.Errorf("%d containers have --csi-address, want 5", sidecars)
+				if sidecars != 3 {
+					t.Errorf("%d containers have --csi-address, want 3", sidecars)
 				}
-				reg, ok := p.container("node-driver-registrar")
-				if !ok {
-					t.Fatal("no node-driver-registrar container")
-				}
-				if got, _ := reg.arg("kubelet-registration-path"); got != want {
+				if got, _ := plugin.arg("kubelet-registration-path"); got != want {
 					t.Errorf("--kubelet-registration-path %s, want %s", got, want)
 				}
-				if got := hostPathOf(t, p, reg, "/registration"); got != path.Join(dir, "plugins_registry") {
+				regDir, _ := plugin.arg("registration-dir")
+				if got := hostPathOf(t, p, plugin, regDir); got != path.Join(dir, "plugins_registry") {
 					t.Errorf("registration dir on host %s, want %s/plugins_registry", got, dir)
 				}
 			})

@@ -32,9 +32,11 @@ type cluster struct {
 	work   string // $K8S_WORK: nodes' directories, pids
 }
 
-// installed is set once TestHelmInstall has installed the chart; later
-// tests fail at once without it rather than time out one by one.
-var installed bool
+// installed is set once the chart is installed (TestHelmInstall, or the
+// first test that needs it when E2E_K8S_RUN leaves TestHelmInstall out);
+// after a failed install later tests fail at once rather than time out one
+// by one.
+var installed, installTried bool
 
 func requireCluster(t *testing.T) *cluster {
 	t.Helper()
@@ -49,14 +51,38 @@ func requireCluster(t *testing.T) *cluster {
 	return &cluster{script: script, work: work}
 }
 
-// requireChart is requireCluster for the tests that need the chart installed.
+// requireChart is requireCluster for the tests that need the chart
+// installed: it installs it when no test did yet, so that each test runs
+// alone (each makes the claims it uses).
 func requireChart(t *testing.T) *cluster {
 	t.Helper()
 	c := requireCluster(t)
+	if !installTried {
+		c.installChart(t)
+		c.waitPluginPods(t, 4*time.Minute)
+		c.testNamespace(t)
+		installed = !t.Failed()
+	}
 	if !installed {
-		t.Fatal("the chart is not installed (TestHelmInstall failed or did not run)")
+		t.Fatal("the chart is not installed (its install failed)")
 	}
 	return c
+}
+
+// installChart installs the chart as the chart README says: a namespace
+// that admits privileged pods, then the chart, with the snapshot-controller
+// the cluster lacks (the CRDs come from the chart's crds/) and its class as
+// the default.
+func (c *cluster) installChart(t *testing.T) {
+	t.Helper()
+	installTried = true
+	c.pluginNamespace(t)
+	out, err := c.run("", "helm", "install", release, chartDir(t), "--namespace", pluginNS,
+		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
+	if err != nil {
+		t.Fatalf("helm install: %v\n%s", err, out)
+	}
+	t.Logf("helm install:\n%s", firstLines(out, 8))
 }
 
 // run runs cluster.sh TOOL ARGS with stdin, returning stdout; the error

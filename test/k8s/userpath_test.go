@@ -182,16 +182,7 @@ func TestNodeGroupOnOneNode(t *testing.T) {
 func TestHelmInstall(t *testing.T) {
 	c := requireCluster(t)
 	chart := chartDir(t)
-	// As the chart README says: a namespace that admits privileged pods,
-	// then the chart, with the snapshot-controller the cluster lacks (the
-	// CRDs come from the chart's crds/) and its class as the default.
-	c.pluginNamespace(t)
-	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS,
-		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
-	if err != nil {
-		t.Fatalf("helm install: %v\n%s", err, out)
-	}
-	t.Logf("helm install:\n%s", firstLines(out, 8))
+	c.installChart(t)
 
 	t.Run("server-side validation", func(t *testing.T) {
 		manifest, err := c.run("", "helm", "get", "manifest", release, "--namespace", pluginNS)
@@ -540,6 +531,21 @@ cat /data/file.sha256`})
 	c.delete(t, "pod", "reader")
 }
 
+// writtenClaim makes PVC claim (1Gi, the default class) and fills it as
+// TestWriteRead's writer does: /data/file, 16 MiB of random bytes, and
+// /data/file.sha256, its checksum.
+func (c *cluster) writtenClaim(t *testing.T, claim string) {
+	t.Helper()
+	c.apply(t, pvc(claim, "1Gi", ""))
+	name := "w-" + claim
+	c.startPod(t, pod{name: name, claim: claim, restartNever: true, script: `set -e
+dd if=/dev/urandom of=/data/file bs=1M count=16 2>/dev/null
+sha256sum /data/file > /data/file.sha256
+sync`})
+	c.waitPodPhase(t, name, "Succeeded", 3*time.Minute)
+	c.delete(t, "pod", name)
+}
+
 // dfSize is the size in bytes of the filesystem at /data in a running pod.
 func (c *cluster) dfSize(t *testing.T, podName string) int64 {
 	t.Helper()
@@ -631,20 +637,21 @@ func hostHasCap(t *testing.T, bit uint) bool {
 // new PVC and clones PVC data: both hold the same file.
 func TestSnapshotRestoreAndClone(t *testing.T) {
 	c := requireChart(t)
+	c.writtenClaim(t, "snap-src")
 	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
 kind: VolumeSnapshot
 metadata: {name: snap, namespace: %s}
 spec:
   volumeSnapshotClassName: fastblk
-  source: {persistentVolumeClaimName: data}
+  source: {persistentVolumeClaimName: snap-src}
 `, testNS))
 	eventually(t, 2*time.Minute, "VolumeSnapshot snap ready", func() (bool, string) {
 		out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", "snap", "-o", "jsonpath={.status.readyToUse} {.status.error}")
 		return strings.HasPrefix(out, "true"), out
 	})
 	c.apply(t, pvc("restored", "1Gi", "  dataSource: {name: snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
-	c.apply(t, pvc("clone", "1Gi", "  dataSource: {name: data, kind: PersistentVolumeClaim}\n"))
-	source := c.volumeNode(t, "data")
+	c.apply(t, pvc("clone", "1Gi", "  dataSource: {name: snap-src, kind: PersistentVolumeClaim}\n"))
+	source := c.volumeNode(t, "snap-src")
 	for _, claim := range []string{"restored", "clone"} {
 		name := "check-" + claim
 		c.startPod(t, pod{name: name, claim: claim, restartNever: true, script: "sha256sum -c /data/file.sha256"})
@@ -809,9 +816,10 @@ func TestCapacityTracksVolumes(t *testing.T) {
 // with what df sees in a pod.
 func TestVolumeStats(t *testing.T) {
 	c := requireChart(t)
-	c.startPod(t, pod{name: "stats", claim: "data", script: "dd if=/dev/zero of=/data/fill bs=1M count=64 2>/dev/null; sync; sleep 3600"})
+	c.apply(t, pvc("stats", "1Gi", ""))
+	c.startPod(t, pod{name: "stats", claim: "stats", script: "dd if=/dev/zero of=/data/fill bs=1M count=64 2>/dev/null; sync; sleep 3600"})
 	c.waitPodPhase(t, "stats", "Running", 2*time.Minute)
-	node := c.volumeNode(t, "data")
+	node := c.volumeNode(t, "stats")
 	out := c.k(t, "-n", testNS, "exec", "stats", "--", "sh", "-c", "sleep 2; df -k /data")
 	f := strings.Fields(lastLine(out))
 	size, _ := strconv.ParseInt(f[1], 10, 64)
@@ -825,7 +833,7 @@ func TestVolumeStats(t *testing.T) {
 		}
 		got := map[string]float64{}
 		for _, s := range series.FindAllStringSubmatch(m, -1) {
-			if strings.Contains(s[2], `namespace="`+testNS+`"`) && strings.Contains(s[2], `persistentvolumeclaim="data"`) {
+			if strings.Contains(s[2], `namespace="`+testNS+`"`) && strings.Contains(s[2], `persistentvolumeclaim="stats"`) {
 				got[s[1]], _ = strconv.ParseFloat(s[3], 64)
 			}
 		}
@@ -947,7 +955,8 @@ func grepLines(text, s string) string {
 // goes on without error; the volume can still be unpublished afterwards.
 func TestPluginRestartUnderIO(t *testing.T) {
 	c := requireChart(t)
-	c.startPod(t, pod{name: "io", claim: "data", script: `i=0
+	c.apply(t, pvc("io", "1Gi", ""))
+	c.startPod(t, pod{name: "io", claim: "io", script: `i=0
 while true; do
   i=$((i+1))
   if dd if=/dev/urandom of=/tmp/src bs=1M count=4 2>/dev/null &&
@@ -959,7 +968,7 @@ while true; do
   sleep 0.2
 done`})
 	c.waitPodPhase(t, "io", "Running", 2*time.Minute)
-	node := c.volumeNode(t, "data")
+	node := c.volumeNode(t, "io")
 	iterations := func() int { return c.lastIteration(t, "io") }
 	eventually(t, time.Minute, "I/O running", func() (bool, string) { return iterations() >= 3, "" })
 	ready, detail := c.pluginPods(t)
@@ -1384,6 +1393,96 @@ func (c *cluster) releaseStatus(t *testing.T) string { return c.helmStatus(t).In
 
 // releaseRevision is the release's current revision.
 func (c *cluster) releaseRevision(t *testing.T) int { return c.helmStatus(t).Version }
+
+// TestKubeletRegistration: the plugin registers itself with the kubelet
+// (no node-driver-registrar): the driver is in each node's CSINode; a
+// restarted kubelet registers it again from the socket the running plugin
+// serves (no plugin restart); a new plugin pod registers too.
+func TestKubeletRegistration(t *testing.T) {
+	c := requireChart(t)
+	registrations := func(n string) int {
+		b, err := os.ReadFile(filepath.Join(c.work, "logs", n+"-kubelet.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Count(string(b), "Register new plugin with name: "+driver)
+	}
+	restarts := func(pod string) string {
+		return c.jsonpath(t, `{.status.containerStatuses[?(@.name=="csi-fastblk")].restartCount}`, "-n", pluginNS, "get", "pod", pod)
+	}
+	for _, n := range nodes {
+		if d := c.jsonpath(t, "{.spec.drivers[*].name}", "get", "csinode", n); !strings.Contains(d, driver) {
+			t.Fatalf("CSINode %s lists drivers %q, want %s", n, d, driver)
+		}
+	}
+
+	t.Run("kubelet restart", func(t *testing.T) {
+		ready, _ := c.pluginPods(t)
+		pod, before, regs := ready["n1"], restarts(ready["n1"]), registrations("n1")
+		if out, err := c.run("", "restart-kubelet", "n1"); err != nil {
+			t.Fatalf("restart kubelet: %v\n%s", err, out)
+		}
+		eventually(t, 2*time.Minute, "n1's new kubelet to register the running plugin", func() (bool, string) {
+			return registrations("n1") > regs, "no new registration in the kubelet's log"
+		})
+		c.k(t, "wait", "--for=condition=Ready", "node/n1", "--timeout=60s")
+		if after := restarts(pod); after != before {
+			t.Errorf("plugin pod %s restarted (%s -> %s) across a kubelet restart", pod, before, after)
+		}
+	})
+
+	t.Run("new plugin pod", func(t *testing.T) {
+		ready, _ := c.pluginPods(t)
+		regs := registrations("n2")
+		c.k(t, "-n", pluginNS, "delete", "pod", ready["n2"], "--wait=true", "--timeout=120s")
+		c.waitPluginPods(t, 3*time.Minute)
+		eventually(t, time.Minute, "n2's kubelet to register the new plugin pod", func() (bool, string) {
+			return registrations("n2") > regs, "no new registration in the kubelet's log"
+		})
+	})
+}
+
+// TestLivenessRestartsUnregisteredPlugin: the kubelet probes the plugin's
+// own /healthz. With its registration socket removed from the node's
+// plugins_registry (the kubelet then drops the driver) the plugin is
+// really unhealthy ("kubelet: not registered"): the kubelet restarts the
+// container after its probe failed three times, and the new one registers
+// again.
+func TestLivenessRestartsUnregisteredPlugin(t *testing.T) {
+	c := requireChart(t)
+	ready, _ := c.pluginPods(t)
+	pod := ready["n1"]
+	if pod == "" {
+		t.Fatal("no Ready plugin pod on n1")
+	}
+	restarts := func() int {
+		n, _ := strconv.Atoi(c.jsonpath(t, `{.status.containerStatuses[?(@.name=="csi-fastblk")].restartCount}`, "-n", pluginNS, "get", "pod", pod))
+		return n
+	}
+	before := restarts()
+	sock := filepath.Join(c.nodeDir("n1"), "kubelet", "plugins_registry", driver+"-reg.sock")
+	if err := os.Remove(sock); err != nil {
+		t.Fatalf("remove the registration socket: %v", err)
+	}
+	start := time.Now()
+	eventually(t, 3*time.Minute, "the kubelet to restart the plugin container", func() (bool, string) {
+		return restarts() > before, fmt.Sprintf("restartCount %d", restarts())
+	})
+	t.Logf("plugin container restarted %v after its registration socket was removed", time.Since(start).Round(time.Second))
+	ev := c.k(t, "-n", pluginNS, "get", "events", "--field-selector", "involvedObject.name="+pod, "-o",
+		"custom-columns=REASON:.reason,MESSAGE:.message", "--no-headers")
+	if !strings.Contains(ev, "Liveness probe failed") {
+		t.Errorf("no liveness failure in the pod's events:\n%s", ev)
+	}
+	c.waitPluginPods(t, 3*time.Minute)
+	eventually(t, time.Minute, "the registration socket again", func() (bool, string) {
+		_, err := os.Stat(sock)
+		return err == nil, fmt.Sprint(err)
+	})
+	if d := c.jsonpath(t, "{.spec.drivers[*].name}", "get", "csinode", "n1"); !strings.Contains(d, driver) {
+		t.Errorf("CSINode n1 lists drivers %q after the restart, want %s", d, driver)
+	}
+}
 
 // TestCleanup deletes every pod, snapshot and PVC: no PV, snapshot content,
 // volume file, mount or loop device may remain on the nodes.

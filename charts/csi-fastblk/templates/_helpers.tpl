@@ -83,7 +83,7 @@ securityContext:
 
 {{/* validate fails the render on combinations the schema cannot express. */}}
 {{- define "csi-fastblk.validate" -}}
-{{- $ports := list (list "healthPort" .Values.healthPort) (list "registrar.healthPort" .Values.registrar.healthPort)
+{{- $ports := list (list "healthPort" .Values.healthPort)
   (list "provisioner.httpPort" .Values.provisioner.httpPort) (list "resizer.httpPort" .Values.resizer.httpPort) -}}
 {{- if .Values.snapshotter.enabled -}}
 {{- $ports = append $ports (list "snapshotter.httpPort" .Values.snapshotter.httpPort) -}}
