@@ -312,7 +312,22 @@ func TestThreadsPinnedOnePerCPU(t *testing.T) {
 		return out
 	}
 	before := pinned()
+	// gone waits until the threads of a closed pool have exited: the
+	// kernel ends a locked goroutine's OS thread after Close returns.
+	gone := func() {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			now := pinned()
+			if now[cpus[0]] == before[cpus[0]] && now[cpus[1]] == before[cpus[1]] {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("tasks pinned after the pool closed: %v, before: %v", now, before)
+			}
+		}
+	}
 	for _, cfg := range []ThreadConfig{{CPU: -1}, {CPU: -1, Pin: true}, {Pin: true}, {}} {
+		gone()
 		pin := cfg.Pin
 		p, err := NewThreads(2, cfg)
 		if err != nil {
