@@ -30,7 +30,7 @@ run: deps build
 
 # Everything CI runs, the user's path on a real two-node Kubernetes last
 # (e2e-k8s builds and caches what it needs on a fresh machine).
-test: deps vet lint unit fuzz sanity integration chart-test e2e-vm
+test: deps vet lint unit fuzz sanity integration chart-test e2e-vm e2e-k8s
 
 vet:
 	@test -z "$$(gofmt -l cmd pkg test)" || { gofmt -l cmd pkg test; echo "gofmt needed"; exit 1; }
