@@ -35,21 +35,28 @@ func TestLoopHoldsRequestsBeyondTheLimit(t *testing.T) {
 	if l.backing != 6 || l.heldLen != 2 {
 		t.Fatalf("8 requests at once under 100 IOPS: %d issued, %d held; want 6 and 2", l.backing, l.heldLen)
 	}
-	now := monoNow()
-	if w := l.heldWait(now); w <= 0 || w > 12*time.Millisecond {
-		t.Fatalf("wait bound with the first held request due in ≤10 ms = %v", w)
+	// The times come from the bookings, not the clock: the test reads when
+	// the held requests fall due, so a slow machine cannot move them.
+	first := l.tags[l.held[l.heldHead]].due
+	second := l.tags[l.held[(l.heldHead+1)%len(l.held)]].due
+	if gap := time.Duration(second - first); gap != 10*time.Millisecond {
+		t.Fatalf("held requests booked %v apart, want 10ms at 100 IOPS", gap)
+	}
+	now := first - int64(5*time.Millisecond)
+	if w := l.heldWait(now); w != 5*time.Millisecond {
+		t.Fatalf("wait bound 5 ms before the first held request is due = %v", w)
 	}
 	if err := l.release(now); err != nil || l.heldLen != 2 {
 		t.Fatalf("release before anything is due: err %v, %d held, want 2", err, l.heldLen)
 	}
-	// 15 ms on, the first is due (at +10 ms) and the second is not.
-	if err := l.release(now + int64(15*time.Millisecond)); err != nil || l.heldLen != 1 || l.backing != 7 {
-		t.Fatalf("release at +15 ms: err %v, %d held, %d issued; want 1 and 7", err, l.heldLen, l.backing)
+	// When the first is due, the second (10 ms later) is not.
+	if err := l.release(first); err != nil || l.heldLen != 1 || l.backing != 7 {
+		t.Fatalf("release when the first is due: err %v, %d held, %d issued; want 1 and 7", err, l.heldLen, l.backing)
 	}
 	if got := l.held[l.heldHead]; got != 7 {
 		t.Fatalf("next held tag = %d, want 7 (booking order)", got)
 	}
-	if err := l.release(now + int64(time.Second)); err != nil || l.heldLen != 0 || l.backing != 8 {
+	if err := l.release(second + int64(time.Second)); err != nil || l.heldLen != 0 || l.backing != 8 {
 		t.Fatalf("release at +1 s: err %v, %d held, %d issued; want 0 and 8", err, l.heldLen, l.backing)
 	}
 	if w := l.heldWait(now); w != 0 {
