@@ -3,6 +3,8 @@
 # proxy and cached) and the project's layering rules (style.md rule 1):
 #   - pkg/blockdev/uring imports nothing of ours (its subpackages may import it);
 #   - pkg/blockdev/ublk and pkg/blockdev/loop never import pkg/blockdev;
+#   - ublk's data plane (ublk/internal/dataplane) and UAPI (ublk/internal/uapi)
+#     sit below its control: they never import ublk, the UAPI nothing of ours;
 #   - pkg/blockdev itself (the contract) imports nothing of ours but qos;
 #   - below the driver only backend picks a backend: nothing else in
 #     pkg/blockdev imports backend, and only backend and the driver's
@@ -30,6 +32,10 @@ while read -r pkg imports; do
 		pkg/blockdev/uring*:"$mod"/pkg/blockdev/uring*) ;;
 		pkg/blockdev/uring*:"$mod"/*)
 			echo "layering: $rel imports $imp (the engine imports nothing of ours)"; fail=1 ;;
+		pkg/blockdev/ublk/internal/uapi:"$mod"/*)
+			echo "layering: $rel imports $imp (the UAPI imports nothing of ours)"; fail=1 ;;
+		pkg/blockdev/ublk/internal/*:"$mod"/pkg/blockdev/ublk)
+			echo "layering: $rel imports $imp (the data plane sits below ublk's control)"; fail=1 ;;
 		pkg/blockdev/ublk*:"$mod"/pkg/blockdev | pkg/blockdev/loop*:"$mod"/pkg/blockdev)
 			echo "layering: $rel imports $imp (backends sit below blockdev)"; fail=1 ;;
 		pkg/blockdev:"$mod"/pkg/blockdev/qos) ;;

@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // ControlPath is the ublk control device.
@@ -141,7 +143,7 @@ func (ch *ctrlChan) abandon() {
 // submit issues one control command and waits for its result, at most
 // timeout (cmdTimeout when not positive: no command waits unbounded). The
 // header fields are the caller's; name is used in errors.
-func (ch *ctrlChan) submit(name string, op uint32, h ctrlCmd, timeout time.Duration) (int32, error) {
+func (ch *ctrlChan) submit(name string, op uint32, h uapi.CtrlCmd, timeout time.Duration) (int32, error) {
 	if timeout <= 0 {
 		timeout = cmdTimeout
 	}
@@ -169,7 +171,7 @@ func (ch *ctrlChan) submit(name string, op uint32, h ctrlCmd, timeout time.Durat
 
 // putCtrlCmd writes struct ublksrv_ctrl_cmd little-endian at the start of
 // the SQE128 command area (SQE offset 48).
-func putCtrlCmd(b []byte, h ctrlCmd) {
+func putCtrlCmd(b []byte, h uapi.CtrlCmd) {
 	le := binary.LittleEndian
 	clear(b[:32])
 	le.PutUint32(b[0:], h.DevID)
@@ -190,7 +192,7 @@ func (c *Control) simple(name string, op uint32, devID uint32, data uint64, time
 		return err
 	}
 	defer c.put(ch)
-	_, err = ch.submit(name, op, ctrlCmd{DevID: devID, QueueID: noQueue, Data: data}, timeout)
+	_, err = ch.submit(name, op, uapi.CtrlCmd{DevID: devID, QueueID: noQueue, Data: data}, timeout)
 	return err
 }
 
@@ -201,12 +203,12 @@ func (c *Control) GetFeatures() (uint64, error) {
 		return 0, err
 	}
 	defer c.put(ch)
-	ch.page.clear(featuresLen)
-	h := ctrlCmd{DevID: ^uint32(0), QueueID: noQueue, Len: featuresLen, Addr: ch.page.addr()}
-	if _, err := ch.submit("get features", cmdGetFeatures, h, cmdTimeout); err != nil {
+	ch.page.clear(uapi.FeaturesLen)
+	h := uapi.CtrlCmd{DevID: ^uint32(0), QueueID: noQueue, Len: uapi.FeaturesLen, Addr: ch.page.addr()}
+	if _, err := ch.submit("get features", uapi.CmdGetFeatures, h, cmdTimeout); err != nil {
 		return 0, err
 	}
-	return binary.LittleEndian.Uint64(ch.page.bytes(featuresLen)), nil
+	return binary.LittleEndian.Uint64(ch.page.bytes(uapi.FeaturesLen)), nil
 }
 
 // AddDev creates a device from info (DevID ^0 allocates one) and returns
@@ -218,8 +220,8 @@ func (c *Control) AddDev(info DevInfo) (DevInfo, error) {
 	}
 	defer c.put(ch)
 	n := ch.page.putDevInfo(info)
-	h := ctrlCmd{DevID: info.DevID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
-	if _, err := ch.submit("add dev", cmdAddDev, h, cmdTimeout); err != nil {
+	h := uapi.CtrlCmd{DevID: info.DevID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
+	if _, err := ch.submit("add dev", uapi.CmdAddDev, h, cmdTimeout); err != nil {
 		return DevInfo{}, err
 	}
 	return ch.page.devInfo(), nil
@@ -233,23 +235,23 @@ func (c *Control) GetDevInfo(devID uint32) (DevInfo, error) {
 	}
 	defer c.put(ch)
 	n := ch.page.putDevInfo(DevInfo{})
-	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
-	if _, err := ch.submit("get dev info", cmdGetDevInfo, h, cmdTimeout); err != nil {
+	h := uapi.CtrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
+	if _, err := ch.submit("get dev info", uapi.CmdGetDevInfo, h, cmdTimeout); err != nil {
 		return DevInfo{}, err
 	}
 	return ch.page.devInfo(), nil
 }
 
 // setParams sends SET_PARAMS (only before START_DEV).
-func (c *Control) setParams(devID uint32, p params) error {
+func (c *Control) setParams(devID uint32, p uapi.Params) error {
 	ch, err := c.get()
 	if err != nil {
 		return err
 	}
 	defer c.put(ch)
 	n := ch.page.putParams(p)
-	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
-	_, err = ch.submit("set params", cmdSetParams, h, cmdTimeout)
+	h := uapi.CtrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
+	_, err = ch.submit("set params", uapi.CmdSetParams, h, cmdTimeout)
 	return err
 }
 
@@ -262,8 +264,8 @@ func (c *Control) QueueAffinity(devID uint32, qid uint16) ([]int, error) {
 	defer c.put(ch)
 	const maskLen = 512 // 4096 CPUs, a multiple of sizeof(long)
 	ch.page.clear(maskLen)
-	h := ctrlCmd{DevID: devID, QueueID: noQueue, Len: maskLen, Addr: ch.page.addr(), Data: uint64(qid)}
-	if _, err := ch.submit("get queue affinity", cmdGetQueueAffinity, h, cmdTimeout); err != nil {
+	h := uapi.CtrlCmd{DevID: devID, QueueID: noQueue, Len: maskLen, Addr: ch.page.addr(), Data: uint64(qid)}
+	if _, err := ch.submit("get queue affinity", uapi.CmdGetQueueAffinity, h, cmdTimeout); err != nil {
 		return nil, err
 	}
 	return cpusOf(ch.page.bytes(maskLen)), nil
@@ -284,12 +286,12 @@ func cpusOf(mask []byte) []int {
 
 // StartDev makes the block device live; all queues must have FETCHed.
 func (c *Control) StartDev(devID uint32, pid int) error {
-	return c.simple("start dev", cmdStartDev, devID, uint64(pid), startDevTimeout)
+	return c.simple("start dev", uapi.CmdStartDev, devID, uint64(pid), startDevTimeout)
 }
 
 // StopDev removes the block device and aborts parked IO commands.
 func (c *Control) StopDev(devID uint32) error {
-	return c.simple("stop dev", cmdStopDev, devID, 0, cmdTimeout)
+	return c.simple("stop dev", uapi.CmdStopDev, devID, 0, cmdTimeout)
 }
 
 // DelDev removes the device. async uses DEL_DEV_ASYNC (6.9+), which does
@@ -297,28 +299,28 @@ func (c *Control) StopDev(devID uint32) error {
 // command timeout so a held /dev/ublkbN cannot hang the caller.
 func (c *Control) DelDev(devID uint32, async bool) error {
 	if async {
-		return c.simple("del dev async", cmdDelDevAsync, devID, 0, cmdTimeout)
+		return c.simple("del dev async", uapi.CmdDelDevAsync, devID, 0, cmdTimeout)
 	}
-	return c.simple("del dev", cmdDelDev, devID, 0, cmdTimeout)
+	return c.simple("del dev", uapi.CmdDelDev, devID, 0, cmdTimeout)
 }
 
 // StartUserRecovery begins re-adopting a QUIESCED or FAIL_IO device. It
 // fails with EBUSY while the old server's /dev/ublkcN is still open.
 func (c *Control) StartUserRecovery(devID uint32) error {
-	return c.simple("start user recovery", cmdStartUserRecovery, devID, 0, cmdTimeout)
+	return c.simple("start user recovery", uapi.CmdStartUserRecovery, devID, 0, cmdTimeout)
 }
 
 // EndUserRecovery finishes recovery once the new queues have FETCHed.
 func (c *Control) EndUserRecovery(devID uint32, pid int) error {
-	return c.simple("end user recovery", cmdEndUserRecovery, devID, uint64(pid), startDevTimeout)
+	return c.simple("end user recovery", uapi.CmdEndUserRecovery, devID, uint64(pid), startDevTimeout)
 }
 
 // UpdateSize changes a live device's size (UBLK_F_UPDATE_SIZE, 6.16+).
 func (c *Control) UpdateSize(devID uint32, sizeBytes int64) error {
-	return c.simple("update size", cmdUpdateSize, devID, uint64(sizeBytes)>>9, cmdTimeout)
+	return c.simple("update size", uapi.CmdUpdateSize, devID, uint64(sizeBytes)>>9, cmdTimeout)
 }
 
 // QuiesceDev quiesces a live device for a planned restart (UBLK_F_QUIESCE).
 func (c *Control) QuiesceDev(devID uint32, timeout time.Duration) error {
-	return c.simple("quiesce dev", cmdQuiesceDev, devID, uint64(timeout.Milliseconds()), timeout+cmdTimeout)
+	return c.simple("quiesce dev", uapi.CmdQuiesceDev, devID, uint64(timeout.Milliseconds()), timeout+cmdTimeout)
 }

@@ -14,6 +14,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // payloadSize covers the largest payload: a cpumask for 4096 CPUs (512
@@ -43,8 +45,8 @@ func (p *payload) putDevInfo(info DevInfo) uint16 {
 
 func (p *payload) devInfo() DevInfo { return *(*DevInfo)(unsafe.Pointer(&p.mem[0])) }
 
-func (p *payload) putParams(pr params) uint16 {
-	*(*params)(unsafe.Pointer(&p.mem[0])) = pr
+func (p *payload) putParams(pr uapi.Params) uint16 {
+	*(*uapi.Params)(unsafe.Pointer(&p.mem[0])) = pr
 	return uint16(unsafe.Sizeof(pr))
 }
 

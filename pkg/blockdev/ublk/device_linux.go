@@ -10,6 +10,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // Device node paths.
@@ -40,7 +44,7 @@ type DeviceConfig struct {
 	Limiter *qos.Limiter
 	// Threads serve the device's queues, spread by SpreadQueues; nil
 	// gives each queue a thread of its own.
-	Threads *Threads
+	Threads *dataplane.Threads
 	// Persist is called after ADD_DEV, before START_DEV makes the device
 	// visible, with the negotiated info; an error aborts the creation.
 	Persist func(DevInfo) error
@@ -53,15 +57,15 @@ type Device struct {
 	ctl    *Control // shared, not owned
 	info   DevInfo
 	char   int // /dev/ublkcN, -1 once released
-	queues []*Queue
+	queues []*dataplane.Queue
 	// started: START_DEV succeeded (or the device was recovered), so
 	// removing it takes STOP_DEV, even when a later step of its creation
 	// failed.
 	started bool
-	// mtime is the queues' shared QueueConfig.mtime (nil without
+	// mtime is the queues' shared QueueConfig.Mtime (nil without
 	// NowaitWrites), gate their QueueConfig.Gate.
-	mtime *mtimeToucher
-	gate  Gate
+	mtime *dataplane.MtimeToucher
+	gate  dataplane.Gate
 }
 
 // Info returns the device's negotiated info.
@@ -87,7 +91,7 @@ func (d *Device) Stats() []QueueStats {
 // books its held requests again at once.
 func (d *Device) Nudge() {
 	for _, q := range d.queues {
-		q.thread.waker.Wake()
+		q.Thread().Wake()
 	}
 }
 
@@ -105,12 +109,9 @@ func (d *Device) Pause(ctx context.Context) (resume func(), err error) {
 		d.gate.Open()
 		d.Nudge()
 	}
-	// A thread that began a round after the gate closed sees it for
-	// every request of that round: two rounds on from now, whatever it
-	// issued before is counted in backing.
 	start := make([]uint64, len(d.queues))
 	for i, q := range d.queues {
-		start[i] = q.thread.stats.rounds.Load()
+		start[i] = q.RoundMark()
 	}
 	err = poll(ctx, pauseWait, func() (bool, error) {
 		d.Nudge()
@@ -120,7 +121,7 @@ func (d *Device) Pause(ctx context.Context) (resume func(), err error) {
 				continue
 			default:
 			}
-			if q.thread.stats.rounds.Load() < start[i]+2 || q.stats.backing.Load() != 0 {
+			if !q.Settled(start[i]) {
 				return false, nil
 			}
 		}
@@ -195,18 +196,18 @@ func (d *Device) bringUp(ctx context.Context, cfg DeviceConfig) error {
 // VOLATILE_CACHE|FUA (so FLUSH and FUA reach the server), max_sectors
 // from max_io_buf_bytes, discard and write-zeroes in 4 KiB granules, and
 // the DMA alignment (kernels before 6.15 ignore the type they lack).
-func deviceParams(cfg DeviceConfig, info DevInfo) params {
-	p := params{Len: sizeofParams, Types: paramTypeBasic | paramTypeDiscard | paramTypeDMAAlign}
-	p.Basic = paramBasic{
-		Attrs:          attrVolatileCache | attrFUA,
+func deviceParams(cfg DeviceConfig, info DevInfo) uapi.Params {
+	p := uapi.Params{Len: uapi.SizeofParams, Types: uapi.ParamTypeBasic | uapi.ParamTypeDiscard | uapi.ParamTypeDMAAlign}
+	p.Basic = uapi.ParamBasic{
+		Attrs:          uapi.AttrVolatileCache | uapi.AttrFUA,
 		LogicalBSShift: 12, PhysicalBSShift: 12, IOOptShift: 12, IOMinShift: 12,
 		MaxSectors: info.MaxIOBufBytes >> 9,
 		DevSectors: uint64(cfg.SizeBytes) >> 9,
 	}
 	if cfg.ReadOnly {
-		p.Basic.Attrs |= attrReadOnly
+		p.Basic.Attrs |= uapi.AttrReadOnly
 	}
-	p.Discard = paramDiscard{
+	p.Discard = uapi.ParamDiscard{
 		DiscardGranularity: 4096, MaxDiscardSectors: ^uint32(0) >> 9,
 		MaxWriteZeroesSectors: ^uint32(0) >> 9, MaxDiscardSegments: 1,
 	}
@@ -243,25 +244,25 @@ func (d *Device) openChar(ctx context.Context) error {
 // SpreadQueues picks, or each on a thread of its own that sets up on the
 // first CPU of the queue's affinity set not yet taken by another queue.
 func (d *Device) startQueues(cfg DeviceConfig) error {
-	var threads []*Thread
+	var threads []*dataplane.Thread
 	if cfg.Threads != nil {
 		var err error
-		if threads, err = cfg.Threads.pick(int(d.info.NrHWQueues), d.info.QueueDepth); err != nil {
+		if threads, err = cfg.Threads.Pick(int(d.info.NrHWQueues), d.info.QueueDepth); err != nil {
 			return fmt.Errorf("ublk device %d: %w", d.ID(), err)
 		}
 	}
-	if d.mtime == nil && cfg.Queue.NowaitWrites && cfg.Target.Kind == TargetFile {
-		d.mtime = newMtimeToucher(cfg.Target.FD)
+	if d.mtime == nil && cfg.Queue.NowaitWrites && cfg.Target.Kind == dataplane.TargetFile {
+		d.mtime = dataplane.NewMtimeToucher(cfg.Target.FD)
 	}
 	used := map[int]bool{}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
-		qc := QueueConfig{
+		qc := dataplane.QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char, CPU: -1,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
-			mtime: d.mtime, Gate: &d.gate,
+			Mtime: d.mtime, Gate: &d.gate,
 		}
 		if threads != nil {
-			qc.Thread, qc.reserved = threads[q], true
+			qc.Thread, qc.Reserved = threads[q], true
 		} else {
 			cpus, err := d.ctl.QueueAffinity(d.ID(), q)
 			if err != nil {
@@ -269,10 +270,10 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 			}
 			qc.CPU = pickCPU(cpus, used)
 		}
-		queue, err := StartQueue(qc)
+		queue, err := dataplane.StartQueue(qc)
 		if err != nil {
 			if threads != nil {
-				unreserveAll(threads[q+1:], d.info.QueueDepth)
+				dataplane.UnreserveAll(threads[q+1:], d.info.QueueDepth)
 			}
 			return err
 		}
@@ -349,7 +350,7 @@ func (d *Device) waitQueues(ctx context.Context) error {
 	for _, q := range d.queues {
 		select {
 		case <-q.Done():
-			if err := q.Wait(); err != nil && !errors.Is(err, ErrQueueStopped) {
+			if err := q.Wait(); err != nil && !errors.Is(err, dataplane.ErrQueueStopped) {
 				errs = append(errs, err)
 			}
 		case <-ctx.Done():
@@ -369,7 +370,7 @@ func (d *Device) sharedLive() bool {
 		select {
 		case <-q.Done():
 		default:
-			if !q.private {
+			if !q.Private() {
 				return true
 			}
 		}
@@ -381,7 +382,7 @@ func (d *Device) sharedLive() bool {
 // queue has ended (a queue that runs may still ask for one).
 func (d *Device) closeChar() error {
 	if d.queuesEnded() {
-		d.mtime.close()
+		d.mtime.Close()
 		d.mtime = nil
 	}
 	if d.char < 0 {

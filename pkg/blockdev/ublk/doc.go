@@ -4,7 +4,8 @@
 //
 // # Layers
 //
-//   - zuapi_linux.go: the UAPI of include/uapi/linux/ublk_cmd.h (7.3).
+//   - internal/uapi: the UAPI of include/uapi/linux/ublk_cmd.h (7.3),
+//     shared with the data plane (uapi.go re-exports what callers see).
 //   - Control (ctrl_linux.go): /dev/ublk-control and SQE128 rings for
 //     control commands, one per command in flight so that a slow command
 //     holds up no other, each bounded by a timeout; payloads live in
@@ -13,15 +14,18 @@
 //     choice of ADD_DEV flags (user recovery with reissue, UPDATE_SIZE,
 //     QUIESCE, AUTO_BUF_REG zero copy and BATCH_IO where offered).
 //   - Device (device_linux.go, recovery_linux.go): one device's life.
-//     Create: ADD_DEV → record → open /dev/ublkcN → SET_PARAMS → one Queue
-//     per hardware queue pinned to a CPU of its affinity → START_DEV →
-//     /dev/ublkbN. Delete: STOP_DEV → queues drain on -ENODEV → close →
-//     DEL_DEV_ASYNC. Release: queues leave, the device stays QUIESCED.
-//     Recover: START_USER_RECOVERY (retried while the old fd is released)
-//     → reopen → queues → END_USER_RECOVERY.
-//   - Queue (queue_*.go): the data plane, one locked thread and ring per
-//     hardware queue; queue_qos_linux.go holds back reads and writes that
-//     the device's rate limits (pkg/blockdev/qos) do not let start yet.
+//     Create: ADD_DEV → record → open /dev/ublkcN → SET_PARAMS → one
+//     dataplane.Queue per hardware queue, spread over the server threads →
+//     START_DEV → /dev/ublkbN. Delete: STOP_DEV → queues drain on -ENODEV →
+//     close → DEL_DEV_ASYNC. Release: queues leave, the device stays
+//     QUIESCED. Recover: START_USER_RECOVERY (retried while the old fd is
+//     released) → reopen → queues → END_USER_RECOVERY.
+//   - internal/dataplane: the data plane. Shared server threads (one per
+//     CPU the process may use, fewer under a cgroup CPU limit), each one
+//     locked OS thread and one io_uring, serve the queues of every device; per request: descriptor →
+//     backing I/O → COMMIT_AND_FETCH. It also holds back reads and writes
+//     that the device's rate limits (pkg/blockdev/qos) do not let start
+//     yet. dataplane.go re-exports the types callers configure.
 //   - ChooseTuning (tuning.go): queues and depth from CPUs and a memory
 //     budget; the one place the policy is stated.
 //   - Server (server_linux.go, state.go): the devices of one plugin

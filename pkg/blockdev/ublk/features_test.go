@@ -6,6 +6,8 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 func TestAddFlags(t *testing.T) {
@@ -76,7 +78,7 @@ func TestPutCtrlCmd(t *testing.T) {
 	for i := range b {
 		b[i] = 0xee
 	}
-	putCtrlCmd(b, ctrlCmd{DevID: 7, QueueID: noQueue, Len: 64, Addr: 0x1122334455667788, Data: 42})
+	putCtrlCmd(b, uapi.CtrlCmd{DevID: 7, QueueID: noQueue, Len: 64, Addr: 0x1122334455667788, Data: 42})
 	le := binary.LittleEndian
 	if le.Uint32(b[0:]) != 7 || le.Uint16(b[4:]) != 0xffff || le.Uint16(b[6:]) != 64 ||
 		le.Uint64(b[8:]) != 0x1122334455667788 || le.Uint64(b[16:]) != 42 || le.Uint64(b[24:]) != 0 {
@@ -90,9 +92,9 @@ func TestPutCtrlCmd(t *testing.T) {
 func TestDeviceParams(t *testing.T) {
 	p := deviceParams(DeviceConfig{SizeBytes: 1 << 30, DMAAlign: 4}, DevInfo{MaxIOBufBytes: 128 << 10})
 	switch {
-	case p.Len != sizeofParams || p.Types != paramTypeBasic|paramTypeDiscard|paramTypeDMAAlign:
+	case p.Len != uapi.SizeofParams || p.Types != uapi.ParamTypeBasic|uapi.ParamTypeDiscard|uapi.ParamTypeDMAAlign:
 		t.Fatalf("len %d types %#x", p.Len, p.Types)
-	case p.Basic.Attrs != attrVolatileCache|attrFUA || p.Basic.LogicalBSShift != 12:
+	case p.Basic.Attrs != uapi.AttrVolatileCache|uapi.AttrFUA || p.Basic.LogicalBSShift != 12:
 		t.Fatalf("basic %+v", p.Basic)
 	case p.Basic.MaxSectors != 256 || p.Basic.DevSectors != 1<<21:
 		t.Fatalf("basic sectors %+v", p.Basic)
@@ -101,7 +103,7 @@ func TestDeviceParams(t *testing.T) {
 	case p.DMA.Alignment != 511:
 		t.Fatalf("dma alignment %d, want 511", p.DMA.Alignment)
 	}
-	if ro := deviceParams(DeviceConfig{SizeBytes: 4096, ReadOnly: true}, DevInfo{}); ro.Basic.Attrs&attrReadOnly == 0 {
+	if ro := deviceParams(DeviceConfig{SizeBytes: 4096, ReadOnly: true}, DevInfo{}); ro.Basic.Attrs&uapi.AttrReadOnly == 0 {
 		t.Fatal("read-only device without UBLK_ATTR_READ_ONLY")
 	}
 }

@@ -15,6 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/internal/testgate"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // backingFile creates a sparse file of size bytes and opens it O_DIRECT.
@@ -79,21 +81,21 @@ func queueCases(t *testing.T, c *Control) []queueCase {
 
 // startQueues starts every queue of d, each on a thread of its own, on the
 // backing fd and the device.
-func startQueues(t *testing.T, d *testDev, tgt Target, opts QueueOptions) ([]*Queue, string) {
+func startQueues(t *testing.T, d *testDev, tgt Target, opts QueueOptions) ([]*dataplane.Queue, string) {
 	return startQueuesOn(t, d, tgt, opts, nil)
 }
 
 // startQueuesOn starts every queue of d on the server threads ths (by
 // queue id, round robin; none: a thread of its own each), then the device.
-func startQueuesOn(t *testing.T, d *testDev, tgt Target, opts QueueOptions, ths []*Thread) ([]*Queue, string) {
+func startQueuesOn(t *testing.T, d *testDev, tgt Target, opts QueueOptions, ths []*dataplane.Thread) ([]*dataplane.Queue, string) {
 	t.Helper()
-	var qs []*Queue
+	var qs []*dataplane.Queue
 	for qid := range d.info.NrHWQueues {
-		var th *Thread
+		var th *dataplane.Thread
 		if len(ths) > 0 {
 			th = ths[int(qid)%len(ths)]
 		}
-		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
+		q, err := dataplane.StartQueue(dataplane.QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
 			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: th,
 			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: opts})
 		if err != nil {
@@ -134,7 +136,7 @@ func TestQueueDataPath(t *testing.T) {
 				// queue: the cap must slow them, never lose or hang them.
 				opts.IOWQWorkers = 1
 			}
-			ths := []*Thread{testThread(t), testThread(t)}
+			ths := []*dataplane.Thread{testThread(t), testThread(t)}
 			if qc.name == "copy/2q" {
 				ths = nil // the design before shared threads: a thread per queue
 			}
@@ -349,7 +351,7 @@ func TestQueueStop(t *testing.T) {
 			}
 			bd.Close()
 			qs[0].Stop()
-			if err := qs[0].Wait(); !errors.Is(err, ErrQueueStopped) {
+			if err := qs[0].Wait(); !errors.Is(err, dataplane.ErrQueueStopped) {
 				t.Fatalf("Wait after Stop = %v, want ErrQueueStopped", err)
 			}
 			select {
@@ -489,7 +491,7 @@ func TestQueueRegistersHeadsOnDemand(t *testing.T) {
 	const size, queues, depth = 64 << 20, 4, 256
 	f, _ := backingFile(t, size)
 	d := addTestDev(t, c, queues, depth, 128<<10, 0, size)
-	_, dev := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true}, []*Thread{th})
+	_, dev := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true}, []*dataplane.Thread{th})
 	// The kernel reads a few blocks of a new disk (partition scan, udev):
 	// those requests register their pages; nothing else is resident.
 	if res, reg, _ := bufPages(t, th); res > 64 || res > reg {
@@ -527,57 +529,19 @@ func TestQueueRegistersHeadsOnDemand(t *testing.T) {
 	}
 	checkReadWrite(t, dev, f)
 	checkParallel(t, dev)
-	if _, _, most := bufPages(t, th); most > FixedHeadBytes/unix.Getpagesize() {
-		t.Fatalf("a tag registered %d pages, more than the %d of FixedHeadBytes", most, FixedHeadBytes/unix.Getpagesize())
+	if _, _, most := bufPages(t, th); most > dataplane.FixedHeadBytes/unix.Getpagesize() {
+		t.Fatalf("a tag registered %d pages, more than the %d of FixedHeadBytes", most, dataplane.FixedHeadBytes/unix.Getpagesize())
 	}
 }
 
 // bufPages returns, over the copy-mode queues of th, how many pages of
 // their buffers are resident, how many are registered as fixed buffers,
-// and the most registered for one tag. It reads them on the thread itself
-// (round hook), which it wakes.
-func bufPages(t *testing.T, th *Thread) (resident, registered, most int) {
+// and the most registered for one tag.
+func bufPages(t *testing.T, th *dataplane.Thread) (resident, registered, most int) {
 	t.Helper()
-	page := unix.Getpagesize()
-	ch := make(chan [3]int, 1)
-	setRoundHook(func(s *threadLoop) {
-		if s.t != th {
-			return
-		}
-		var r [3]int
-		for _, l := range s.slots {
-			if l == nil || l.bufs == nil {
-				continue
-			}
-			vec := make([]byte, len(l.bufs.mem)/page)
-			if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&l.bufs.mem[0])), uintptr(len(l.bufs.mem)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
-				r[0] = -1
-				break
-			}
-			for _, v := range vec {
-				r[0] += int(v & 1)
-			}
-			for i := range l.tags {
-				n := int(l.tags[i].reg) / page
-				r[1] += n
-				r[2] = max(r[2], n)
-			}
-		}
-		select {
-		case ch <- r:
-		default:
-		}
-	})
-	defer setRoundHook(nil)
-	th.waker.Wake()
-	select {
-	case r := <-ch:
-		if r[0] < 0 {
-			t.Fatal("mincore of the buffers failed")
-		}
-		return r[0], r[1], r[2]
-	case <-time.After(10 * time.Second):
-		t.Fatal("the server thread did not run a round in 10 s")
+	resident, registered, most, err := dataplane.BufferPages(th, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return
+	return resident, registered, most
 }

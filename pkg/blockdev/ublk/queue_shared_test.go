@@ -3,29 +3,27 @@ package ublk
 import (
 	"errors"
 	"os"
-	"runtime"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
-	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // testThread starts a shared server thread that the test closes at its end
 // (after the queues' own cleanups, which run first).
-func testThread(t *testing.T) *Thread {
+func testThread(t *testing.T) *dataplane.Thread {
 	t.Helper()
-	th, err := NewThread(0, ThreadConfig{CPU: -1})
+	th, err := dataplane.NewThread(0, ThreadConfig{CPU: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := th.Close(); err != nil && !errors.Is(err, ErrThreadDead) {
+		if err := th.Close(); err != nil && !errors.Is(err, dataplane.ErrThreadDead) {
 			t.Errorf("close server thread: %v", err)
 		}
 	})
@@ -45,7 +43,7 @@ func TestSharedThreadServesManyDevices(t *testing.T) {
 	const n, size = 6, 64 << 20
 	type dev struct {
 		d    *testDev
-		qs   []*Queue
+		qs   []*dataplane.Queue
 		path string
 		f    *os.File
 	}
@@ -57,7 +55,7 @@ func TestSharedThreadServesManyDevices(t *testing.T) {
 		}
 		f, _ := backingFile(t, size)
 		d := addTestDev(t, c, 2, 32, 512<<10, flags, size)
-		qs, path := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true}, []*Thread{th})
+		qs, path := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true}, []*dataplane.Thread{th})
 		devs[i] = dev{d, qs, path, f}
 	}
 	if st := th.Stats(); st.Queues != 2*n {
@@ -86,8 +84,8 @@ func TestSharedThreadServesManyDevices(t *testing.T) {
 			}
 		}
 	}
-	if st := th.Stats(); st.Queues != n || st.Tags != n*queueCost(32) {
-		t.Fatalf("after %d devices left the thread serves %d queues, %d tags; want %d, %d", n/2, st.Queues, st.Tags, n, n*queueCost(32))
+	if st := th.Stats(); st.Queues != n || st.Tags != n*dataplane.QueueCost(32) {
+		t.Fatalf("after %d devices left the thread serves %d queues, %d tags; want %d, %d", n/2, st.Queues, st.Tags, n, n*dataplane.QueueCost(32))
 	}
 	for _, d := range devs[n/2:] {
 		checkReadWrite(t, d.path, d.f)
@@ -103,9 +101,9 @@ func TestSharedThreadStopsUnstartedDevice(t *testing.T) {
 	th := testThread(t)
 	f, _ := backingFile(t, 16<<20)
 	d := addTestDev(t, c, 2, 16, 128<<10, 0, 16<<20)
-	var qs []*Queue
+	var qs []*dataplane.Queue
 	for qid := range d.info.NrHWQueues {
-		q, err := StartQueue(QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth, CharFD: d.charFD,
+		q, err := dataplane.StartQueue(dataplane.QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth, CharFD: d.charFD,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: th, CPU: -1, Target: FileTarget(int(f.Fd()))})
 		if err != nil {
 			t.Fatal(err)
@@ -141,7 +139,7 @@ func TestSharedThreadIsFair(t *testing.T) {
 	slowF, _ := backingFile(t, size)
 	slow := addTestDev(t, c, 1, 32, 128<<10, 0, size)
 	lim := qos.New(qos.Limits{IOPS: 50})
-	sq, err := StartQueue(QueueConfig{DevID: slow.info.DevID, Depth: 32, CharFD: slow.charFD, Flags: slow.info.Flags,
+	sq, err := dataplane.StartQueue(dataplane.QueueConfig{DevID: slow.info.DevID, Depth: 32, CharFD: slow.charFD, Flags: slow.info.Flags,
 		MaxIOBytes: slow.info.MaxIOBufBytes, Thread: th, CPU: -1, Target: FileTarget(int(slowF.Fd())), Limiter: lim})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +148,7 @@ func TestSharedThreadIsFair(t *testing.T) {
 	t.Cleanup(func() { slow.stop(); sq.Wait() })
 	fastF, _ := backingFile(t, size)
 	fast := addTestDev(t, c, 1, 32, 128<<10, 0, size)
-	_, fastPath := startQueuesOn(t, fast, FileTarget(int(fastF.Fd())), QueueOptions{}, []*Thread{th})
+	_, fastPath := startQueuesOn(t, fast, FileTarget(int(fastF.Fd())), QueueOptions{}, []*dataplane.Thread{th})
 	bd, err := os.OpenFile(fastPath, os.O_RDONLY|unix.O_DIRECT, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -218,29 +216,24 @@ func TestThreadFailureSurfaces(t *testing.T) {
 	th := testThread(t)
 	f, _ := backingFile(t, 16<<20)
 	d := addTestDev(t, c, 2, 16, 128<<10, FlagUserRecovery|FlagUserRecoveryReissue, 16<<20)
-	qs, _ := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{}, []*Thread{th})
-	setRoundHook(func(s *threadLoop) {
-		if s.t == th {
-			panic("injected failure")
-		}
-	})
-	t.Cleanup(func() { setRoundHook(nil) })
-	th.waker.Wake()
+	qs, _ := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{}, []*dataplane.Thread{th})
+	stopFailing := dataplane.FailThread(th)
+	t.Cleanup(stopFailing)
 	for _, q := range qs {
 		select {
 		case <-q.Done():
 		case <-time.After(5 * time.Second):
 			t.Fatal("queue of a failed thread still runs")
 		}
-		if err := q.Wait(); !errors.Is(err, ErrThreadDead) {
+		if err := q.Wait(); !errors.Is(err, dataplane.ErrThreadDead) {
 			t.Fatalf("queue ended with %v, want ErrThreadDead", err)
 		}
-		if err := q.Err(); !errors.Is(err, ErrThreadDead) {
+		if err := q.Err(); !errors.Is(err, dataplane.ErrThreadDead) {
 			t.Fatalf("Queue.Err = %v, want ErrThreadDead", err)
 		}
 	}
 	<-th.Done() // it ends its queues first, then itself
-	if err := th.Err(); !errors.Is(err, ErrThreadDead) {
+	if err := th.Err(); !errors.Is(err, dataplane.ErrThreadDead) {
 		t.Fatalf("Thread.Err = %v, want ErrThreadDead", err)
 	}
 	// The server releases the device's /dev/ublkcN once its queues are
@@ -254,106 +247,12 @@ func TestThreadFailureSurfaces(t *testing.T) {
 	if err != nil {
 		t.Fatalf("device not QUIESCED after its thread failed: %v", err)
 	}
-	setRoundHook(nil)
+	stopFailing()
 	// Close of a failed thread reports its failure (so testThread's
 	// cleanup lets ErrThreadDead pass).
-	if err := th.Close(); !errors.Is(err, ErrThreadDead) {
+	if err := th.Close(); !errors.Is(err, dataplane.ErrThreadDead) {
 		t.Fatalf("Close of the failed thread = %v", err)
 	}
-}
-
-// TestThreadsPick checks that a Threads pool applies SpreadQueues (pinned
-// in tuning_test.go): a device's queues land on different threads. Host
-// test: server threads need only io_uring.
-func TestThreadsPick(t *testing.T) {
-	p, err := NewThreads(3, ThreadConfig{CPU: -1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	ths, err := p.pick(2, 64)
-	if err != nil || ths[0] == ths[1] {
-		t.Fatalf("pick(2 queues) = %v, %v: want two threads", ths, err)
-	}
-}
-
-// TestThreadsPinnedOnePerCPU proves that Pin pins server thread i to the
-// i-th CPU the process may use (--ublk-pin-threads), whatever the config's
-// CPU (its zero value pinned every thread to CPU 0 before), and that
-// without Pin no thread is pinned: the process's tasks allowed on exactly
-// one CPU are counted before and after. Host test.
-func TestThreadsPinnedOnePerCPU(t *testing.T) {
-	cpus := usableCPUList()
-	if len(cpus) < 2 {
-		testgate.Skip(t, testgate.SMP, "%d usable CPUs: pinning is not observable", len(cpus))
-	}
-	pinned := func() map[int]int { // CPU -> tasks allowed only there
-		t.Helper()
-		tasks, err := os.ReadDir("/proc/self/task")
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[int]int{}
-		for _, e := range tasks {
-			tid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			var set unix.CPUSet
-			if unix.SchedGetaffinity(tid, &set) != nil || set.Count() != 1 {
-				continue // gone, or not pinned
-			}
-			for _, c := range cpus {
-				if set.IsSet(c) {
-					out[c]++
-				}
-			}
-		}
-		return out
-	}
-	before := pinned()
-	// gone waits until the threads of a closed pool have exited: the
-	// kernel ends a locked goroutine's OS thread after Close returns.
-	gone := func() {
-		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-			now := pinned()
-			if now[cpus[0]] == before[cpus[0]] && now[cpus[1]] == before[cpus[1]] {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("tasks pinned after the pool closed: %v, before: %v", now, before)
-			}
-		}
-	}
-	for _, cfg := range []ThreadConfig{{CPU: -1}, {CPU: -1, Pin: true}, {Pin: true}, {}} {
-		gone()
-		pin := cfg.Pin
-		p, err := NewThreads(2, cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := pinned()
-		p.Close()
-		for i, c := range cpus[:2] {
-			want := before[c]
-			if pin {
-				want++
-			}
-			if got[c] != want {
-				t.Errorf("%+v: %d tasks pinned to CPU %d (thread %d's), want %d", cfg, got[c], c, i, want)
-			}
-		}
-	}
-}
-
-// setRoundHook sets (nil: clears) the threads' failpoint.
-func setRoundHook(f func(*threadLoop)) {
-	if f == nil {
-		roundHook.Store(nil)
-		return
-	}
-	roundHook.Store(&f)
 }
 
 // TestAblationsServeCorrectly proves that every benchmark ablation still
@@ -364,12 +263,14 @@ func setRoundHook(f func(*threadLoop)) {
 func TestAblationsServeCorrectly(t *testing.T) {
 	requireUblk(t)
 	c := openTestCtl(t)
-	for _, ab := range ablations {
-		t.Run(ab.name, func(t *testing.T) {
-			var cfg ThreadConfig
-			*ab.on(&cfg.Ablation) = true
-			cfg.CPU = -1
-			th, err := NewThread(0, cfg)
+	for _, name := range dataplane.AblationNames() {
+		t.Run(name, func(t *testing.T) {
+			ab, err := dataplane.ParseAblation(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := ThreadConfig{Ablation: ab, CPU: -1}
+			th, err := dataplane.NewThread(0, cfg)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -389,7 +290,7 @@ func TestAblationsServeCorrectly(t *testing.T) {
 				}
 				f, _ := backingFile(t, size)
 				d := addTestDev(t, c, 2, 32, 512<<10, flags, size)
-				_, path := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true}, []*Thread{th})
+				_, path := startQueuesOn(t, d, FileTarget(int(f.Fd())), QueueOptions{FixedBuffers: true}, []*dataplane.Thread{th})
 				if i == 0 {
 					checkParallel(t, path) // copy mode, many in flight
 				} else {
@@ -397,95 +298,5 @@ func TestAblationsServeCorrectly(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestThreadsPickReserves proves that pick books the room of the queues it
-// places before it returns: devices attached one after the other, or at
-// once, see each other's queues (before, the booking waited for the queue
-// to start, so two attaches picked the same least loaded thread), and a
-// pool with no room left refuses. Host test.
-func TestThreadsPickReserves(t *testing.T) {
-	p, err := NewThreads(2, ThreadConfig{CPU: -1, Tags: 2 * queueCost(64)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	picked := make([][]*Thread, 4)
-	var wg sync.WaitGroup
-	for i := range picked {
-		wg.Go(func() {
-			ths, err := p.pick(1, 64)
-			if err != nil {
-				t.Errorf("pick %d: %v", i, err)
-			}
-			picked[i] = ths
-		})
-	}
-	wg.Wait()
-	for _, th := range p.Threads() {
-		if got := th.load(); got != 2*queueCost(64) {
-			t.Errorf("thread %d: %d tags reserved after 4 one-queue picks on 2 threads, want %d", th.ID(), got, 2*queueCost(64))
-		}
-	}
-	if _, err := p.pick(1, 64); !errors.Is(err, ErrThreadFull) {
-		t.Errorf("pick on full threads = %v, want ErrThreadFull", err)
-	}
-}
-
-// TestThreadWakeNotLostWithoutSQE proves that a wake handled while no SQE
-// is free (submission and pending queues full) is not lost: the thread
-// arms its eventfd poll again once an SQE is free, so a later Close still
-// reaches it. Host test: the thread's loop runs on the test's locked
-// goroutine over a small ring that the test fills with polls on an eventfd
-// of its own, hands it the wake CQE there, then frees the ring and lets it
-// serve. Before, the re-arm was dropped and the Close went unnoticed (the
-// test's watchdog ends the wait).
-func TestThreadWakeNotLostWithoutSQE(t *testing.T) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	newWaker := func() *uring.Waker {
-		w, err := uring.NewWaker()
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { w.Close() })
-		return w
-	}
-	th := &Thread{cfg: ThreadConfig{Tags: 1, Queues: 1}, waker: newWaker(), done: make(chan struct{})}
-	ring, err := uring.New(uring.Config{Entries: 2, CQEntries: 4, Flags: ringFlags, PendingEntries: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 4), slots: make([]*loop, 1), free: []uint16{0},
-		bufSlots: newRangeAlloc(1)}
-	defer s.close(nil)
-	stray := encodeUD(udCmd, 1<<12-1, 0) // no queue's
-	held := newWaker()
-	polls := 0
-	for sqe := ring.GetSQE(); sqe != nil; sqe = ring.GetSQE() {
-		held.PrepPoll(sqe, stray)
-		polls++
-	}
-	s.handle(&uring.CQE{UserData: encodeUD(udWake, 0, 0)}) // no SQE free for the re-arm
-	held.Wake()
-	for got := 0; got < polls; got += ring.Reap(s.cqes) {
-		if _, err := ring.SubmitAndWait(1, 5*time.Second); err != nil {
-			t.Fatalf("reap the test's polls: %v", err)
-		}
-	}
-	watchdog := newWaker()
-	watchdog.PrepPoll(ring.GetSQE(), stray)
-	go func() {
-		time.Sleep(100 * time.Millisecond)
-		th.stop()
-	}()
-	lost := time.AfterFunc(5*time.Second, func() {
-		t.Error("the thread did not notice Close: the wake whose re-arm found no SQE free was lost")
-		watchdog.Wake()
-	})
-	defer lost.Stop()
-	if err := s.serve(); !errors.Is(err, ErrQueueStopped) {
-		t.Fatalf("serve = %v, want ErrQueueStopped", err)
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // TestServerHealthFailsWhileThreadFailed proves that a server thread that
@@ -34,24 +36,19 @@ func TestServerHealthFailsWhileThreadFailed(t *testing.T) {
 	}
 	writeRead(t, d.Path, 0, 3, true)
 	th := s.Threads().Threads()[0]
-	setRoundHook(func(l *threadLoop) {
-		if l.t == th {
-			panic("injected failure")
-		}
-	})
-	defer setRoundHook(nil)
-	th.waker.Wake()
+	stopFailing := dataplane.FailThread(th)
+	defer stopFailing()
 	<-th.Done()
-	setRoundHook(nil)
+	stopFailing()
 	err = poll(ctx, 5*time.Second, func() (bool, error) { return s.Health() != nil, nil })
 	if err != nil {
 		t.Fatalf("health says ok while the device of a failed thread holds its i/o: %v", err)
 	}
 	herr := s.Health()
-	if !errors.Is(herr, ErrThreadDead) || !strings.Contains(herr.Error(), "vol") || !errors.Is(herr, ErrNoThread) {
+	if !errors.Is(herr, dataplane.ErrThreadDead) || !strings.Contains(herr.Error(), "vol") || !errors.Is(herr, ErrNoThread) {
 		t.Fatalf("Health = %v, want the volume's ErrThreadDead and ErrNoThread", herr)
 	}
-	if err := s.Close(); !errors.Is(err, ErrThreadDead) {
+	if err := s.Close(); !errors.Is(err, dataplane.ErrThreadDead) {
 		t.Fatalf("Close = %v", err)
 	}
 	s2 := newTestServer(t, state)

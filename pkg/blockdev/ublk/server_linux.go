@@ -16,6 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // ServerConfig configures a Server.
@@ -97,7 +99,7 @@ type Served struct {
 type Server struct {
 	cfg      ServerConfig
 	ctl      *Control
-	threads  *Threads // nil with ThreadPerQueue
+	threads  *dataplane.Threads // nil with ThreadPerQueue
 	features uint64
 	owner    uint64
 	closed   atomic.Bool // Close began: thread ends are no failures
@@ -158,7 +160,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 		if n <= 0 {
 			n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
 		}
-		if s.threads, err = NewThreads(n, cfg.Thread); err != nil {
+		if s.threads, err = dataplane.NewThreads(n, cfg.Thread); err != nil {
 			ctl.Close()
 			return nil, nil, err
 		}
@@ -168,32 +170,16 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	return s, errs, nil
 }
 
-// usableCPUList lists the CPUs the process may run on (its affinity
-// mask); nil when it cannot be read.
-func usableCPUList() []int {
-	var set unix.CPUSet
-	if unix.SchedGetaffinity(0, &set) != nil {
-		return nil
-	}
-	var cpus []int
-	for c := 0; len(cpus) < set.Count(); c++ {
-		if set.IsSet(c) {
-			cpus = append(cpus, c)
-		}
-	}
-	return cpus
-}
-
 // usableCPUs is how many CPUs the process may run on (its affinity mask).
 func usableCPUs() int {
-	if cpus := usableCPUList(); len(cpus) > 0 {
+	if cpus := dataplane.AllowedCPUs(); len(cpus) > 0 {
 		return len(cpus)
 	}
 	return runtime.NumCPU()
 }
 
 // Threads returns the server threads (nil with ThreadPerQueue).
-func (s *Server) Threads() *Threads { return s.threads }
+func (s *Server) Threads() *dataplane.Threads { return s.threads }
 
 // Features returns the driver's UBLK_F_* flags.
 func (s *Server) Features() uint64 { return s.features }
@@ -363,7 +349,7 @@ func (s *Server) nowaitWrites(file *os.File, adopted *State) bool {
 	defer s.probeMu.Unlock()
 	refuses, ok := s.nowait[st.Dev]
 	if !ok {
-		refuses, _ = StaleMtimeRefusesNowait(filepath.Dir(file.Name()))
+		refuses, _ = dataplane.StaleMtimeRefusesNowait(filepath.Dir(file.Name()))
 		if s.nowait == nil {
 			s.nowait = make(map[uint64]bool)
 		}

@@ -11,6 +11,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/internal/testgate"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // needUblk skips unless this kernel serves ublk devices (root and
@@ -142,7 +144,7 @@ func TestServerLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("nowait writes where the filesystem needs them", func(t *testing.T) {
-		refuses, err := StaleMtimeRefusesNowait(dir)
+		refuses, err := dataplane.StaleMtimeRefusesNowait(dir)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // TestServerPauseHoldsWrites proves Server.Pause, on which a consistent
@@ -111,22 +113,17 @@ func TestServerRecoversDevicesOfFailedThread(t *testing.T) {
 	}
 	writeRead(t, d.Path, 1<<20, 7, true)
 	th := s.Threads().Threads()[0]
-	setRoundHook(func(l *threadLoop) {
-		if l.t == th {
-			panic("injected failure")
-		}
-	})
-	defer func() { setRoundHook(nil) }()
-	th.waker.Wake()
+	stopFailing := dataplane.FailThread(th)
+	defer stopFailing()
 	err = poll(ctx, 5*time.Second, func() (bool, error) { return s.Err("vol") != nil, nil })
 	if err != nil {
 		t.Fatalf("the device of a failed thread does not report it: %v", err)
 	}
-	if err := s.Err("vol"); !errors.Is(err, ErrThreadDead) {
+	if err := s.Err("vol"); !errors.Is(err, dataplane.ErrThreadDead) {
 		t.Fatalf("Server.Err = %v, want ErrThreadDead", err)
 	}
-	setRoundHook(nil)
-	if err := s.Close(); !errors.Is(err, ErrThreadDead) {
+	stopFailing()
+	if err := s.Close(); !errors.Is(err, dataplane.ErrThreadDead) {
 		t.Fatalf("Close = %v, want the thread's failure reported", err)
 	}
 	s2 := newTestServer(t, state)

@@ -1,10 +1,11 @@
 package ublk
 
 import (
-	"errors"
 	"fmt"
 	"math/bits"
 	"os"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // Tuning limits and defaults. ChooseTuning is the one place the policy is
@@ -129,11 +130,11 @@ func ChooseTuning(in TuningInput) (Tuning, error) {
 }
 
 func validateOverrides(in TuningInput) error {
-	if in.Queues < 0 || in.Queues > min(in.CPUs, maxNrQueues) {
-		return fmt.Errorf("tuning: queues %d not in 1..%d: %w", in.Queues, min(in.CPUs, maxNrQueues), os.ErrInvalid)
+	if in.Queues < 0 || in.Queues > min(in.CPUs, uapi.MaxNrQueues) {
+		return fmt.Errorf("tuning: queues %d not in 1..%d: %w", in.Queues, min(in.CPUs, uapi.MaxNrQueues), os.ErrInvalid)
 	}
-	if in.Depth < 0 || in.Depth > maxQueueDepth || (in.Depth > 0 && bits.OnesCount(uint(in.Depth)) != 1) {
-		return fmt.Errorf("tuning: queueDepth %d is not a power of two in 1..%d: %w", in.Depth, maxQueueDepth, os.ErrInvalid)
+	if in.Depth < 0 || in.Depth > uapi.MaxQueueDepth || (in.Depth > 0 && bits.OnesCount(uint(in.Depth)) != 1) {
+		return fmt.Errorf("tuning: queueDepth %d is not a power of two in 1..%d: %w", in.Depth, uapi.MaxQueueDepth, os.ErrInvalid)
 	}
 	if in.MaxIOBytes%4096 != 0 || in.MaxIOBytes > ZeroCopyMaxIOBytes {
 		return fmt.Errorf("tuning: max i/o bytes %d is not a multiple of 4096 up to %d: %w", in.MaxIOBytes, ZeroCopyMaxIOBytes, os.ErrInvalid)
@@ -157,41 +158,3 @@ func fitBudget(t *Tuning, in TuningInput, budget int64) {
 
 // errInvalid classifies bad arguments; the blockdev adapter maps it.
 var errInvalid = os.ErrInvalid
-
-// ErrThreadFull is the class of a queue refused because no server thread
-// has room left for it (ThreadConfig.Tags, Queues).
-var ErrThreadFull = errors.New("server thread full")
-
-// SpreadQueues picks a server thread for each of a device's queues, given
-// the tags each thread already serves (loads; -1 for a thread that must not
-// be used), what one queue costs, and what a thread holds. Each queue goes
-// to the least loaded thread that has room and serves no queue of this
-// device yet, so that the device's queues run in parallel and devices
-// balance over the threads; once every usable thread has one, the least
-// loaded again. Ties go to the lower thread, so the choice is repeatable.
-func SpreadQueues(loads []int, queues, cost, capacity int) ([]int, error) {
-	load := append([]int(nil), loads...)
-	used := make([]bool, len(load))
-	out := make([]int, 0, queues)
-	for q := range queues {
-		best := -1
-		for pass := 0; pass < 2 && best < 0; pass++ {
-			for i, l := range load {
-				if l < 0 || l+cost > capacity || (pass == 0 && used[i]) {
-					continue
-				}
-				if best < 0 || l < load[best] {
-					best = i
-				}
-			}
-		}
-		if best < 0 {
-			return nil, fmt.Errorf("queue %d of %d: no server thread has room for %d more tags (each holds %d): %w",
-				q, queues, cost, capacity, ErrThreadFull)
-		}
-		out = append(out, best)
-		used[best] = true
-		load[best] += cost
-	}
-	return out, nil
-}

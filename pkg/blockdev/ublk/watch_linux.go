@@ -1,6 +1,10 @@
 package ublk
 
-import "slices"
+import (
+	"slices"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
+)
 
 // watchAll watches every thread of the pool for a failure.
 func (s *Server) watchAll() {
@@ -14,7 +18,7 @@ func (s *Server) watchAll() {
 // watch reports the failure of t (not its close) the moment it happens,
 // with the volumes it served: their devices hold their I/O, and Health
 // fails, until a restarted plugin re-adopts them.
-func (s *Server) watch(t *Thread) {
+func (s *Server) watch(t *dataplane.Thread) {
 	<-t.Done()
 	err := t.Err()
 	if err == nil || s.closed.Load() {
@@ -25,10 +29,10 @@ func (s *Server) watch(t *Thread) {
 }
 
 // volumesOf lists the volumes with a queue on t.
-func (s *Server) volumesOf(t *Thread) []string {
+func (s *Server) volumesOf(t *dataplane.Thread) []string {
 	var out []string
 	for _, d := range s.List() {
-		if sv := s.get(d.VolumeID); sv != nil && slices.ContainsFunc(sv.dev.queues, func(q *Queue) bool { return q.thread == t }) {
+		if sv := s.get(d.VolumeID); sv != nil && slices.ContainsFunc(sv.dev.queues, func(q *dataplane.Queue) bool { return q.Thread() == t }) {
 			out = append(out, d.VolumeID)
 		}
 	}

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"encoding/binary"
@@ -8,6 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // maxEAGAIN bounds how often one backing operation is retried on -EAGAIN
@@ -68,7 +70,7 @@ type loop struct {
 	// (freshenMtime; nil without NowaitWrites); ownMtime: the queue's
 	// own, not its device's, ended with it.
 	mtimeRound, recheckRound uint64
-	mtime                    *mtimeToucher
+	mtime                    *MtimeToucher
 	ownMtime                 bool
 	// nowaitOffUntil: until then, writes skip RWF_NOWAIT (nowaitPause).
 	nowaitOffUntil int64
@@ -91,10 +93,10 @@ type loop struct {
 // newLoop returns the serving state of q, before its thread takes it.
 func newLoop(q *Queue) *loop {
 	cfg := &q.cfg
-	l := &loop{q: q, cfg: cfg, zc: cfg.Flags&FlagAutoBufReg != 0, tags: make([]tagState, cfg.Depth),
-		started: make(chan error, 1), mtime: cfg.mtime}
+	l := &loop{q: q, cfg: cfg, zc: cfg.Flags&uapi.FlagAutoBufReg != 0, tags: make([]tagState, cfg.Depth),
+		started: make(chan error, 1), mtime: cfg.Mtime}
 	if l.mtime == nil && cfg.Options.NowaitWrites && cfg.Target.Kind == TargetFile {
-		l.mtime, l.ownMtime = newMtimeToucher(cfg.Target.FD), true
+		l.mtime, l.ownMtime = NewMtimeToucher(cfg.Target.FD), true
 	}
 	if cfg.Limiter != nil || cfg.Gate != nil {
 		l.held = make([]uint16, cfg.Depth)
@@ -120,7 +122,7 @@ func (l *loop) setup() error {
 			return err
 		}
 	}
-	if l.cfg.Flags&FlagBatchIO != 0 {
+	if l.cfg.Flags&uapi.FlagBatchIO != 0 {
 		if err := l.setupBatch(); err != nil {
 			return err
 		}
@@ -193,7 +195,7 @@ func (l *loop) teardown() {
 func (l *loop) end(err error) {
 	l.q.err = err
 	if l.ownMtime {
-		l.mtime.close()
+		l.mtime.Close()
 	}
 	l.q.thread.unreserve(l.cfg.Depth)
 	close(l.q.done)
@@ -231,7 +233,7 @@ func (l *loop) fetchAll() error {
 		return l.prepAll()
 	}
 	for tag := range l.tags {
-		if err := l.prepCmd(ioFetchReq, uint16(tag), 0); err != nil {
+		if err := l.prepCmd(uapi.IOFetchReq, uint16(tag), 0); err != nil {
 			return err
 		}
 	}

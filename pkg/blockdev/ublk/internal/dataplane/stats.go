@@ -1,8 +1,10 @@
-package ublk
+package dataplane
 
 import (
 	"sync/atomic"
 	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // LatencyBuckets are the upper bounds of the latency histogram buckets in
@@ -91,17 +93,17 @@ func (s *queueStats) observe(op uint8, bytes uint32, failed bool, ns int64) {
 		bytes = 0
 	}
 	switch op {
-	case ioOpRead:
+	case uapi.IOOpRead:
 		s.reads.Add(1)
 		s.bytesRead.Add(uint64(bytes))
-	case ioOpWrite:
+	case uapi.IOOpWrite:
 		s.writes.Add(1)
 		s.bytesWritten.Add(uint64(bytes))
-	case ioOpFlush:
+	case uapi.IOOpFlush:
 		s.flushes.Add(1)
-	case ioOpDiscard:
+	case uapi.IOOpDiscard:
 		s.discards.Add(1)
-	case ioOpWriteZeroes:
+	case uapi.IOOpWriteZeroes:
 		s.zeroes.Add(1)
 	}
 	s.latency[latencyBucket(ns)].Add(1)

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"math"

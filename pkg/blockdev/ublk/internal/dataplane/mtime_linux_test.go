@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"os"
@@ -152,7 +152,7 @@ func TestFreshenMtimeNeverBlocksTheThread(t *testing.T) {
 	q := &Queue{cfg: QueueConfig{Target: FileTarget(int(f.Fd())), Options: QueueOptions{NowaitWrites: true}}}
 	l := newLoop(q)
 	l.s = &threadLoop{round: 1}
-	defer l.mtime.close()
+	defer l.mtime.Close()
 	dir.freeze(t)
 	thawed := time.AfterFunc(3*time.Second, func() { dir.thaw(t) })
 	defer func() {

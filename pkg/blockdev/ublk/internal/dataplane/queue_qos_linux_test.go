@@ -1,10 +1,12 @@
-package ublk
+package dataplane
 
 import (
 	"testing"
 	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // limitedLoop is a host loop of depth 8 paced by lim.
@@ -20,8 +22,8 @@ func limitedLoop(t *testing.T, lim qos.Limits) *loop {
 func arrive(t *testing.T, l *loop, first, n uint16) {
 	t.Helper()
 	for tag := first; tag < first+n; tag++ {
-		setDesc(l, tag, ioOpRead, 8, uint64(tag)*8)
-		if err := l.onCmd(tag, ioResOK); err != nil {
+		setDesc(l, tag, uapi.IOOpRead, 8, uint64(tag)*8)
+		if err := l.onCmd(tag, uapi.IOResOK); err != nil {
 			t.Fatalf("onCmd(%d): %v", tag, err)
 		}
 	}
@@ -84,12 +86,12 @@ func TestLoopPacesOnlyReadsAndWrites(t *testing.T) {
 	l := limitedLoop(t, qos.Limits{IOPS: 1})
 	arrive(t, l, 0, 2) // 1 IOPS: the burst holds 0.05 requests, so the second waits
 	held := l.heldLen
-	setDesc(l, 5, ioOpFlush, 0, 0)
-	if err := l.onCmd(5, ioResOK); err != nil {
+	setDesc(l, 5, uapi.IOOpFlush, 0, 0)
+	if err := l.onCmd(5, uapi.IOResOK); err != nil {
 		t.Fatal(err)
 	}
-	setDesc(l, 6, ioOpDiscard, 8, 0)
-	if err := l.onCmd(6, ioResOK); err != nil {
+	setDesc(l, 6, uapi.IOOpDiscard, 8, 0)
+	if err := l.onCmd(6, uapi.IOResOK); err != nil {
 		t.Fatal(err)
 	}
 	if l.heldLen != held {
@@ -99,7 +101,7 @@ func TestLoopPacesOnlyReadsAndWrites(t *testing.T) {
 
 func TestLoopDispatchAllocsWithLimiter(t *testing.T) {
 	l := limitedLoop(t, qos.Limits{IOPS: 1 << 40})
-	setDesc(l, 0, ioOpRead, 8, 0)
+	setDesc(l, 0, uapi.IOOpRead, 8, 0)
 	serveOne(t, l, 0)
 	if n := testing.AllocsPerRun(200, func() { serveOne(t, l, 0) }); n != 0 {
 		t.Fatalf("%v allocations per paced request", n)

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // resident counts the resident pages of b.
@@ -78,8 +80,8 @@ func TestLoopReclaimsIdleTails(t *testing.T) {
 func TestLoopReclaimWaitsForIdle(t *testing.T) {
 	l, _ := hostLoop(t, 4, TargetFile, true)
 	l.cfg.Options.IdleReclaim = time.Millisecond
-	setDesc(l, 0, ioOpRead, 64<<10>>9, 0)
-	if err := l.onCmd(0, ioResOK); err != nil {
+	setDesc(l, 0, uapi.IOOpRead, 64<<10>>9, 0)
+	if err := l.onCmd(0, uapi.IOResOK); err != nil {
 		t.Fatal(err)
 	}
 	later := l.tailsAt + int64(time.Hour)

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // hostLoop builds a queue on a server thread's state, run on the test's
@@ -32,7 +34,7 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 	if err := f.Truncate(1 << 20); err != nil {
 		t.Fatal(err)
 	}
-	th := &Thread{cfg: ThreadConfig{Tags: 4 * queueCost(depth), Queues: 2}, done: make(chan struct{})}
+	th := &Thread{cfg: ThreadConfig{Tags: 4 * QueueCost(depth), Queues: 2}, done: make(chan struct{})}
 	if err := th.reserve(depth); err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +54,7 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 	}
 	s.bufSlots.alloc(int(depth)) // slot 0's run: the queue's starts after it
 	l := newLoop(q)
-	l.descs = &descArea{mem: make([]byte, int(depth)*sizeofIODesc), depth: int(depth)}
+	l.descs = &descArea{mem: make([]byte, int(depth)*uapi.SizeofIODesc), depth: int(depth)}
 	if l.bufs, err = mapBuffers(depth, q.cfg.MaxIOBytes); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +74,7 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 
 // setDesc writes tag's descriptor as the kernel would.
 func setDesc(l *loop, tag uint16, opFlags, nrSectors uint32, start uint64) {
-	b := l.descs.mem[int(tag)*sizeofIODesc:]
+	b := l.descs.mem[int(tag)*uapi.SizeofIODesc:]
 	binary.LittleEndian.PutUint32(b[0:], opFlags)
 	binary.LittleEndian.PutUint32(b[4:], nrSectors)
 	binary.LittleEndian.PutUint64(b[8:], start)
@@ -104,7 +106,7 @@ func step(t testing.TB, l *loop, cmds []int32) []int32 {
 
 // serveOne drives one request of tag from arrival to its COMMIT SQE.
 func serveOne(t testing.TB, l *loop, tag uint16) {
-	if err := l.onCmd(tag, ioResOK); err != nil {
+	if err := l.onCmd(tag, uapi.IOResOK); err != nil {
 		t.Fatalf("onCmd: %v", err)
 	}
 	var cmds [4]int32
@@ -127,15 +129,15 @@ func testLoopReadWrite(t *testing.T, fixed bool) {
 	}
 	// 8 KiB fits the registered head; 32 KiB is larger and takes the
 	// unregistered path: both must move the same bytes.
-	roundTrip(t, l, f, bytes.Repeat([]byte("fastblk!"), 1024), 8, ioFlagFUA)
+	roundTrip(t, l, f, bytes.Repeat([]byte("fastblk!"), 1024), 8, uapi.IOFlagFUA)
 	roundTrip(t, l, f, bytes.Repeat([]byte("fastblk big i/o!"), 2048), 64, 0)
-	setDesc(l, 3, ioOpDiscard, 16, 8)
+	setDesc(l, 3, uapi.IOOpDiscard, 16, 8)
 	serveOne(t, l, 3)
 	got := make([]byte, 8<<10)
 	if _, err := f.ReadAt(got, 4096); err != nil || !bytes.Equal(got, make([]byte, len(got))) {
 		t.Fatalf("discarded range is not zero (err %v)", err)
 	}
-	setDesc(l, 0, ioOpFlush, 0, 0)
+	setDesc(l, 0, uapi.IOOpFlush, 0, 0)
 	serveOne(t, l, 0)
 	st := l.q.stats.snapshot()
 	if st.Reads != 2 || st.Writes != 2 || st.Discards != 1 || st.Flushes != 1 || st.Errors != 0 || st.InFlight != 0 {
@@ -149,14 +151,14 @@ func roundTrip(t *testing.T, l *loop, f *os.File, data []byte, sector uint64, wr
 	t.Helper()
 	n := uint32(len(data) / 512)
 	copy(l.bufs.slice(1), data)
-	setDesc(l, 1, ioOpWrite|writeFlags, n, sector)
+	setDesc(l, 1, uapi.IOOpWrite|writeFlags, n, sector)
 	serveOne(t, l, 1)
 	got := make([]byte, len(data))
 	if _, err := f.ReadAt(got, int64(sector)*512); err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("backing file after a %d-byte WRITE differs (err %v)", len(data), err)
 	}
 	clear(l.bufs.slice(2))
-	setDesc(l, 2, ioOpRead, n, sector)
+	setDesc(l, 2, uapi.IOOpRead, n, sector)
 	serveOne(t, l, 2)
 	if !bytes.Equal(l.bufs.slice(2)[:len(data)], data) {
 		t.Fatalf("buffer after a %d-byte READ differs", len(data))
@@ -199,17 +201,17 @@ func TestLoopFailures(t *testing.T) {
 		start   uint64
 	}{
 		// A read at EOF returns 0: never commit a short count.
-		{"read at EOF", ioOpRead, 8, 1 << 20 >> 9},
+		{"read at EOF", uapi.IOOpRead, 8, 1 << 20 >> 9},
 		// A read across EOF is short (4 KiB); the rest returns 0.
-		{"read across EOF", ioOpRead, 16, (1<<20 - 4096) >> 9},
-		{"larger than the buffer", ioOpWrite, 64<<10>>9 + 8, 0},
-		{"unsupported op", ioOpWriteSame, 8, 0},
+		{"read across EOF", uapi.IOOpRead, 16, (1<<20 - 4096) >> 9},
+		{"larger than the buffer", uapi.IOOpWrite, 64<<10>>9 + 8, 0},
+		{"unsupported op", uapi.IOOpWriteSame, 8, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			l, _ := hostLoop(t, 2, TargetFile)
 			setDesc(l, 0, c.opFlags, c.sectors, c.start)
-			if err := l.onCmd(0, ioResOK); err != nil {
+			if err := l.onCmd(0, uapi.IOResOK); err != nil {
 				t.Fatal(err)
 			}
 			cmds := make([]int32, 0, 4)
@@ -228,7 +230,7 @@ func TestLoopDispatchAllocs(t *testing.T) {
 		name string
 		kind TargetKind
 		op   uint32
-	}{{"file read", TargetFile, ioOpRead}, {"file write", TargetFile, ioOpWrite}, {"null read", TargetNull, ioOpRead}} {
+	}{{"file read", TargetFile, uapi.IOOpRead}, {"file write", TargetFile, uapi.IOOpWrite}, {"null read", TargetNull, uapi.IOOpRead}} {
 		t.Run(c.name, func(t *testing.T) {
 			l, _ := hostLoop(t, 2, c.kind)
 			setDesc(l, 0, c.op, 8, 0)
@@ -244,7 +246,7 @@ func TestLoopDispatchAllocs(t *testing.T) {
 // whole per-request path (descriptor, backing SQE, completion, COMMIT SQE).
 func BenchmarkLoopDispatch(b *testing.B) {
 	l, _ := hostLoop(b, 2, TargetFile)
-	setDesc(l, 0, ioOpRead, 8, 0)
+	setDesc(l, 0, uapi.IOOpRead, 8, 0)
 	b.ReportAllocs()
 	for b.Loop() {
 		serveOne(b, l, 0)
@@ -285,17 +287,17 @@ func TestQueueConfigValidate(t *testing.T) {
 		ok   bool
 	}{
 		{"good", func(*QueueConfig) {}, true},
-		{"zero copy needs no buffer size", func(c *QueueConfig) { c.Flags, c.MaxIOBytes = FlagAutoBufReg, 0 }, true},
+		{"zero copy needs no buffer size", func(c *QueueConfig) { c.Flags, c.MaxIOBytes = uapi.FlagAutoBufReg, 0 }, true},
 		{"null target", func(c *QueueConfig) { c.Target = NullTarget() }, true},
 		{"depth 0", func(c *QueueConfig) { c.Depth = 0 }, false},
 		{"depth 4097", func(c *QueueConfig) { c.Depth = 4097 }, false},
 		{"no char fd", func(c *QueueConfig) { c.CharFD = -1 }, false},
 		{"no backing fd", func(c *QueueConfig) { c.Target.FD = -1 }, false},
 		{"no target", func(c *QueueConfig) { c.Target = Target{} }, false},
-		{"user copy", func(c *QueueConfig) { c.Flags = FlagUserCopy }, false},
-		{"manual zero copy", func(c *QueueConfig) { c.Flags = FlagSupportZeroCopy }, false},
-		{"batch io", func(c *QueueConfig) { c.Flags = FlagBatchIO | FlagAutoBufReg }, true},
-		{"need get data", func(c *QueueConfig) { c.Flags = FlagNeedGetData }, false},
+		{"user copy", func(c *QueueConfig) { c.Flags = uapi.FlagUserCopy }, false},
+		{"manual zero copy", func(c *QueueConfig) { c.Flags = uapi.FlagSupportZeroCopy }, false},
+		{"batch io", func(c *QueueConfig) { c.Flags = uapi.FlagBatchIO | uapi.FlagAutoBufReg }, true},
+		{"need get data", func(c *QueueConfig) { c.Flags = uapi.FlagNeedGetData }, false},
 		{"odd buffer", func(c *QueueConfig) { c.MaxIOBytes = 1000 }, false},
 	}
 	for _, c := range cases {
@@ -333,8 +335,8 @@ func TestLoopPollInFlight(t *testing.T) {
 	}{{0, 1}, {pollMaxInFlight + others, 0}} {
 		l.s.pollMax = c.pollMax
 		l.s.gapNs = int64(100 * time.Millisecond) // completions come within Poll
-		setDesc(l, 0, ioOpRead, 8, 0)
-		if err := l.onCmd(0, ioResOK); err != nil {
+		setDesc(l, 0, uapi.IOOpRead, 8, 0)
+		if err := l.onCmd(0, uapi.IOResOK); err != nil {
 			t.Fatal(err)
 		}
 		l.s.serving += others
@@ -362,8 +364,8 @@ func TestLoopPoll(t *testing.T) {
 	l.cfg.Options.Poll = time.Second
 	l.s.setPollWindow()
 	l.s.gapNs = int64(100 * time.Millisecond) // completions come within Poll
-	setDesc(l, 0, ioOpRead, 8, 0)
-	if err := l.onCmd(0, ioResOK); err != nil {
+	setDesc(l, 0, uapi.IOOpRead, 8, 0)
+	if err := l.onCmd(0, uapi.IOResOK); err != nil {
 		t.Fatal(err)
 	}
 	n, err := l.s.next(true)
@@ -534,8 +536,8 @@ func TestNewRequestDoesNotWaitForOtherBacking(t *testing.T) {
 func TestLoopOffersBeforeSleeping(t *testing.T) {
 	l, _ := hostLoop(t, 2, TargetFile)
 	for round := range 2 {
-		setDesc(l, 0, ioOpRead, 8, 0)
-		if err := l.onCmd(0, ioResOK); err != nil {
+		setDesc(l, 0, uapi.IOOpRead, 8, 0)
+		if err := l.onCmd(0, uapi.IOResOK); err != nil {
 			t.Fatal(err)
 		}
 		l.s.offeredAt = monoNow() - int64(uring.OfferInterval) // due
@@ -585,8 +587,8 @@ func TestPanicFailsOnlyItsQueue(t *testing.T) {
 	l.bufs.close() // a broken queue: its next read copies into nothing
 	l.bufs = nil
 	l.zc = false
-	setDesc(l, 0, ioOpRead, 8, 0)
-	s.cqes[0] = uring.CQE{UserData: encodeUD(udCmd, l.slot, 0), Res: ioResOK}
+	setDesc(l, 0, uapi.IOOpRead, 8, 0)
+	s.cqes[0] = uring.CQE{UserData: encodeUD(udCmd, l.slot, 0), Res: uapi.IOResOK}
 	s.cqes[1] = uring.CQE{UserData: encodeUD(udCmd, 7, 0)} // a stray: handled after
 	before := s.t.stats.stray.Load()
 	s.dispatch(2)

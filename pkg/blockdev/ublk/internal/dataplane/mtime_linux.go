@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"errors"
@@ -17,32 +17,32 @@ func touchMtime(fd int) error {
 	return setMtime(fd, unix.Timespec{Nsec: unix.UTIME_NOW})
 }
 
-// mtimeToucher keeps a backing file's mtime current for a device's queues
+// MtimeToucher keeps a backing file's mtime current for a device's queues
 // (freshenMtime) on a goroutine of its own: utimensat takes the inode lock
 // and may wait for the filesystem's journal, or for ever on a frozen
 // filesystem, and a server thread serving other devices must never wait
 // for one device's file. It works on a duplicate of the file's descriptor,
 // so the file may be closed while an update is still under way.
-type mtimeToucher struct {
+type MtimeToucher struct {
 	tick atomic.Int64 // the coarse clock's tick (ns) of the last update asked
 	ask  chan struct{}
 	once sync.Once
 }
 
-// newMtimeToucher starts the updates of fd's mtime; nil when fd cannot be
+// NewMtimeToucher starts the updates of fd's mtime; nil when fd cannot be
 // duplicated (the writes then meet stale mtimes: refusals, which go to
 // io-wq as they would without RWF_NOWAIT).
-func newMtimeToucher(fd int) *mtimeToucher {
+func NewMtimeToucher(fd int) *MtimeToucher {
 	dup, err := unix.FcntlInt(uintptr(fd), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil
 	}
-	m := &mtimeToucher{ask: make(chan struct{}, 1)}
+	m := &MtimeToucher{ask: make(chan struct{}, 1)}
 	go m.run(dup)
 	return m
 }
 
-func (m *mtimeToucher) run(fd int) {
+func (m *MtimeToucher) run(fd int) {
 	defer unix.Close(fd)
 	for range m.ask {
 		_ = touchMtime(fd)
@@ -51,7 +51,7 @@ func (m *mtimeToucher) run(fd int) {
 
 // request asks for the mtime to be set at tick, unless a queue asked for
 // that tick already; it never blocks. It reports whether it asked.
-func (m *mtimeToucher) request(tick int64) bool {
+func (m *MtimeToucher) request(tick int64) bool {
 	if last := m.tick.Load(); last == tick || !m.tick.CompareAndSwap(last, tick) {
 		return false
 	}
@@ -63,7 +63,7 @@ func (m *mtimeToucher) request(tick int64) bool {
 }
 
 // close ends the updates once no queue asks any more. Idempotent.
-func (m *mtimeToucher) close() {
+func (m *MtimeToucher) Close() {
 	if m != nil {
 		m.once.Do(func() { close(m.ask) })
 	}

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"errors"
@@ -8,6 +8,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // The per-request path of the queue thread. Nothing here allocates: errors
@@ -31,8 +33,8 @@ func (l *loop) onCmd(tag uint16, res int32) error {
 	}
 	t := &l.tags[tag]
 	switch {
-	case res == ioResOK:
-	case res == ioResAbort:
+	case res == uapi.IOResOK:
+	case res == uapi.IOResAbort:
 		t.aborted = true
 		l.aborted++
 		l.mayEnd()
@@ -251,7 +253,7 @@ func (l *loop) nowaitOK() bool {
 // backing file's mtime (and so its ctime) is the current tick of the coarse
 // clock, as the kernel would otherwise need to make it inside the write. It
 // looks at the clock once per round (twice after a refusal), and the first
-// queue of the device to claim a tick asks the device's mtimeToucher, which
+// queue of the device to claim a tick asks the device's MtimeToucher, which
 // updates it off the server thread. A write sent before the update is done,
 // or after one that failed, costs nothing but a refusal: it goes to io-wq,
 // as it would without RWF_NOWAIT.
@@ -287,5 +289,5 @@ func (l *loop) commit(tag uint16, result int32) error {
 		return nil
 	}
 	l.q.stats.commits.Add(1)
-	return l.prepCmd(ioCommitAndFetchReq, tag, result)
+	return l.prepCmd(uapi.IOCommitAndFetchReq, tag, result)
 }

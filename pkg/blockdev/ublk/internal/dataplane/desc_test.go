@@ -1,9 +1,11 @@
-package ublk
+package dataplane
 
 import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 func TestDecodeDesc(t *testing.T) {
@@ -13,12 +15,12 @@ func TestDecodeDesc(t *testing.T) {
 		start              uint64
 		want               request
 	}{
-		{"read 4k at 0", ioOpRead, 8, 0, request{op: ioOpRead, len: 4096}},
-		{"write 1M at 1G", ioOpWrite, 2048, 1 << 21, request{op: ioOpWrite, off: 1 << 30, len: 1 << 20}},
-		{"fua write", ioOpWrite | ioFlagFUA, 8, 8, request{op: ioOpWrite, flags: ioFlagFUA, off: 4096, len: 4096}},
-		{"flush", ioOpFlush, 0, 0, request{op: ioOpFlush}},
-		{"zeroes nounmap", ioOpWriteZeroes | ioFlagNoUnmap, 16, 2, request{op: ioOpWriteZeroes, flags: ioFlagNoUnmap, off: 1024, len: 8192}},
-		{"beyond 2TiB", ioOpRead, 1, 1 << 33, request{op: ioOpRead, off: 1 << 42, len: 512}},
+		{"read 4k at 0", uapi.IOOpRead, 8, 0, request{op: uapi.IOOpRead, len: 4096}},
+		{"write 1M at 1G", uapi.IOOpWrite, 2048, 1 << 21, request{op: uapi.IOOpWrite, off: 1 << 30, len: 1 << 20}},
+		{"fua write", uapi.IOOpWrite | uapi.IOFlagFUA, 8, 8, request{op: uapi.IOOpWrite, flags: uapi.IOFlagFUA, off: 4096, len: 4096}},
+		{"flush", uapi.IOOpFlush, 0, 0, request{op: uapi.IOOpFlush}},
+		{"zeroes nounmap", uapi.IOOpWriteZeroes | uapi.IOFlagNoUnmap, 16, 2, request{op: uapi.IOOpWriteZeroes, flags: uapi.IOFlagNoUnmap, off: 1024, len: 8192}},
+		{"beyond 2TiB", uapi.IOOpRead, 1, 1 << 33, request{op: uapi.IOOpRead, off: 1 << 42, len: 512}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -38,17 +40,17 @@ func TestPlanFor(t *testing.T) {
 		kind TargetKind
 		want plan
 	}{
-		{"read", request{op: ioOpRead}, TargetFile, plan{act: actRead}},
-		{"write", request{op: ioOpWrite}, TargetFile, plan{act: actWrite}},
-		{"fua write", request{op: ioOpWrite, flags: ioFlagFUA}, TargetFile, plan{act: actWrite, rwFlags: unix.RWF_DSYNC}},
-		{"flush", request{op: ioOpFlush}, TargetFile, plan{act: actFsync}},
-		{"discard", request{op: ioOpDiscard}, TargetFile, plan{act: actFallocate, mode: punch}},
-		{"write zeroes", request{op: ioOpWriteZeroes}, TargetFile, plan{act: actFallocate, mode: punch}},
-		{"write zeroes nounmap", request{op: ioOpWriteZeroes, flags: ioFlagNoUnmap}, TargetFile, plan{act: actFallocate, mode: zero}},
-		{"write same", request{op: ioOpWriteSame}, TargetFile, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
+		{"read", request{op: uapi.IOOpRead}, TargetFile, plan{act: actRead}},
+		{"write", request{op: uapi.IOOpWrite}, TargetFile, plan{act: actWrite}},
+		{"fua write", request{op: uapi.IOOpWrite, flags: uapi.IOFlagFUA}, TargetFile, plan{act: actWrite, rwFlags: unix.RWF_DSYNC}},
+		{"flush", request{op: uapi.IOOpFlush}, TargetFile, plan{act: actFsync}},
+		{"discard", request{op: uapi.IOOpDiscard}, TargetFile, plan{act: actFallocate, mode: punch}},
+		{"write zeroes", request{op: uapi.IOOpWriteZeroes}, TargetFile, plan{act: actFallocate, mode: punch}},
+		{"write zeroes nounmap", request{op: uapi.IOOpWriteZeroes, flags: uapi.IOFlagNoUnmap}, TargetFile, plan{act: actFallocate, mode: zero}},
+		{"write same", request{op: uapi.IOOpWriteSame}, TargetFile, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
 		{"zone op", request{op: 15}, TargetFile, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
-		{"null read", request{op: ioOpRead}, TargetNull, plan{act: actComplete}},
-		{"null flush", request{op: ioOpFlush}, TargetNull, plan{act: actComplete}},
+		{"null read", request{op: uapi.IOOpRead}, TargetNull, plan{act: actComplete}},
+		{"null flush", request{op: uapi.IOOpFlush}, TargetNull, plan{act: actComplete}},
 		{"null unknown", request{op: 18}, TargetNull, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
 	}
 	for _, c := range cases {
@@ -66,10 +68,10 @@ func TestFullResult(t *testing.T) {
 		req  request
 		want int32
 	}{
-		{"read", request{op: ioOpRead, len: 4096}, 4096},
-		{"write", request{op: ioOpWrite, len: 1 << 20}, 1 << 20},
-		{"flush", request{op: ioOpFlush}, 0},
-		{"discard", request{op: ioOpDiscard, len: 1 << 20}, 0},
+		{"read", request{op: uapi.IOOpRead, len: 4096}, 4096},
+		{"write", request{op: uapi.IOOpWrite, len: 1 << 20}, 1 << 20},
+		{"flush", request{op: uapi.IOOpFlush}, 0},
+		{"discard", request{op: uapi.IOOpDiscard, len: 1 << 20}, 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -115,10 +117,10 @@ func TestLatencyBucket(t *testing.T) {
 
 func TestStatsObserve(t *testing.T) {
 	var s queueStats
-	s.observe(ioOpRead, 4096, false, 1000)
-	s.observe(ioOpWrite, 8192, true, 1000)
-	s.observe(ioOpFlush, 0, false, 1000)
-	s.observe(ioOpDiscard, 0, false, 1000)
+	s.observe(uapi.IOOpRead, 4096, false, 1000)
+	s.observe(uapi.IOOpWrite, 8192, true, 1000)
+	s.observe(uapi.IOOpFlush, 0, false, 1000)
+	s.observe(uapi.IOOpDiscard, 0, false, 1000)
 	got := s.snapshot()
 	if got.Reads != 1 || got.Writes != 1 || got.Flushes != 1 || got.Discards != 1 ||
 		got.BytesRead != 4096 || got.BytesWritten != 0 || got.Errors != 1 || got.Latency[0] != 4 {
@@ -127,7 +129,7 @@ func TestStatsObserve(t *testing.T) {
 	if sum := got.Add(got); sum.Reads != 2 || sum.Latency[0] != 8 {
 		t.Fatalf("Add = %+v", sum)
 	}
-	if n := testing.AllocsPerRun(100, func() { s.observe(ioOpRead, 4096, false, 50000) }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { s.observe(uapi.IOOpRead, 4096, false, 50000) }); n != 0 {
 		t.Fatalf("observe allocates %v times", n)
 	}
 }
@@ -141,7 +143,7 @@ func TestStatsConcurrent(t *testing.T) {
 		defer close(done)
 		for range 10000 {
 			s.inFlight.Add(1)
-			s.observe(ioOpWrite, 4096, false, 100)
+			s.observe(uapi.IOOpWrite, 4096, false, 100)
 			s.inFlight.Add(-1)
 		}
 	}()

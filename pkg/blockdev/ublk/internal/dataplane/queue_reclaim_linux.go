@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"time"
@@ -6,6 +6,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // Idle reclaim. In copy mode every tag has a buffer of max_io_buf_bytes,
@@ -26,7 +28,7 @@ const DefaultIdleReclaim = 10 * time.Second
 // the kernel copies through the tag's buffer) reaches past the registered
 // head.
 func (l *loop) noteTailUse(t *tagState) {
-	if l.bufs != nil && t.req.len > l.fixed && (t.req.op == ioOpRead || t.req.op == ioOpWrite) {
+	if l.bufs != nil && t.req.len > l.fixed && (t.req.op == uapi.IOOpRead || t.req.op == uapi.IOOpWrite) {
 		l.tailsUsed, l.tailsAt = true, t.start
 		if !l.inTails {
 			l.inTails = true

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"math"
@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // FuzzPlanFor decodes a fuzzed ublksrv_io_desc and plans it for each
@@ -15,17 +17,17 @@ import (
 // sectors (no wrap of the offset or length, a byte count that fits the
 // int32 result the kernel gets); the null target never touches the file.
 func FuzzPlanFor(f *testing.F) {
-	f.Add(uint32(ioOpRead), uint32(8), uint64(0))
-	f.Add(uint32(ioOpWrite|ioFlagFUA), uint32(2048), uint64(1<<21))
-	f.Add(uint32(ioOpFlush), uint32(0), uint64(0))
-	f.Add(uint32(ioOpDiscard), uint32(16), uint64(8))
-	f.Add(uint32(ioOpWriteZeroes|ioFlagNoUnmap), uint32(16), uint64(2))
-	f.Add(uint32(ioOpWriteSame), uint32(1), uint64(1))
+	f.Add(uint32(uapi.IOOpRead), uint32(8), uint64(0))
+	f.Add(uint32(uapi.IOOpWrite|uapi.IOFlagFUA), uint32(2048), uint64(1<<21))
+	f.Add(uint32(uapi.IOOpFlush), uint32(0), uint64(0))
+	f.Add(uint32(uapi.IOOpDiscard), uint32(16), uint64(8))
+	f.Add(uint32(uapi.IOOpWriteZeroes|uapi.IOFlagNoUnmap), uint32(16), uint64(2))
+	f.Add(uint32(uapi.IOOpWriteSame), uint32(1), uint64(1))
 	f.Add(uint32(0xff), uint32(1), uint64(1))
-	f.Add(uint32(ioOpRead), uint32(1<<23), uint64(0))   // 4 GiB: wraps the 32-bit length to 0
-	f.Add(uint32(ioOpWrite), uint32(1<<22), uint64(0))  // 2 GiB: no int32 result
-	f.Add(uint32(ioOpRead), uint32(8), uint64(1)<<55)   // offset beyond int64
-	f.Add(uint32(ioOpRead), uint32(8), uint64(1)<<54-1) // last sectors of the int64 range
+	f.Add(uint32(uapi.IOOpRead), uint32(1<<23), uint64(0))   // 4 GiB: wraps the 32-bit length to 0
+	f.Add(uint32(uapi.IOOpWrite), uint32(1<<22), uint64(0))  // 2 GiB: no int32 result
+	f.Add(uint32(uapi.IOOpRead), uint32(8), uint64(1)<<55)   // offset beyond int64
+	f.Add(uint32(uapi.IOOpRead), uint32(8), uint64(1)<<54-1) // last sectors of the int64 range
 	f.Fuzz(func(t *testing.T, opFlags, nrSectors uint32, startSector uint64) {
 		r := decodeDesc(opFlags, nrSectors, startSector)
 		for _, kind := range []TargetKind{TargetFile, TargetNull} {
@@ -43,7 +45,7 @@ func FuzzPlanFor(f *testing.F) {
 				t.Fatalf("null target plans %+v", p)
 			}
 			op := opFlags & 0xff
-			if op == ioOpFlush {
+			if op == uapi.IOOpFlush {
 				continue
 			}
 			off := new(big.Int).Lsh(new(big.Int).SetUint64(startSector), 9)

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"errors"
@@ -24,7 +24,7 @@ func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 	}
 	var cpus []int
 	if cfg.Pin {
-		cpus = usableCPUList()
+		cpus = AllowedCPUs()
 	}
 	p := &Threads{}
 	for i := range n {
@@ -48,8 +48,8 @@ func (p *Threads) Len() int { return len(p.threads) }
 // pick chooses the threads for a device's queues (SpreadQueues) and
 // reserves room for each queue on its thread before it returns, so that a
 // concurrent pick sees the load (the caller's queues own the reservations:
-// StartQueue with QueueConfig.reserved).
-func (p *Threads) pick(queues int, depth uint16) ([]*Thread, error) {
+// StartQueue with QueueConfig.Reserved).
+func (p *Threads) Pick(queues int, depth uint16) ([]*Thread, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	loads := make([]int, len(p.threads))
@@ -60,14 +60,14 @@ func (p *Threads) pick(queues int, depth uint16) ([]*Thread, error) {
 		}
 		loads[i] = t.load()
 	}
-	idx, err := SpreadQueues(loads, queues, queueCost(depth), p.threads[0].cfg.Tags)
+	idx, err := SpreadQueues(loads, queues, QueueCost(depth), p.threads[0].cfg.Tags)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]*Thread, queues)
 	for q, i := range idx {
 		if err := p.threads[i].reserve(depth); err != nil {
-			unreserveAll(out[:q], depth)
+			UnreserveAll(out[:q], depth)
 			return nil, err
 		}
 		out[q] = p.threads[i]
@@ -75,8 +75,8 @@ func (p *Threads) pick(queues int, depth uint16) ([]*Thread, error) {
 	return out, nil
 }
 
-// unreserveAll gives back one queue's reservation on each of threads.
-func unreserveAll(threads []*Thread, depth uint16) {
+// UnreserveAll gives back one queue's reservation on each of threads.
+func UnreserveAll(threads []*Thread, depth uint16) {
 	for _, t := range threads {
 		t.unreserve(depth)
 	}
@@ -105,7 +105,7 @@ func (p *Threads) Err() error {
 }
 
 // live counts the threads that have not ended.
-func (p *Threads) live() int {
+func (p *Threads) Live() int {
 	n := 0
 	for _, t := range p.threads {
 		select {

@@ -24,7 +24,7 @@
 // (medians of 5-6 paired repetitions), while costing the kernel's newest
 // ublk code path.
 
-package ublk
+package dataplane
 
 import (
 	"encoding/binary"
@@ -34,6 +34,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // commitSlots is how many element arrays a batch-mode queue has: one being
@@ -63,11 +65,11 @@ type batch struct {
 // setupBatch maps the element arrays and registers the fetch ring.
 func (l *loop) setupBatch() error {
 	d := int(l.cfg.Depth)
-	b := &batch{elemBytes: int(unsafe.Sizeof(batchElem{}))}
+	b := &batch{elemBytes: int(unsafe.Sizeof(uapi.BatchElem{}))}
 	if !l.zc {
 		// Copy mode names each tag's buffer in every element.
 		b.elemBytes += 8
-		b.flags = batchHasBufAddr
+		b.flags = uapi.BatchHasBufAddr
 	}
 	for i := range b.want {
 		b.want[i] = -1
@@ -105,7 +107,7 @@ func (l *loop) prepAll() error {
 	for tag := range l.tags {
 		l.putElem(uint16(tag), 0)
 	}
-	if err := l.sendElems(ioPrepIOCmds, 0); err != nil {
+	if err := l.sendElems(uapi.IOPrepIOCmds, 0); err != nil {
 		return err
 	}
 	return l.armFetch()
@@ -117,7 +119,7 @@ func (l *loop) armFetch() error {
 	if sqe == nil {
 		return errNoSQE
 	}
-	sqe.PrepURingCmd(l.fileChar, ioFetchIOCmds)
+	sqe.PrepURingCmd(l.fileChar, uapi.IOFetchIOCmds)
 	sqe.Flags |= l.fileFlag | uring.IOSQE_BUFFER_SELECT
 	sqe.OpFlags = uring.IORING_URING_CMD_MULTISHOT
 	sqe.BufIndex = l.b.fetch.Group()
@@ -158,7 +160,7 @@ func (l *loop) commitBatch() error {
 		return nil
 	}
 	l.q.stats.commits.Add(1)
-	return l.sendElems(ioCommitIOCmds, int32(l.b.n*l.b.elemBytes))
+	return l.sendElems(uapi.IOCommitIOCmds, int32(l.b.n*l.b.elemBytes))
 }
 
 // sendElems queues op for the elements of the array being filled, which
@@ -233,7 +235,7 @@ func (l *loop) onFetch(c *uring.CQE) error {
 		l.s.fetchers--
 	}
 	switch {
-	case c.Res == ioResAbort:
+	case c.Res == uapi.IOResAbort:
 		b.ended = true
 		l.mayEnd()
 		return nil

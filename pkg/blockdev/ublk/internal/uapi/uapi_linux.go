@@ -1,14 +1,16 @@
-// UAPI of the ublk driver, written by hand from the kernel's
-// include/uapi/linux/ublk_cmd.h as shipped by Debian's linux-libc-dev
-// 7.3.4-1~bpo13+1 (trixie-backports). Layouts are x86-64/arm64 (LP64,
-// little-endian); zuapi_linux_test.go pins every size and offset to the C
-// values. Only ioctl-encoded command values are defined: csi-fastblk needs
-// kernel 6.5 or later (see features_linux.go).
+// Package uapi is the ublk driver's user-space ABI, written by hand from
+// the kernel's include/uapi/linux/ublk_cmd.h as shipped by Debian's
+// linux-libc-dev 7.3.4-1~bpo13+1 (trixie-backports): the control commands
+// and their payloads that package ublk sends, and the I/O commands,
+// descriptors and batch elements its data plane (package dataplane) uses.
+// Layouts are x86-64/arm64 (LP64, little-endian); uapi_linux_test.go pins
+// every size and offset to the C values. Only ioctl-encoded command values
+// are defined: csi-fastblk needs kernel 6.5 or later (see ublk's
+// features_linux.go).
 //
-// This file imports unsafe only to compute command sizes for the ioctl
+// This package imports unsafe only to compute command sizes for the ioctl
 // encoding; nothing here touches memory.
-
-package ublk
+package uapi
 
 import (
 	"structs"
@@ -30,50 +32,50 @@ func ior(nr, size uintptr) uint32  { return ioc(iocRead, nr, size) }
 func iowr(nr, size uintptr) uint32 { return ioc(iocRead|iocWrite, nr, size) }
 
 const (
-	sizeofCtrlCmd = unsafe.Sizeof(ctrlCmd{})
-	sizeofIOCmd   = unsafe.Sizeof(ioCmd{})
-	sizeofBatchIO = unsafe.Sizeof(batchIO{})
+	SizeofCtrlCmd = unsafe.Sizeof(CtrlCmd{})
+	SizeofIOCmd   = unsafe.Sizeof(IOCmd{})
+	SizeofBatchIO = unsafe.Sizeof(BatchIO{})
 )
 
 // Control commands (UBLK_U_CMD_*), sent on /dev/ublk-control.
 var (
-	cmdGetQueueAffinity  = ior(0x01, sizeofCtrlCmd)
-	cmdGetDevInfo        = ior(0x02, sizeofCtrlCmd)
-	cmdAddDev            = iowr(0x04, sizeofCtrlCmd)
-	cmdDelDev            = iowr(0x05, sizeofCtrlCmd)
-	cmdStartDev          = iowr(0x06, sizeofCtrlCmd)
-	cmdStopDev           = iowr(0x07, sizeofCtrlCmd)
-	cmdSetParams         = iowr(0x08, sizeofCtrlCmd)
-	cmdGetParams         = ior(0x09, sizeofCtrlCmd)
-	cmdStartUserRecovery = iowr(0x10, sizeofCtrlCmd)
-	cmdEndUserRecovery   = iowr(0x11, sizeofCtrlCmd)
-	cmdGetDevInfo2       = ior(0x12, sizeofCtrlCmd)
-	cmdGetFeatures       = ior(0x13, sizeofCtrlCmd)
-	cmdDelDevAsync       = ior(0x14, sizeofCtrlCmd) // _IOR in the header, not _IOWR
-	cmdUpdateSize        = iowr(0x15, sizeofCtrlCmd)
-	cmdQuiesceDev        = iowr(0x16, sizeofCtrlCmd)
-	cmdTryStopDev        = iowr(0x17, sizeofCtrlCmd)
+	CmdGetQueueAffinity  = ior(0x01, SizeofCtrlCmd)
+	CmdGetDevInfo        = ior(0x02, SizeofCtrlCmd)
+	CmdAddDev            = iowr(0x04, SizeofCtrlCmd)
+	CmdDelDev            = iowr(0x05, SizeofCtrlCmd)
+	CmdStartDev          = iowr(0x06, SizeofCtrlCmd)
+	CmdStopDev           = iowr(0x07, SizeofCtrlCmd)
+	CmdSetParams         = iowr(0x08, SizeofCtrlCmd)
+	CmdGetParams         = ior(0x09, SizeofCtrlCmd)
+	CmdStartUserRecovery = iowr(0x10, SizeofCtrlCmd)
+	CmdEndUserRecovery   = iowr(0x11, SizeofCtrlCmd)
+	CmdGetDevInfo2       = ior(0x12, SizeofCtrlCmd)
+	CmdGetFeatures       = ior(0x13, SizeofCtrlCmd)
+	CmdDelDevAsync       = ior(0x14, SizeofCtrlCmd) // _IOR in the header, not _IOWR
+	CmdUpdateSize        = iowr(0x15, SizeofCtrlCmd)
+	CmdQuiesceDev        = iowr(0x16, SizeofCtrlCmd)
+	CmdTryStopDev        = iowr(0x17, SizeofCtrlCmd)
 )
 
 // IO commands (UBLK_U_IO_*), sent on /dev/ublkcN from the queue's thread.
 var (
-	ioFetchReq          = iowr(0x20, sizeofIOCmd)
-	ioCommitAndFetchReq = iowr(0x21, sizeofIOCmd)
-	ioNeedGetData       = iowr(0x22, sizeofIOCmd)
-	ioRegisterIOBuf     = iowr(0x23, sizeofIOCmd)
-	ioUnregisterIOBuf   = iowr(0x24, sizeofIOCmd)
+	IOFetchReq          = iowr(0x20, SizeofIOCmd)
+	IOCommitAndFetchReq = iowr(0x21, SizeofIOCmd)
+	IONeedGetData       = iowr(0x22, SizeofIOCmd)
+	IORegisterIOBuf     = iowr(0x23, SizeofIOCmd)
+	IOUnregisterIOBuf   = iowr(0x24, SizeofIOCmd)
 	// Batch I/O (UBLK_F_BATCH_IO, 7.0): the payload is struct
 	// ublk_batch_io, which has the size of ublksrv_io_cmd.
-	ioPrepIOCmds   = iowr(0x25, sizeofBatchIO)
-	ioCommitIOCmds = iowr(0x26, sizeofBatchIO)
-	ioFetchIOCmds  = iowr(0x27, sizeofBatchIO)
+	IOPrepIOCmds   = iowr(0x25, SizeofBatchIO)
+	IOCommitIOCmds = iowr(0x26, SizeofBatchIO)
+	IOFetchIOCmds  = iowr(0x27, SizeofBatchIO)
 )
 
-// batchIO is struct ublk_batch_io, in the SQE's cmd area of a batch
+// BatchIO is struct ublk_batch_io, in the SQE's cmd area of a batch
 // command: PREP and COMMIT carry nr_elem elements of elem_bytes each at
 // sqe->addr; FETCH (multishot) has the kernel write u16 tags into the
 // provided buffer it selects.
-type batchIO struct {
+type BatchIO struct {
 	_         structs.HostLayout
 	QID       uint16
 	Flags     uint16
@@ -83,9 +85,9 @@ type batchIO struct {
 	Reserved2 uint64
 }
 
-// batchElem is struct ublk_elem_header, the head of each PREP/COMMIT
-// element; with batchHasBufAddr a u64 buffer address follows it.
-type batchElem struct {
+// BatchElem is struct ublk_elem_header, the head of each PREP/COMMIT
+// element; with BatchHasBufAddr a u64 buffer address follows it.
+type BatchElem struct {
 	_        structs.HostLayout
 	Tag      uint16
 	BufIndex uint16 // AUTO_BUF_REG: the fixed-buffer slot of the tag's next request
@@ -93,31 +95,31 @@ type batchElem struct {
 }
 
 // ublk_batch_io.flags.
-const batchHasBufAddr = 1 << 1 // UBLK_BATCH_F_HAS_BUF_ADDR: copy mode's buffer follows each header
+const BatchHasBufAddr = 1 << 1 // UBLK_BATCH_F_HAS_BUF_ADDR: copy mode's buffer follows each header
 
-// featuresLen is UBLK_FEATURES_LEN: GET_FEATURES wants exactly 8 bytes.
-const featuresLen = 8
+// FeaturesLen is UBLK_FEATURES_LEN: GET_FEATURES wants exactly 8 bytes.
+const FeaturesLen = 8
 
 // Results of FETCH_REQ / COMMIT_AND_FETCH_REQ completions.
 const (
-	ioResOK          = 0
-	ioResNeedGetData = 1
-	ioResAbort       = -19 // -ENODEV: the device is stopping; do not re-fetch
+	IOResOK          = 0
+	IOResNeedGetData = 1
+	IOResAbort       = -19 // -ENODEV: the device is stopping; do not re-fetch
 )
 
 // Descriptor area and USER_COPY addressing.
 const (
-	cmdBufOffset   = 0          // UBLKSRV_CMD_BUF_OFFSET
-	ioBufOffset    = 0x80000000 // UBLKSRV_IO_BUF_OFFSET
-	maxQueueDepth  = 4096       // UBLK_MAX_QUEUE_DEPTH
-	ioBufBits      = 25         // UBLK_IO_BUF_BITS
-	tagOff         = ioBufBits  // UBLK_TAG_OFF
-	tagBits        = 16         // UBLK_TAG_BITS
-	qidOff         = tagOff + tagBits
-	qidBits        = 12 // UBLK_QID_BITS
-	maxNrQueues    = 1 << qidBits
-	sizeofIODesc   = 24
-	ioDescStridePg = maxQueueDepth * sizeofIODesc // rounded up to the page size per queue
+	CmdBufOffset   = 0          // UBLKSRV_CMD_BUF_OFFSET
+	IOBufOffset    = 0x80000000 // UBLKSRV_IO_BUF_OFFSET
+	MaxQueueDepth  = 4096       // UBLK_MAX_QUEUE_DEPTH
+	IOBufBits      = 25         // UBLK_IO_BUF_BITS
+	TagOff         = IOBufBits  // UBLK_TAG_OFF
+	TagBits        = 16         // UBLK_TAG_BITS
+	QIDOff         = TagOff + TagBits
+	QIDBits        = 12 // UBLK_QID_BITS
+	MaxNrQueues    = 1 << QIDBits
+	SizeofIODesc   = 24
+	IODescStridePg = MaxQueueDepth * SizeofIODesc // rounded up to the page size per queue
 )
 
 // Feature flags (UBLK_F_*): ADD_DEV flags, GET_FEATURES bits.
@@ -158,38 +160,38 @@ const (
 
 // IO op codes (op_flags & 0xff) and flags (op_flags bits 8..31).
 const (
-	ioOpRead        = 0
-	ioOpWrite       = 1
-	ioOpFlush       = 2
-	ioOpDiscard     = 3
-	ioOpWriteSame   = 4
-	ioOpWriteZeroes = 5
+	IOOpRead        = 0
+	IOOpWrite       = 1
+	IOOpFlush       = 2
+	IOOpDiscard     = 3
+	IOOpWriteSame   = 4
+	IOOpWriteZeroes = 5
 
-	ioFlagFUA     = 1 << 13
-	ioFlagNoUnmap = 1 << 15
+	IOFlagFUA     = 1 << 13
+	IOFlagNoUnmap = 1 << 15
 )
 
 // Basic parameter attributes (UBLK_ATTR_*).
 const (
-	attrReadOnly      = 1 << 0
-	attrRotational    = 1 << 1
-	attrVolatileCache = 1 << 2
-	attrFUA           = 1 << 3
+	AttrReadOnly      = 1 << 0
+	AttrRotational    = 1 << 1
+	AttrVolatileCache = 1 << 2
+	AttrFUA           = 1 << 3
 )
 
 // Parameter types (UBLK_PARAM_TYPE_*).
 const (
-	paramTypeBasic     = 1 << 0
-	paramTypeDiscard   = 1 << 1
-	paramTypeDevt      = 1 << 2
-	paramTypeZoned     = 1 << 3
-	paramTypeDMAAlign  = 1 << 4
-	paramTypeSegment   = 1 << 5
-	paramTypeIntegrity = 1 << 6
+	ParamTypeBasic     = 1 << 0
+	ParamTypeDiscard   = 1 << 1
+	ParamTypeDevt      = 1 << 2
+	ParamTypeZoned     = 1 << 3
+	ParamTypeDMAAlign  = 1 << 4
+	ParamTypeSegment   = 1 << 5
+	ParamTypeIntegrity = 1 << 6
 )
 
-// ctrlCmd is struct ublksrv_ctrl_cmd (32 bytes), in the SQE128 cmd area.
-type ctrlCmd struct {
+// CtrlCmd is struct ublksrv_ctrl_cmd (32 bytes), in the SQE128 cmd area.
+type CtrlCmd struct {
 	_          structs.HostLayout
 	DevID      uint32
 	QueueID    uint16
@@ -220,9 +222,9 @@ type DevInfo struct {
 	Reserved2     uint64
 }
 
-// ioDesc is struct ublksrv_io_desc (24 bytes), one per tag in the mmapped
+// IODesc is struct ublksrv_io_desc (24 bytes), one per tag in the mmapped
 // descriptor area of each queue.
-type ioDesc struct {
+type IODesc struct {
 	_           structs.HostLayout
 	OpFlags     uint32
 	NrSectors   uint32
@@ -230,8 +232,8 @@ type ioDesc struct {
 	Addr        uint64
 }
 
-// ioCmd is struct ublksrv_io_cmd (16 bytes), in the SQE64 cmd area.
-type ioCmd struct {
+// IOCmd is struct ublksrv_io_cmd (16 bytes), in the SQE64 cmd area.
+type IOCmd struct {
 	_      structs.HostLayout
 	QID    uint16
 	Tag    uint16
@@ -239,7 +241,7 @@ type ioCmd struct {
 	Addr   uint64
 }
 
-type paramBasic struct {
+type ParamBasic struct {
 	_                structs.HostLayout
 	Attrs            uint32
 	LogicalBSShift   uint8
@@ -252,7 +254,7 @@ type paramBasic struct {
 	VirtBoundaryMask uint64
 }
 
-type paramDiscard struct {
+type ParamDiscard struct {
 	_                     structs.HostLayout
 	DiscardAlignment      uint32
 	DiscardGranularity    uint32
@@ -262,7 +264,7 @@ type paramDiscard struct {
 	Reserved0             uint16
 }
 
-type paramDevt struct {
+type ParamDevt struct {
 	_         structs.HostLayout
 	CharMajor uint32
 	CharMinor uint32
@@ -270,7 +272,7 @@ type paramDevt struct {
 	DiskMinor uint32
 }
 
-type paramZoned struct {
+type ParamZoned struct {
 	_                    structs.HostLayout
 	MaxOpenZones         uint32
 	MaxActiveZones       uint32
@@ -278,13 +280,13 @@ type paramZoned struct {
 	Reserved             [20]uint8
 }
 
-type paramDMAAlign struct {
+type ParamDMAAlign struct {
 	_         structs.HostLayout
 	Alignment uint32
 	Pad       [4]uint8
 }
 
-type paramSegment struct {
+type ParamSegment struct {
 	_               structs.HostLayout
 	SegBoundaryMask uint64
 	MaxSegmentSize  uint32
@@ -292,7 +294,7 @@ type paramSegment struct {
 	Pad             [2]uint8
 }
 
-type paramIntegrity struct {
+type ParamIntegrity struct {
 	_                    structs.HostLayout
 	Flags                uint32
 	MaxIntegritySegments uint16
@@ -304,21 +306,21 @@ type paramIntegrity struct {
 	Pad                  [5]uint8
 }
 
-// params is struct ublk_params (152 bytes in the 7.3 header). Kernels with a
+// Params is struct ublk_params (152 bytes in the 7.3 header). Kernels with a
 // smaller struct truncate len to their own size, so sending all of it works
 // on every supported kernel as long as types only names what they know.
-type params struct {
+type Params struct {
 	_         structs.HostLayout
 	Len       uint32
 	Types     uint32
-	Basic     paramBasic
-	Discard   paramDiscard
-	Devt      paramDevt
-	Zoned     paramZoned
-	DMA       paramDMAAlign
-	Seg       paramSegment
-	Integrity paramIntegrity
+	Basic     ParamBasic
+	Discard   ParamDiscard
+	Devt      ParamDevt
+	Zoned     ParamZoned
+	DMA       ParamDMAAlign
+	Seg       ParamSegment
+	Integrity ParamIntegrity
 }
 
-// sizeofParams is sizeof(struct ublk_params) in the header used here.
-const sizeofParams = uint32(unsafe.Sizeof(params{}))
+// SizeofParams is sizeof(struct ublk_params) in the header used here.
+const SizeofParams = uint32(unsafe.Sizeof(Params{}))

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 import (
 	"fmt"
@@ -99,7 +99,7 @@ func ParseAblation(s string) (Ablation, error) {
 			}
 		}
 		if !found {
-			return Ablation{}, fmt.Errorf("ablation %q: want a comma-separated list of %s: %w", name, ablationNames(), os.ErrInvalid)
+			return Ablation{}, fmt.Errorf("ablation %q: want a comma-separated list of %s: %w", name, strings.Join(AblationNames(), ", "), os.ErrInvalid)
 		}
 	}
 	return a, nil
@@ -116,10 +116,11 @@ func (a Ablation) String() string {
 	return strings.Join(on, ",")
 }
 
-func ablationNames() string {
+// AblationNames lists every switch, as ParseAblation takes them.
+func AblationNames() []string {
 	names := make([]string, len(ablations))
 	for i, ab := range ablations {
 		names[i] = ab.name
 	}
-	return strings.Join(names, ", ")
+	return names
 }

@@ -1,44 +1,4 @@
-// The ublk data plane: one Queue per hardware queue of a device, served by
-// a server thread (thread_linux.go) that may serve the queues of many
-// devices.
-//
-// Setting a queue up: the caller maps the queue's descriptors read-only and
-// its copy-mode buffers, then hands the queue to its thread, which gives it
-// two fixed-file slots ([ublkc, backing]) and a run of buffer slots in its
-// ring, registers the heads of its buffers there (copy mode) and FETCHes
-// every tag. That thread is then the queue's ublk daemon: every IO command
-// and every backing operation is issued from it, and it waits on nothing
-// but io_uring_enter: what may wait on a filesystem (the backing file's
-// mtime, freshenMtime) runs off the thread. It still registers the heads
-// of copy-mode buffers with io_uring_register when a tag first needs them
-// (registered): that pins pages of our own memory, at most once per tag
-// and size.
-//
-// Per request (queue_io_linux.go): the tag's completion → decode the
-// descriptor (desc.go) → one backing SQE (READ/WRITE, FSYNC DATASYNC,
-// FALLOCATE) → its completion → COMMIT_AND_FETCH with the full byte count
-// or -errno. Short transfers are continued, -EAGAIN retried. Nothing on
-// this path allocates. With UBLK_F_BATCH_IO (Linux 7.0+) requests come in
-// batches through one multishot FETCH and a round's results go back in one
-// COMMIT (queue_batch_linux.go).
-//
-// Buffers: with UBLK_F_AUTO_BUF_REG (Linux 6.16+) the kernel registers each
-// request's pages in the thread ring's buffer table, in the queue's slot
-// for the tag, and the backing I/O is READ_FIXED/WRITE_FIXED on them (zero
-// copy; no buffers of ours). Otherwise each tag has a MaxIOBytes buffer in
-// one anonymous mapping and the driver copies between it and the request
-// (copy mode); pages become resident on first use, except the heads that
-// Options.FixedBuffers registers (pins) at start.
-//
-// Ending: STOP_DEV (or QUIESCE_DEV) aborts every parked tag with -ENODEV;
-// once all tags are aborted and no backing I/O is in flight, the thread
-// clears the queue's slots and Wait returns nil. A queue started without a
-// Thread gets a private one (the design before shared threads, kept for
-// comparison): Stop closes that thread's ring, which cancels the parked
-// commands, so a device with USER_RECOVERY stays QUIESCED for the next
-// process.
-
-package ublk
+package dataplane
 
 import (
 	"errors"
@@ -49,6 +9,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // QueueConfig is what a queue needs from the control side.
@@ -93,14 +55,14 @@ type QueueConfig struct {
 	// Gate pauses the device's queues (Device.Pause); shared by them.
 	// nil: never paused.
 	Gate *Gate
-	// reserved: Threads.pick already booked the queue's room on Thread.
+	// Reserved: Threads.Pick already booked the queue's room on Thread.
 	// The queue owns the booking either way: it is given back when the
 	// queue fails to start or ends.
-	reserved bool
-	// mtime is shared by the device's queues, so that one mtime update
+	Reserved bool
+	// Mtime is shared by the device's queues, so that one mtime update
 	// per clock tick serves them all (freshenMtime). nil: the
 	// queue keeps its own (with Options.NowaitWrites).
-	mtime *mtimeToucher
+	Mtime *MtimeToucher
 }
 
 // QueueOptions are a queue thread's buffer, submission and wait policy;
@@ -169,23 +131,23 @@ type Queue struct {
 
 func (c *QueueConfig) validate() error {
 	switch {
-	case c.Depth == 0 || c.Depth > maxQueueDepth:
-		return fmt.Errorf("depth %d: want 1..%d", c.Depth, maxQueueDepth)
-	case c.QID >= maxNrQueues:
-		return fmt.Errorf("queue id %d: want < %d", c.QID, maxNrQueues)
+	case c.Depth == 0 || c.Depth > uapi.MaxQueueDepth:
+		return fmt.Errorf("depth %d: want 1..%d", c.Depth, uapi.MaxQueueDepth)
+	case c.QID >= uapi.MaxNrQueues:
+		return fmt.Errorf("queue id %d: want < %d", c.QID, uapi.MaxNrQueues)
 	case c.CharFD < 0:
 		return fmt.Errorf("char device fd %d", c.CharFD)
 	case c.Target.Kind == TargetFile && c.Target.FD < 0:
 		return fmt.Errorf("backing file fd %d", c.Target.FD)
 	case c.Target.Kind != TargetFile && c.Target.Kind != TargetNull:
 		return fmt.Errorf("target kind %d", c.Target.Kind)
-	case c.Flags&FlagAutoBufReg == 0 && c.Flags&(FlagUserCopy|FlagSupportZeroCopy) != 0:
+	case c.Flags&uapi.FlagAutoBufReg == 0 && c.Flags&(uapi.FlagUserCopy|uapi.FlagSupportZeroCopy) != 0:
 		return fmt.Errorf("flags %#x: USER_COPY and manual zero copy are not supported, use AUTO_BUF_REG or copy mode", c.Flags)
-	case c.Flags&FlagNeedGetData != 0:
+	case c.Flags&uapi.FlagNeedGetData != 0:
 		// PER_IO_DAEMON is fine: newer drivers always report it, and one
 		// thread serving every tag of a queue is a valid per-I/O daemon.
 		return fmt.Errorf("flags %#x: NEED_GET_DATA is not supported", c.Flags)
-	case c.Flags&FlagAutoBufReg == 0 && (c.MaxIOBytes == 0 || c.MaxIOBytes%512 != 0):
+	case c.Flags&uapi.FlagAutoBufReg == 0 && (c.MaxIOBytes == 0 || c.MaxIOBytes%512 != 0):
 		return fmt.Errorf("max i/o bytes %d: want a positive multiple of 512", c.MaxIOBytes)
 	}
 	return nil
@@ -197,14 +159,14 @@ func (c *QueueConfig) validate() error {
 // left running.
 func StartQueue(cfg QueueConfig) (*Queue, error) {
 	if err := cfg.validate(); err != nil {
-		if cfg.reserved {
+		if cfg.Reserved {
 			cfg.Thread.unreserve(cfg.Depth)
 		}
 		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
 	}
 	q := &Queue{cfg: cfg, thread: cfg.Thread, done: make(chan struct{})}
 	if q.thread == nil {
-		t, err := startThread(-1, ThreadConfig{Tags: queueCost(cfg.Depth), Queues: 1, CPU: cfg.CPU, Pin: cfg.PinCPU,
+		t, err := startThread(-1, ThreadConfig{Tags: QueueCost(cfg.Depth), Queues: 1, CPU: cfg.CPU, Pin: cfg.PinCPU,
 			IOWQWorkers: cfg.Options.IOWQWorkers}, true)
 		if err != nil {
 			return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
@@ -222,7 +184,7 @@ func StartQueue(cfg QueueConfig) (*Queue, error) {
 
 // start maps the queue's memory and hands the queue to its thread.
 func (q *Queue) start() error {
-	if !q.cfg.reserved {
+	if !q.cfg.Reserved {
 		if err := q.thread.reserve(q.cfg.Depth); err != nil {
 			return err
 		}
@@ -286,6 +248,21 @@ func (q *Queue) Stop() {
 
 // Thread returns the server thread serving the queue.
 func (q *Queue) Thread() *Thread { return q.thread }
+
+// Private reports whether the queue has a thread of its own.
+func (q *Queue) Private() bool { return q.private }
+
+// RoundMark notes where the queue's thread is, for Settled.
+func (q *Queue) RoundMark() uint64 { return q.thread.stats.rounds.Load() }
+
+// Settled reports whether the queue's thread has begun two rounds since
+// mark (RoundMark) and none of the queue's backing operations is in flight.
+// A thread that began a round after a Gate closed saw it for every request
+// of that round, so two rounds on, whatever it issued before is counted in
+// backing: once settled, a closed Gate's queue issues nothing more.
+func (q *Queue) Settled(mark uint64) bool {
+	return q.thread.stats.rounds.Load() >= mark+2 && q.stats.backing.Load() == 0
+}
 
 // Stats returns a snapshot of the queue's counters.
 func (q *Queue) Stats() QueueStats { return q.stats.snapshot() }

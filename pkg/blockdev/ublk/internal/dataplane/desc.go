@@ -1,9 +1,11 @@
-package ublk
+package dataplane
 
 import (
 	"math"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // The pure core of the queue: descriptor decoding, the mapping of a ublk
@@ -76,24 +78,24 @@ type plan struct {
 // null target completes every supported op at once.
 func planFor(r request, kind TargetKind) plan {
 	var p plan
-	if r.outOfRange && r.op != ioOpFlush {
+	if r.outOfRange && r.op != uapi.IOOpFlush {
 		return plan{act: actFail, errno: -int32(unix.EINVAL)}
 	}
 	switch r.op {
-	case ioOpRead:
+	case uapi.IOOpRead:
 		p.act = actRead
-	case ioOpWrite:
+	case uapi.IOOpWrite:
 		p.act = actWrite
-		if r.flags&ioFlagFUA != 0 {
+		if r.flags&uapi.IOFlagFUA != 0 {
 			p.rwFlags = unix.RWF_DSYNC
 		}
-	case ioOpFlush:
+	case uapi.IOOpFlush:
 		p.act = actFsync
-	case ioOpDiscard:
+	case uapi.IOOpDiscard:
 		p.act, p.mode = actFallocate, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE
-	case ioOpWriteZeroes:
+	case uapi.IOOpWriteZeroes:
 		p.act, p.mode = actFallocate, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE
-		if r.flags&ioFlagNoUnmap != 0 {
+		if r.flags&uapi.IOFlagNoUnmap != 0 {
 			p.mode = unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE
 		}
 	default:
@@ -109,7 +111,7 @@ func planFor(r request, kind TargetKind) plan {
 // READ and WRITE (a short count makes the kernel requeue the rest), 0 for
 // FLUSH, DISCARD and WRITE_ZEROES.
 func fullResult(r request) int32 {
-	if r.op == ioOpRead || r.op == ioOpWrite {
+	if r.op == uapi.IOOpRead || r.op == uapi.IOOpWrite {
 		return int32(r.len)
 	}
 	return 0

@@ -27,7 +27,7 @@
 // are quiesced, their I/O held, not lost; the Server's Health fails while
 // they are (health_linux.go).
 
-package ublk
+package dataplane
 
 import (
 	"cmp"
@@ -92,8 +92,8 @@ const (
 	threadSQ = 4096
 )
 
-// queueCost is what a queue of depth tags takes of a thread's Tags.
-func queueCost(depth uint16) int { return int(depth) + queueExtra }
+// QueueCost is what a queue of depth tags takes of a thread's Tags.
+func QueueCost(depth uint16) int { return int(depth) + queueExtra }
 
 // ErrThreadDead is the class of the error a queue ends with when its
 // server thread failed.
@@ -109,7 +109,7 @@ type Thread struct {
 
 	mu     sync.Mutex
 	mail   []*loop // queues to start serving
-	tags   int     // reserved by its queues (queueCost each)
+	tags   int     // reserved by its queues (QueueCost each)
 	queues int
 
 	hasMail atomic.Bool
@@ -170,6 +170,9 @@ func (t *Thread) stop() {
 	}
 }
 
+// Wake makes the thread run a round now.
+func (t *Thread) Wake() { t.waker.Wake() }
+
 // Done is closed when the thread has ended.
 func (t *Thread) Done() <-chan struct{} { return t.done }
 
@@ -194,7 +197,7 @@ func (t *Thread) load() int {
 func (t *Thread) reserve(depth uint16) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	need := queueCost(depth)
+	need := QueueCost(depth)
 	if t.queues+1 > t.cfg.Queues || t.tags+need > t.cfg.Tags {
 		return fmt.Errorf("server thread %d: %d queues and %d of %d tags taken, a queue of depth %d needs %d: %w",
 			t.id, t.queues, t.tags, t.cfg.Tags, depth, need, ErrThreadFull)
@@ -209,7 +212,7 @@ func (t *Thread) unreserve(depth uint16) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.queues--
-	t.tags -= queueCost(depth)
+	t.tags -= QueueCost(depth)
 }
 
 // start hands the queue to the thread and waits until its tags have been
@@ -391,10 +394,6 @@ func (s *threadLoop) register() error {
 	}
 	return nil
 }
-
-// roundHook, when set (only ever by tests), runs at the start of every
-// round of every thread: a failpoint for what a thread does when it fails.
-var roundHook atomic.Pointer[func(*threadLoop)]
 
 // threadLoop is the state of one server thread. Only that thread touches it.
 type threadLoop struct {

@@ -1,4 +1,4 @@
-package ublk
+package dataplane
 
 // TargetKind says what backs a queue.
 type TargetKind uint8

@@ -11,7 +11,7 @@
 //     descriptor before completing the uring_cmd);
 //   - every index is checked against depth.
 
-package ublk
+package dataplane
 
 import (
 	"errors"
@@ -19,6 +19,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // descArea is one queue's read-only mapping of its ublksrv_io_desc array:
@@ -40,12 +42,12 @@ func roundUp(n, to int) int { return (n + to - 1) / to * to }
 
 // descOffset is the mmap offset of queue qid's descriptors.
 func descOffset(qid uint16, pageSize int) int64 {
-	return int64(qid) * int64(roundUp(maxQueueDepth*sizeofIODesc, pageSize))
+	return int64(qid) * int64(roundUp(uapi.MaxQueueDepth*uapi.SizeofIODesc, pageSize))
 }
 
 // descLength is the mmap length of a queue's descriptors.
 func descLength(depth uint16, pageSize int) int {
-	return roundUp(int(depth)*sizeofIODesc, pageSize)
+	return roundUp(int(depth)*uapi.SizeofIODesc, pageSize)
 }
 
 // mapDescs maps queue qid's descriptor array of /dev/ublkcN read-only.
@@ -62,7 +64,7 @@ func mapDescs(charFD int, qid, depth uint16) (*descArea, error) {
 // request decodes the descriptor of tag. tag < depth is the caller's
 // invariant (tags come from our own user_data).
 func (d *descArea) request(tag uint16) request {
-	p := (*ioDesc)(unsafe.Pointer(&d.mem[int(tag)*sizeofIODesc]))
+	p := (*uapi.IODesc)(unsafe.Pointer(&d.mem[int(tag)*uapi.SizeofIODesc]))
 	return decodeDesc(p.OpFlags, p.NrSectors, p.StartSector)
 }
 

@@ -1,0 +1,99 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Test hooks: how tests, here and in package ublk (which serves real
+// devices on this data plane), inject failures into a server thread and
+// look inside it. The plugin never calls them.
+
+// roundHook, when set, runs at the start of every round of every thread.
+var roundHook atomic.Pointer[func(*threadLoop)]
+
+// setRoundHook sets (nil: clears) the threads' round hook.
+func setRoundHook(f func(*threadLoop)) {
+	if f == nil {
+		roundHook.Store(nil)
+		return
+	}
+	roundHook.Store(&f)
+}
+
+// FailThread makes th panic at the start of its next round, as a thread
+// that fails while it serves, and wakes it. stop ends the injection.
+func FailThread(th *Thread) (stop func()) {
+	setRoundHook(func(s *threadLoop) {
+		if s.t == th {
+			panic("injected failure")
+		}
+	})
+	th.Wake()
+	return func() { setRoundHook(nil) }
+}
+
+// BufferPages returns, over the copy-mode queues of th, how many pages of
+// their buffers are resident, how many are registered as fixed buffers,
+// and the most registered for one tag. It reads them on the thread itself,
+// which it wakes, and gives up after wait.
+func BufferPages(th *Thread, wait time.Duration) (resident, registered, most int, err error) {
+	page := unix.Getpagesize()
+	type result struct {
+		resident, registered, most int
+		err                        error
+	}
+	ch := make(chan result, 1)
+	setRoundHook(func(s *threadLoop) {
+		if s.t != th {
+			return
+		}
+		var r result
+		for _, l := range s.slots {
+			if l == nil || l.bufs == nil {
+				continue
+			}
+			vec := make([]byte, len(l.bufs.mem)/page)
+			if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&l.bufs.mem[0])), uintptr(len(l.bufs.mem)), uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+				r.err = fmt.Errorf("mincore of the buffers: %w", e)
+				break
+			}
+			for _, v := range vec {
+				r.resident += int(v & 1)
+			}
+			for i := range l.tags {
+				n := int(l.tags[i].reg) / page
+				r.registered += n
+				r.most = max(r.most, n)
+			}
+		}
+		select {
+		case ch <- r:
+		default:
+		}
+	})
+	defer setRoundHook(nil)
+	th.Wake()
+	select {
+	case r := <-ch:
+		return r.resident, r.registered, r.most, r.err
+	case <-time.After(wait):
+		return 0, 0, 0, errors.New("the server thread did not run a round")
+	}
+}
+
+// MaxEAGAIN is how often one backing operation is retried on -EAGAIN.
+const MaxEAGAIN = maxEAGAIN
+
+// FaultEAGAIN makes the queue's thread take the next n of the queue's
+// backing completions for -EAGAIN, whatever the kernel answered (the
+// operation did run), so that the retry path can be driven.
+func (q *Queue) FaultEAGAIN(n int32) { q.faultEAGAIN.Store(n) }
+
+// FaultsLeft is how many injected -EAGAIN answers are still to come.
+func (q *Queue) FaultsLeft() int32 { return q.faultEAGAIN.Load() }
