@@ -92,7 +92,7 @@ bench-engine: build
 	hack/bench/engine.sh
 
 bench-scale: static
-	hack/vm/bench-scale.sh --compare
+	hack/vm/bench-scale.sh
 
 bench-vm: static
 	hack/vm/bench.sh

@@ -63,9 +63,8 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			return err
 		})
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
-		"longest a ublk queue thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
+		"longest a ublk server thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
 	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use, at most its CPU limit)")
-	fs.BoolVar(&c.devices.ThreadPerQueue, "ublk-thread-per-queue", false, "benchmarks only: give each ublk queue a thread of its own (the design before shared server threads)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
 	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")

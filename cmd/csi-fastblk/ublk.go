@@ -48,15 +48,15 @@ func ublkServe(ctx context.Context, args []string) error {
 	maxIO := fs.Uint("max-io", 0, "copy mode: largest request in bytes, a multiple of 4096 (0 = tuning policy)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	threads := fs.Int("threads", 0, "server threads shared by the device's queues (0 = one per CPU)")
-	perQueue := fs.Bool("thread-per-queue", false, "give each queue a thread of its own (the design before shared server threads, for comparison)")
 	var qo ublk.QueueOptions
 	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
-	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a queue thread polls for completions after a busy round before sleeping (0: never)")
-	nowait := fs.String("nowait-writes", "auto", "keep the backing file's mtime current from the queue thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: auto (where the filesystem refuses NOWAIT writes over a stale mtime), on or off")
+	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a server thread polls for completions after a busy round before sleeping (0: never)")
+	nowait := fs.String("nowait-writes", "auto", "keep the backing file's mtime current from the server thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: auto (where the filesystem refuses NOWAIT writes over a stale mtime), on or off")
+	var tc ublk.ThreadConfig
 	fs.Func("iowq-workers", "cap on each server thread's io-wq workers (0: the kernel's default)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
-		qo.IOWQWorkers = uint32(n)
+		tc.IOWQWorkers = uint32(n)
 		return err
 	})
 	if err := fs.Parse(args); err != nil {
@@ -109,7 +109,7 @@ func ublkServe(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(stateDir)
 	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: qo,
-		Threads: *threads, ThreadPerQueue: *perQueue, Thread: ublk.ThreadConfig{IOWQWorkers: qo.IOWQWorkers}})
+		Threads: *threads, Thread: tc})
 	if err != nil {
 		return err
 	}

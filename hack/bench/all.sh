@@ -16,7 +16,7 @@
 # Environment: BENCH_REPS (default 3), BENCH_RUNTIME (seconds per fio run,
 #   default 10), BENCH_ONLY (space-separated subset, in order, of: scale
 #   noisy vm sparse engine), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g.
-#   --compare for the thread-per-queue design beside), BENCH_NOISY_ARGS
+#   --variants), BENCH_NOISY_ARGS
 #   (extra bench-scale.sh --noisy flags, e.g. --kernel 6.12), BENCH_OUT (default
 #   bin/benchmarks.md); UPDATE_DOCS=1 also copies the report to
 #   docs/benchmarks.md.

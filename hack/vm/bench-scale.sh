@@ -11,10 +11,9 @@
 #
 # Usage: hack/vm/bench-scale.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                               [--volumes 'N...'] [--rw 'randread randwrite']
-#                               [--compare] [--variants 'LABEL[=FLAGS]...'] [--no-loop]
-#   --compare   also measure the thread-per-queue design (--ublk-thread-per-queue)
-#   --variants  the plugin set-ups to measure (default shared, or shared and
-#               perqueue with --compare): LABEL=FLAGS runs the plugin with
+#                               [--variants 'LABEL[=FLAGS]...'] [--no-loop]
+#   --variants  the plugin set-ups to measure (default shared): LABEL=FLAGS
+#               runs the plugin with
 #               serve FLAGS joined by '+' (hidden benchmark flags such as
 #               --ublk-ablate=reap-one or --ublk-thread-tags=1024, NAME=VALUE
 #               for its environment, params=queues=1,queueDepth=64 for the
@@ -40,7 +39,7 @@ set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" compare=0 variants="" loop=1 lat=0 noscale=0 smp=2 profile=0 noisy=0
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" variants="" loop=1 lat=0 noscale=0 smp=2 profile=0 noisy=0
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -48,7 +47,6 @@ while (($#)); do
 	--reps) reps=${2:?}; shift 2 ;;
 	--volumes) volumes=${2:?}; shift 2 ;;
 	--rw) rws=${2:?}; shift 2 ;;
-	--compare) compare=1; shift ;;
 	--variants) variants=${2:?}; shift 2 ;;
 	--no-loop) loop=0; shift ;;
 	--lat) lat=1; shift ;;
@@ -70,14 +68,14 @@ if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
 	"$VM_DIR/kernels.sh"
 	VM_PERF=$profile "$VM_DIR/initramfs.sh"
 fi
-nlabels=$((1 + compare + loop))
+nlabels=$((1 + loop))
 [[ -n $variants ]] && nlabels=$(($(wc -w <<<"$variants") + loop))
 [[ $variants != *\'* && $variants != *'"'* ]] || die "--variants: no quotes"
 
 nruns=$((nlabels * $(wc -w <<<"$rws") * (1 + $(wc -w <<<"$volumes"))))
 nruns=$((nruns * (1 - noscale) + lat * (nlabels + loop) * $(wc -w <<<"$rws") * 2))
 timeout=$((reps * nruns * (runtime + 60) + 600))
-guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SCALE_VOLUMES='$volumes' BENCH_SCALE_RW='$rws' BENCH_SCALE_COMPARE=$compare"
+guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SCALE_VOLUMES='$volumes' BENCH_SCALE_RW='$rws'"
 guest+=" BENCH_SCALE_VARIANTS='$variants' BENCH_SCALE_LOOP=$loop BENCH_SCALE_LAT=$lat BENCH_SCALE_NOSCALE=$noscale"
 guest+=" BENCH_SCALE_PROFILE=$profile BENCH_SCALE_NOISY=$noisy"
 guest+=" /opt/fastblk/vm/bench-scale.sh"

@@ -2,10 +2,9 @@
 # bench-scale.sh (guest side of hack/vm/bench-scale.sh): many volumes busy at
 # once. For each volume count, csi-fastblk volumes created, staged and
 # published over CSI (block mode) with the plugin's shared server threads
-# ("shared"), the same with a thread per queue ("perqueue", the design before
-# them, when BENCH_SCALE_COMPARE=1), and as many kernel loop devices with
-# direct I/O ("loop"), each on files of the same size on /data; fio 4k random
-# at a small depth on every device at once. The anchor is one device at
+# ("shared"), and as many kernel loop devices with direct I/O ("loop"), each
+# on files of the same size on /data; fio 4k random at a small depth on every
+# device at once. The anchor is one device at
 # BENCH_SCALE_ANCHOR (jobs x depth). Prints one line per run:
 #   SCALE <rep> <label> mode=... volumes=N rw=... iops=... [plugin figures]
 #
@@ -13,7 +12,6 @@
 # (default "randread randwrite"), BENCH_SCALE_DEPTH (per volume, default 4),
 # BENCH_SCALE_ANCHOR (default "2x32"), BENCH_RUNTIME (default 10),
 # BENCH_REPS (default 3), BENCH_SCALE_SIZE (default 64Mi),
-# BENCH_SCALE_COMPARE (1: also the thread-per-queue design),
 # BENCH_SCALE_VARIANTS (plugin set-ups to measure instead: space-separated
 # LABEL or LABEL=FLAGS, FLAGS being serve flags (or NAME=VALUE for its
 # environment, or params=K=V,K=V for the StorageClass parameters of the
@@ -125,7 +123,6 @@ profile() {
 }
 
 variants=${BENCH_SCALE_VARIANTS:-shared}
-[ -z "${BENCH_SCALE_VARIANTS:-}" ] && [ "${BENCH_SCALE_COMPARE:-0}" = 1 ] && variants="shared perqueue"
 labels=""
 for v in $variants; do labels="$labels ${v%%=*}"; done
 [ "${BENCH_SCALE_LOOP:-1}" = 1 ] && labels="$labels loop"
@@ -136,7 +133,6 @@ LAT_BUSY=${BENCH_SCALE_LAT_BUSY:-15}
 flags_of() {
 	case $1 in
 	shared) return 0 ;;
-	perqueue) echo "--ublk-thread-per-queue"; return 0 ;;
 	esac
 	for v in $variants; do
 		[ "${v%%=*}" = "$1" ] && [ "$v" != "$1" ] && echo "${v#*=}" | tr '+' ' '

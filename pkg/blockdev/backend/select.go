@@ -48,10 +48,7 @@ type Config struct {
 	// Threads (ublk only) is how many server threads serve every
 	// device's queues; 0 means one per CPU the plugin may use, at most
 	// its cgroup's CPU limit (rounded up).
-	// ThreadPerQueue gives each queue a thread of its own instead, the
-	// design before shared threads, for benchmark comparisons.
-	Threads        int
-	ThreadPerQueue bool
+	Threads int
 	// Benchmark knobs (ublk only; zero: the product's defaults):
 	// ThreadTags sizes each server thread (ublk.ThreadConfig.Tags),
 	// ZeroCopy is "auto", "on" or "off", and Ablate lists techniques to

@@ -57,9 +57,9 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		Owner:    cfg.Owner,
 		BatchIO:  batch,
 		ZeroCopy: zc,
-		Threads:  cfg.Threads, ThreadPerQueue: cfg.ThreadPerQueue,
-		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads},
-		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
+		Threads:  cfg.Threads,
+		Thread:   ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads},
+		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 		ThreadRoom: func() (int64, error) {
 			room, err := cgroup.PidsHeadroom(os.Getpid())
 			if err != nil {

@@ -42,8 +42,7 @@ type DeviceConfig struct {
 	// Limiter paces the device's reads and writes, shared by its queues;
 	// nil means unlimited.
 	Limiter *qos.Limiter
-	// Threads serve the device's queues, spread by SpreadQueues; nil
-	// gives each queue a thread of its own.
+	// Threads serve the device's queues, spread by SpreadQueues.
 	Threads *dataplane.Threads
 	// Persist is called after ADD_DEV, before START_DEV makes the device
 	// visible, with the negotiated info; an error aborts the creation.
@@ -240,59 +239,32 @@ func (d *Device) openChar(ctx context.Context) error {
 	return nil
 }
 
-// startQueues starts one queue per hardware queue: on the server threads
-// SpreadQueues picks, or each on a thread of its own that sets up on the
-// first CPU of the queue's affinity set not yet taken by another queue.
+// startQueues starts one queue per hardware queue on the server threads
+// SpreadQueues picks.
 func (d *Device) startQueues(cfg DeviceConfig) error {
-	var threads []*dataplane.Thread
-	if cfg.Threads != nil {
-		var err error
-		if threads, err = cfg.Threads.Pick(int(d.info.NrHWQueues), d.info.QueueDepth); err != nil {
-			return fmt.Errorf("ublk device %d: %w", d.ID(), err)
-		}
+	if cfg.Threads == nil {
+		return fmt.Errorf("ublk device %d: no server threads: %w", d.ID(), errInvalid)
+	}
+	threads, err := cfg.Threads.Pick(int(d.info.NrHWQueues), d.info.QueueDepth)
+	if err != nil {
+		return fmt.Errorf("ublk device %d: %w", d.ID(), err)
 	}
 	if d.mtime == nil && cfg.Queue.NowaitWrites && cfg.Target.Kind == dataplane.TargetFile {
 		d.mtime = dataplane.NewMtimeToucher(cfg.Target.FD)
 	}
-	used := map[int]bool{}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
-		qc := dataplane.QueueConfig{
-			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char, CPU: -1,
+		queue, err := dataplane.StartQueue(dataplane.QueueConfig{
+			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
-			Mtime: d.mtime, Gate: &d.gate,
-		}
-		if threads != nil {
-			qc.Thread, qc.Reserved = threads[q], true
-		} else {
-			cpus, err := d.ctl.QueueAffinity(d.ID(), q)
-			if err != nil {
-				return err
-			}
-			qc.CPU = pickCPU(cpus, used)
-		}
-		queue, err := dataplane.StartQueue(qc)
+			Mtime: d.mtime, Gate: &d.gate, Thread: threads[q], Reserved: true,
+		})
 		if err != nil {
-			if threads != nil {
-				dataplane.UnreserveAll(threads[q+1:], d.info.QueueDepth)
-			}
+			dataplane.UnreserveAll(threads[q+1:], d.info.QueueDepth)
 			return err
 		}
 		d.queues = append(d.queues, queue)
 	}
 	return nil
-}
-
-func pickCPU(cpus []int, used map[int]bool) int {
-	if len(cpus) == 0 {
-		return -1
-	}
-	for _, c := range cpus {
-		if !used[c] {
-			used[c] = true
-			return c
-		}
-	}
-	return cpus[0]
 }
 
 // waitNode polls until path exists.
@@ -332,15 +304,6 @@ func poll(ctx context.Context, limit time.Duration, try func() (bool, error)) er
 	}
 }
 
-// stopQueues makes every queue with a thread of its own leave, and waits
-// for every queue.
-func (d *Device) stopQueues(ctx context.Context) error {
-	for _, q := range d.queues {
-		q.Stop()
-	}
-	return d.waitQueues(ctx)
-}
-
 // waitQueues waits for every queue to end, bounded by ctx and nodeWait.
 // d.queues stays as it is (Stats may read it at any time).
 func (d *Device) waitQueues(ctx context.Context) error {
@@ -360,22 +323,6 @@ func (d *Device) waitQueues(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// sharedLive reports whether a queue of the device still runs on a shared
-// server thread: only the device's end (STOP_DEV, QUIESCE_DEV) or the
-// thread's can end it.
-func (d *Device) sharedLive() bool {
-	for _, q := range d.queues {
-		select {
-		case <-q.Done():
-		default:
-			if !q.Private() {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // closeChar closes /dev/ublkcN, and ends the mtime updates once every
@@ -398,21 +345,19 @@ func (d *Device) closeChar() error {
 // hand their numbers to other files while it still uses them.
 var errQueuesLive = errors.New("queues still running, their fds left open")
 
-// teardown removes the device: STOP_DEV when it was started (the queues
-// then see -ENODEV and leave) and waiting for its queues, or stopping the
-// queues that have threads of their own; once every queue has ended,
+// teardown removes the device: STOP_DEV when it was started or a queue
+// still runs (the queues then see -ENODEV and leave) and waiting for its
+// queues; once every queue has ended,
 // /dev/ublkcN is closed and DEL_DEV_ASYNC sent (DEL_DEV, bounded, on kernels
 // before 6.9) so a process still holding /dev/ublkbN open cannot hang us.
 // If a queue does not end, the fds stay open, DEL_DEV is not sent and the
 // error wraps errQueuesLive; a later teardown can finish the removal.
 func (d *Device) teardown(ctx context.Context) error {
 	var errs []error
-	// A started device, whoever calls, is stopped: closing the rings of
-	// its queues' own threads instead would leave it live, then quiesced
-	// (user recovery) with its I/O held, until DEL_DEV. A device that
-	// never started has its queues' FETCHes parked all the same; on
-	// shared threads only STOP_DEV ends them.
-	if d.started || d.sharedLive() {
+	// A started device, whoever calls, is stopped. A device that never
+	// started has its queues' FETCHes parked all the same, and only
+	// STOP_DEV ends them (their threads serve other devices).
+	if d.started || !d.queuesEnded() {
 		if err := d.ctl.StopDev(d.ID()); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, err)
 		} else {
@@ -420,10 +365,9 @@ func (d *Device) teardown(ctx context.Context) error {
 		}
 	}
 	if !d.queuesEnded() {
-		// Never started, or STOP_DEV failed or did not end them in
-		// time: queues with threads of their own end when their rings
-		// close (a device with user recovery is quiesced until DEL_DEV).
-		errs = append(errs, d.stopQueues(ctx))
+		// STOP_DEV failed or did not end them in time: give them
+		// another nodeWait.
+		errs = append(errs, d.waitQueues(ctx))
 	}
 	if !d.queuesEnded() {
 		errs = append(errs, fmt.Errorf("remove ublk device %d: %w", d.ID(), errQueuesLive))
@@ -453,15 +397,14 @@ func (d *Device) Delete(ctx context.Context) error {
 
 // Release stops serving without stopping the device: its queues leave,
 // /dev/ublkcN is closed, and the kernel keeps the device QUIESCED (user
-// recovery) with its I/O held until another process re-adopts it. Queues
-// with threads of their own leave when their rings close; queues on shared
-// threads, when QUIESCE_DEV (Linux 6.16+) aborts their parked commands:
+// recovery) with its I/O held until another process re-adopts it. Its
+// queues leave when QUIESCE_DEV (Linux 6.16+) aborts their parked commands:
 // without it one device cannot be released alone (closing the shared
 // threads, Threads.Close, releases all of them): the error then wraps
 // errQueuesLive and errors.ErrUnsupported, and /dev/ublkcN stays open, as
 // must the backing file, since the queues still use both.
 func (d *Device) Release(ctx context.Context) error {
-	if d.sharedLive() {
+	if !d.queuesEnded() {
 		if d.info.Flags&FlagQuiesce == 0 {
 			return fmt.Errorf("release ublk device %d alone: its queues run on shared server threads and the driver lacks QUIESCE (Linux 6.16+): %w: %w",
 				d.ID(), errQueuesLive, errors.ErrUnsupported)
@@ -470,7 +413,7 @@ func (d *Device) Release(ctx context.Context) error {
 			return fmt.Errorf("release ublk device %d: %w", d.ID(), err)
 		}
 	}
-	return errors.Join(d.stopQueues(ctx), d.closeChar())
+	return errors.Join(d.waitQueues(ctx), d.closeChar())
 }
 
 // quiesceWait bounds how long QUIESCE_DEV waits for the device's requests

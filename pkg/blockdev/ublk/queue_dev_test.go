@@ -2,7 +2,6 @@ package ublk
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -79,25 +78,25 @@ func queueCases(t *testing.T, c *Control) []queueCase {
 	return cases
 }
 
-// startQueues starts every queue of d, each on a thread of its own, on the
-// backing fd and the device.
+// startQueues starts every queue of d, each on a server thread of its
+// own (testThread), then the device.
 func startQueues(t *testing.T, d *testDev, tgt Target, opts QueueOptions) ([]*dataplane.Queue, string) {
-	return startQueuesOn(t, d, tgt, opts, nil)
+	ths := make([]*dataplane.Thread, d.info.NrHWQueues)
+	for i := range ths {
+		ths[i] = testThread(t)
+	}
+	return startQueuesOn(t, d, tgt, opts, ths)
 }
 
 // startQueuesOn starts every queue of d on the server threads ths (by
-// queue id, round robin; none: a thread of its own each), then the device.
+// queue id, round robin), then the device.
 func startQueuesOn(t *testing.T, d *testDev, tgt Target, opts QueueOptions, ths []*dataplane.Thread) ([]*dataplane.Queue, string) {
 	t.Helper()
 	var qs []*dataplane.Queue
 	for qid := range d.info.NrHWQueues {
-		var th *dataplane.Thread
-		if len(ths) > 0 {
-			th = ths[int(qid)%len(ths)]
-		}
 		q, err := dataplane.StartQueue(dataplane.QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth,
-			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: th,
-			CPU: int(qid) % runtimeCPUs(), Target: tgt, Options: opts})
+			CharFD: d.charFD, Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: ths[int(qid)%len(ths)],
+			Target: tgt, Options: opts})
 		if err != nil {
 			t.Fatalf("start queue %d: %v", qid, err)
 		}
@@ -106,19 +105,10 @@ func startQueuesOn(t *testing.T, d *testDev, tgt Target, opts QueueOptions, ths 
 	t.Cleanup(func() {
 		d.stop()
 		for _, q := range qs {
-			q.Stop()
 			q.Wait()
 		}
 	})
 	return qs, d.start(t)
-}
-
-func runtimeCPUs() int {
-	var set unix.CPUSet
-	if unix.SchedGetaffinity(0, &set) != nil || set.Count() == 0 {
-		return 1
-	}
-	return set.Count()
 }
 
 func TestQueueDataPath(t *testing.T) {
@@ -130,16 +120,14 @@ func TestQueueDataPath(t *testing.T) {
 			f, path := backingFile(t, size)
 			d := addTestDev(t, c, qc.queues, 64, 512<<10, qc.flags, size)
 			opts := QueueOptions{FixedBuffers: qc.fixed, NowaitWrites: qc.nowait}
+			var tc ThreadConfig
 			if qc.nowait {
 				// The writes NOWAIT refuses (the backing file is
 				// sparse) then all go through one io-wq worker per
-				// queue: the cap must slow them, never lose or hang them.
-				opts.IOWQWorkers = 1
+				// thread: the cap must slow them, never lose or hang them.
+				tc.IOWQWorkers = 1
 			}
-			ths := []*dataplane.Thread{testThread(t), testThread(t)}
-			if qc.name == "copy/2q" {
-				ths = nil // the design before shared threads: a thread per queue
-			}
+			ths := []*dataplane.Thread{testThreadOf(t, tc), testThreadOf(t, tc)}
 			qs, dev := startQueuesOn(t, d, FileTarget(int(f.Fd())), opts, ths)
 			checkReadWrite(t, dev, f)
 			checkParallel(t, dev)
@@ -321,47 +309,6 @@ func ioctlRange(f *os.File, req uint, rng *[2]uint64) error {
 		return e
 	}
 	return nil
-}
-
-// TestQueueStop proves that Stop ends a queue with a thread of its own at
-// once with ErrQueueStopped, and the thread with it, per tag and in batch
-// mode.
-func TestQueueStop(t *testing.T) {
-	requireUblk(t)
-	c := openTestCtl(t)
-	modes := map[string]uint64{"per-tag": 0}
-	if features(t, c)&FlagBatchIO != 0 {
-		modes["batch"] = FlagBatchIO
-	} else {
-		testgate.Without(t, testgate.BatchIO, "kernel has no BATCH_IO: batch mode not tested")
-	}
-	for name, flags := range modes {
-		t.Run(name, func(t *testing.T) {
-			const size = 16 << 20
-			f, _ := backingFile(t, size)
-			d := addTestDev(t, c, 1, 32, 128<<10, flags, size)
-			qs, dev := startQueues(t, d, FileTarget(int(f.Fd())), QueueOptions{})
-			// Opening the disk waits for the partition scan (it holds the
-			// disk's open mutex), so no scan I/O is in flight when the
-			// queue leaves; such I/O would otherwise wait for the 30 s
-			// block-layer timeout.
-			bd, err := os.Open(dev)
-			if err != nil {
-				t.Fatal(err)
-			}
-			bd.Close()
-			qs[0].Stop()
-			if err := qs[0].Wait(); !errors.Is(err, dataplane.ErrQueueStopped) {
-				t.Fatalf("Wait after Stop = %v, want ErrQueueStopped", err)
-			}
-			select {
-			case <-qs[0].Thread().Done():
-			case <-time.After(5 * time.Second):
-				t.Fatal("the queue's own thread still runs after Stop")
-			}
-			qs[0].Stop() // idempotent
-		})
-	}
 }
 
 func TestQueueNullTarget(t *testing.T) {

@@ -14,11 +14,18 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
-// testThread starts a shared server thread that the test closes at its end
+// testThread starts a server thread that the test closes at its end
 // (after the queues' own cleanups, which run first).
 func testThread(t *testing.T) *dataplane.Thread {
 	t.Helper()
-	th, err := dataplane.NewThread(0, ThreadConfig{CPU: -1})
+	return testThreadOf(t, ThreadConfig{})
+}
+
+// testThreadOf is testThread with cfg (its CPU set to none).
+func testThreadOf(t *testing.T, cfg ThreadConfig) *dataplane.Thread {
+	t.Helper()
+	cfg.CPU = -1
+	th, err := dataplane.NewThread(0, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +111,7 @@ func TestSharedThreadStopsUnstartedDevice(t *testing.T) {
 	var qs []*dataplane.Queue
 	for qid := range d.info.NrHWQueues {
 		q, err := dataplane.StartQueue(dataplane.QueueConfig{DevID: d.info.DevID, QID: qid, Depth: d.info.QueueDepth, CharFD: d.charFD,
-			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: th, CPU: -1, Target: FileTarget(int(f.Fd()))})
+			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Thread: th, Target: FileTarget(int(f.Fd()))})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -140,7 +147,7 @@ func TestSharedThreadIsFair(t *testing.T) {
 	slow := addTestDev(t, c, 1, 32, 128<<10, 0, size)
 	lim := qos.New(qos.Limits{IOPS: 50})
 	sq, err := dataplane.StartQueue(dataplane.QueueConfig{DevID: slow.info.DevID, Depth: 32, CharFD: slow.charFD, Flags: slow.info.Flags,
-		MaxIOBytes: slow.info.MaxIOBufBytes, Thread: th, CPU: -1, Target: FileTarget(int(slowF.Fd())), Limiter: lim})
+		MaxIOBytes: slow.info.MaxIOBufBytes, Thread: th, Target: FileTarget(int(slowF.Fd())), Limiter: lim})
 	if err != nil {
 		t.Fatal(err)
 	}

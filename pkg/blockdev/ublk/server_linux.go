@@ -51,18 +51,13 @@ type ServerConfig struct {
 	Queue QueueOptions
 	// Threads is how many server threads serve every device's queues
 	// (0 = one per CPU the process may use, at most its cgroup's CPU
-	// limit rounded up: cpuLimit); ThreadPerQueue instead
-	// gives each queue a thread of its own, the design before shared
-	// threads, kept for comparison in benchmarks.
-	Threads        int
-	ThreadPerQueue bool
+	// limit rounded up: cpuLimit).
+	Threads int
 	// Thread sizes each server thread (zero: defaults).
 	Thread ThreadConfig
 	// ThreadRoom, when set, returns how many more threads the process
-	// may start (-1: no limit). With ThreadPerQueue, a device whose queue
-	// threads would not fit is refused before anything is created, and a
-	// recorded one is left for a later Attach instead of re-adopted (see
-	// checkThreads). Shared threads start no thread per device.
+	// may start (-1: no limit). Unused: the shared server threads start
+	// no thread per device, so checkThreads has nothing to refuse.
 	ThreadRoom func() (int64, error)
 	// Report, when set, is told what happens in the background with no
 	// caller to return it to (a server thread that fails); its arguments
@@ -99,7 +94,7 @@ type Served struct {
 type Server struct {
 	cfg      ServerConfig
 	ctl      *Control
-	threads  *dataplane.Threads // nil with ThreadPerQueue
+	threads  *dataplane.Threads
 	features uint64
 	owner    uint64
 	closed   atomic.Bool // Close began: thread ends are no failures
@@ -155,15 +150,13 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 		cfg.Owner = OwnerToken(cfg.StateDir)
 	}
 	s := &Server{cfg: cfg, ctl: ctl, features: f, owner: cfg.Owner, devs: map[string]*served{}}
-	if !cfg.ThreadPerQueue {
-		n := cfg.Threads
-		if n <= 0 {
-			n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
-		}
-		if s.threads, err = dataplane.NewThreads(n, cfg.Thread); err != nil {
-			ctl.Close()
-			return nil, nil, err
-		}
+	n := cfg.Threads
+	if n <= 0 {
+		n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
+	}
+	if s.threads, err = dataplane.NewThreads(n, cfg.Thread); err != nil {
+		ctl.Close()
+		return nil, nil, err
 	}
 	errs := s.adopt(ctx)
 	s.watchAll()
@@ -178,7 +171,7 @@ func usableCPUs() int {
 	return runtime.NumCPU()
 }
 
-// Threads returns the server threads (nil with ThreadPerQueue).
+// Threads returns the server threads.
 func (s *Server) Threads() *dataplane.Threads { return s.threads }
 
 // Features returns the driver's UBLK_F_* flags.

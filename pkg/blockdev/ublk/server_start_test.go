@@ -19,26 +19,16 @@ func setFailpoint(t *testing.T, f func(name string) error) {
 // TestServerStartFailureStopsDevice proves that a device whose creation
 // fails after its START_DEV succeeded (issue 23, defect 7) is removed as
 // the started device it is: STOP_DEV ends its queues, and only then are
-// /dev/ublkcN closed and DEL_DEV sent. Checked with a thread per queue
-// (ServerConfig.ThreadPerQueue), where a teardown that took the device for
-// never started only closed the queues' rings and left it live or quiesced
-// until DEL_DEV, and on shared server threads. The Attach fails with the
+// /dev/ublkcN closed and DEL_DEV sent. The Attach fails with the
 // injected error and leaves no device, state file or queue behind, and the
 // next Attach of the volume serves it.
 func TestServerStartFailureStopsDevice(t *testing.T) {
 	needUblk(t)
-	for _, perQueue := range []bool{true, false} {
-		name := map[bool]string{true: "thread per queue", false: "shared threads"}[perQueue]
-		t.Run(name, func(t *testing.T) { testStartFailure(t, perQueue) })
-	}
-}
-
-func testStartFailure(t *testing.T, perQueue bool) {
 	ctx := context.Background()
 	dir := scratchDir(t)
 	file := sparseFile(t, dir, "vol.img", 64<<20)
 	stateDir := filepath.Join(dir, "state")
-	s, errs, err := NewServer(ctx, ServerConfig{StateDir: stateDir, ThreadPerQueue: perQueue})
+	s, errs, err := NewServer(ctx, ServerConfig{StateDir: stateDir})
 	if err != nil {
 		t.Fatal(err)
 	}

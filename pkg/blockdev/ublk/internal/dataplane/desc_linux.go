@@ -4,7 +4,7 @@
 //
 //   - the descriptor area and the buffers are unix.Mmap'ed, outside the Go
 //     heap; the GC never moves or frees them, and they stay mapped until
-//     close, which the queue thread calls only after its ring is gone;
+//     close, which the server thread calls only after its ring is gone;
 //   - a descriptor is read only after its tag's FETCH/COMMIT completion was
 //     seen through the CQ tail (an atomic load in the engine), which orders
 //     it after the kernel's store (drivers/block/ublk_drv.c fills the

@@ -134,7 +134,7 @@ func TestStatsObserve(t *testing.T) {
 	}
 }
 
-// TestStatsConcurrent reads snapshots while the "queue thread" records;
+// TestStatsConcurrent reads snapshots while the "server thread" records;
 // run with -race.
 func TestStatsConcurrent(t *testing.T) {
 	var s queueStats

@@ -40,9 +40,7 @@
 //
 // Ending: STOP_DEV (or QUIESCE_DEV) aborts every parked tag with -ENODEV;
 // once all tags are aborted and no backing I/O is in flight, the thread
-// clears the queue's slots and Wait returns nil. A queue started without a
-// Thread gets a private one (the design before shared threads, kept for
-// comparison): Stop closes that thread's ring, which cancels the parked
-// commands, so a device with USER_RECOVERY stays QUIESCED for the next
-// process.
+// clears the queue's slots and Wait returns nil. Closing a thread closes
+// its ring, which cancels the parked commands of every queue on it, so a
+// device with USER_RECOVERY stays QUIESCED for the next process.
 package dataplane

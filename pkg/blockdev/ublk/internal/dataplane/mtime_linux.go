@@ -84,7 +84,7 @@ func setMtime(fd int, mtime unix.Timespec) error {
 // StaleMtimeRefusesNowait reports whether the filesystem holding dir
 // refuses a direct write with RWF_NOWAIT when the write must also update
 // the file's mtime: ext4 in Linux 7.x does (6.12's updates it inline). There
-// QueueOptions.NowaitWrites keeps those writes on the queue thread; where
+// QueueOptions.NowaitWrites keeps those writes on the server thread; where
 // the kernel takes them, the option only adds an mtime update per clock
 // tick and a try to writes it refuses for other reasons (holes to
 // allocate).

@@ -47,7 +47,7 @@ const commitSlots = 4
 // (256 bytes of u16 tags); a larger buffer would be wasted.
 const maxTagsPerFetch = 128
 
-// batch is a batch-mode queue's state; only the queue thread touches it.
+// batch is a batch-mode queue's state; only the server thread touches it.
 type batch struct {
 	fetch     *uring.BufRing // where the kernel writes the tags of new requests
 	elems     *uring.Buffers // commitSlots arrays of depth elements

@@ -12,7 +12,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
-// The per-request path of the queue thread. Nothing here allocates: errors
+// The per-request path of the server thread. Nothing here allocates: errors
 // that end the queue are preallocated, everything else is integers.
 
 var (
@@ -210,7 +210,7 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 // the time inline), and io_uring would hand it, and every other write
 // submitted before the update is done, to its io-wq worker threads:
 // measured under emulation on 7.3, one write in seven, each a hand-off to
-// another thread and back. So the queue thread updates the mtime itself,
+// another thread and back. So the server thread updates the mtime itself,
 // once per tick for the whole device, before the round's first write
 // (freshenMtime), and sends its writes with RWF_NOWAIT: the kernel refuses
 // the few that still meet a stale mtime (the tick turned) or the inode
@@ -222,7 +222,7 @@ const nowaitTries = 2
 // nowaitPause is how long writes go without RWF_NOWAIT after one was
 // refused twice. Writes into the holes of a sparse volume are refused every
 // time (allocating blocks may block); for them each RWF_NOWAIT try only adds
-// a round trip through the queue thread before the same hand-off.
+// a round trip through the server thread before the same hand-off.
 const nowaitPause = 100 * time.Millisecond
 
 // nowaitRefused handles a write that RWF_NOWAIT refused (t.retries tries

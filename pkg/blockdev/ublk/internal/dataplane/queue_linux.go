@@ -30,24 +30,11 @@ type QueueConfig struct {
 	// MaxIOBytes is the device's max_io_buf_bytes: the size of each
 	// per-tag buffer in copy mode.
 	MaxIOBytes uint32
-	// CPU is the queue's home CPU (from GET_QUEUE_AFFINITY); -1 for none.
-	// Only for a queue with a thread of its own (Thread nil): the thread
-	// sets up there (the kernel allocates the ring and maps
-	// the descriptors on that CPU's memory node) and FETCHes every tag,
-	// then goes back to every CPU it may use, unless PinCPU. Why:
-	// measured in a 2-vCPU VM (7.3, zero copy, medians of 2), a hard pin
-	// puts the queue thread on the CPU of the task submitting to that
-	// queue and costs 35-40% of 4k iodepth-32 IOPS with one job (reads
-	// 16.4k vs 25.4k, writes 13.6k vs 21.2k) and 20% of iodepth-1
-	// latency (512 vs 422 us), while two jobs do not care.
-	CPU int
-	// PinCPU keeps a queue's own thread pinned to CPU for its whole life.
-	PinCPU bool
 	// Target is the backing store: FileTarget or NullTarget.
 	Target Target
-	// Options are the queue thread's submission and wait policy.
+	// Options are the server thread's submission and wait policy.
 	Options QueueOptions
-	// Thread serves the queue; nil starts a thread of its own for it.
+	// Thread is the server thread that serves the queue.
 	Thread *Thread
 	// Limiter paces reads and writes (queue_qos_linux.go); it is shared
 	// by the device's queues. nil means unlimited.
@@ -65,7 +52,7 @@ type QueueConfig struct {
 	Mtime *MtimeToucher
 }
 
-// QueueOptions are a queue thread's buffer, submission and wait policy;
+// QueueOptions are the server thread's buffer, submission and wait policy;
 // every queue of a device uses the same.
 type QueueOptions struct {
 	// FixedBuffers registers up to the first FixedHeadBytes of each
@@ -78,7 +65,7 @@ type QueueOptions struct {
 	// their copy, and fault in the rest of a buffer on first use. Ignored
 	// with zero copy.
 	FixedBuffers bool
-	// Poll bounds how long the queue thread keeps checking its rings for
+	// Poll bounds how long the server thread keeps checking its rings for
 	// completions after a round that did work, before it sleeps in
 	// io_uring_enter: it polls for twice its usual wait for the next
 	// completion, and only while that wait is under Poll. 0 never polls. A sleep and wake-up per request is
@@ -100,15 +87,10 @@ type QueueOptions struct {
 	// so the Server turns it on where a probe finds the refusal
 	// (ServerConfig.NowaitWrites).
 	NowaitWrites bool
-	// IOWQWorkers caps the io-wq workers of a queue's own thread (see
-	// ThreadConfig.IOWQWorkers; shared threads take theirs from their
-	// config). 0 keeps the kernel's default (up to 4 per CPU). A
-	// benchmark knob (ublk serve --iowq-workers), not set by the plugin.
-	IOWQWorkers uint32
 }
 
-// ErrQueueStopped is what Wait returns when Stop, or the end of its server
-// thread, ended the queue.
+// ErrQueueStopped is what Wait returns when the end of its server thread
+// ended the queue.
 var ErrQueueStopped = errors.New("queue stopped")
 
 // Queue serves one ublk hardware queue on a server thread. Its methods are
@@ -118,7 +100,6 @@ type Queue struct {
 	cfg     QueueConfig
 	stats   queueStats
 	thread  *Thread
-	private bool // the thread is the queue's own (QueueConfig.Thread nil)
 	failure atomic.Pointer[error]
 	done    chan struct{}
 	err     error // set before done is closed
@@ -131,6 +112,8 @@ type Queue struct {
 
 func (c *QueueConfig) validate() error {
 	switch {
+	case c.Thread == nil:
+		return errors.New("no server thread")
 	case c.Depth == 0 || c.Depth > uapi.MaxQueueDepth:
 		return fmt.Errorf("depth %d: want 1..%d", c.Depth, uapi.MaxQueueDepth)
 	case c.QID >= uapi.MaxNrQueues:
@@ -153,30 +136,18 @@ func (c *QueueConfig) validate() error {
 	return nil
 }
 
-// StartQueue starts serving the queue on cfg.Thread (or on a thread of its
-// own when nil) and returns once every tag has been FETCHed (submitted to
+// StartQueue starts serving the queue on cfg.Thread and returns once every tag has been FETCHed (submitted to
 // the kernel), or with an error. After an error nothing of the queue is
 // left running.
 func StartQueue(cfg QueueConfig) (*Queue, error) {
 	if err := cfg.validate(); err != nil {
-		if cfg.Reserved {
+		if cfg.Reserved && cfg.Thread != nil {
 			cfg.Thread.unreserve(cfg.Depth)
 		}
 		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
 	}
 	q := &Queue{cfg: cfg, thread: cfg.Thread, done: make(chan struct{})}
-	if q.thread == nil {
-		t, err := startThread(-1, ThreadConfig{Tags: QueueCost(cfg.Depth), Queues: 1, CPU: cfg.CPU, Pin: cfg.PinCPU,
-			IOWQWorkers: cfg.Options.IOWQWorkers}, true)
-		if err != nil {
-			return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
-		}
-		q.thread, q.private = t, true
-	}
 	if err := q.start(); err != nil {
-		if q.private {
-			q.thread.Close()
-		}
 		return nil, fmt.Errorf("start queue %d of ublk %d: %w", cfg.QID, cfg.DevID, err)
 	}
 	return q, nil
@@ -207,8 +178,8 @@ func (q *Queue) start() error {
 }
 
 // Wait returns when the queue has stopped: nil once every tag was aborted
-// after STOP_DEV or QUIESCE_DEV (-ENODEV), ErrQueueStopped after Stop or
-// the end of its thread, or the error that ended it.
+// after STOP_DEV or QUIESCE_DEV (-ENODEV), ErrQueueStopped after the end
+// of its thread, or the error that ended it.
 func (q *Queue) Wait() error {
 	<-q.done
 	return q.err
@@ -235,22 +206,8 @@ func (q *Queue) Err() error {
 	}
 }
 
-// Stop ends a queue that has a thread of its own: the thread closes its
-// ring, which cancels the parked commands (devices with USER_RECOVERY then
-// stay QUIESCED for the next process). It does not wait; call Wait. A
-// queue on a shared thread leaves only when its device ends it (STOP_DEV,
-// QUIESCE_DEV) or its thread closes: Stop does nothing there. Idempotent.
-func (q *Queue) Stop() {
-	if q.private {
-		q.thread.stop()
-	}
-}
-
 // Thread returns the server thread serving the queue.
 func (q *Queue) Thread() *Thread { return q.thread }
-
-// Private reports whether the queue has a thread of its own.
-func (q *Queue) Private() bool { return q.private }
 
 // RoundMark notes where the queue's thread is, for Settled.
 func (q *Queue) RoundMark() uint64 { return q.thread.stats.rounds.Load() }
@@ -294,7 +251,7 @@ func threadSetup(cpu int) (*unix.CPUSet, error) {
 	return prev, nil
 }
 
-// unpin lets the set-up queue thread run on every CPU it could before.
+// unpin lets the set-up server thread run on every CPU it could before.
 func unpin(prev *unix.CPUSet) error {
 	if prev == nil {
 		return nil

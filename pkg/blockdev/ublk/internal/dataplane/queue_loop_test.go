@@ -39,7 +39,7 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 		t.Fatal(err)
 	}
 	q := &Queue{cfg: QueueConfig{Depth: depth, CharFD: int(f.Fd()), MaxIOBytes: 64 << 10,
-		CPU: -1, Target: Target{Kind: kind, FD: int(f.Fd())}, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}},
+		Target: Target{Kind: kind, FD: int(f.Fd())}, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}},
 		thread: th, done: make(chan struct{})}
 	tags := uint32(th.cfg.Tags)
 	ring, err := uring.New(uring.Config{Entries: tags + 1, CQEntries: 2*tags + 2, Flags: ringFlags})
@@ -280,13 +280,14 @@ func TestDescLayout(t *testing.T) {
 }
 
 func TestQueueConfigValidate(t *testing.T) {
-	good := QueueConfig{Depth: 64, CharFD: 3, MaxIOBytes: 512 << 10, CPU: -1, Target: FileTarget(4)}
+	good := QueueConfig{Depth: 64, CharFD: 3, MaxIOBytes: 512 << 10, Target: FileTarget(4), Thread: &Thread{}}
 	cases := []struct {
 		name string
 		mod  func(*QueueConfig)
 		ok   bool
 	}{
 		{"good", func(*QueueConfig) {}, true},
+		{"no thread", func(c *QueueConfig) { c.Thread = nil }, false},
 		{"zero copy needs no buffer size", func(c *QueueConfig) { c.Flags, c.MaxIOBytes = uapi.FlagAutoBufReg, 0 }, true},
 		{"null target", func(c *QueueConfig) { c.Target = NullTarget() }, true},
 		{"depth 0", func(c *QueueConfig) { c.Depth = 0 }, false},

@@ -102,10 +102,9 @@ var ErrThreadDead = errors.New("server thread failed")
 // Thread is one server thread. Its methods are safe for concurrent use;
 // the serving state lives on the thread only (threadLoop).
 type Thread struct {
-	id      int
-	cfg     ThreadConfig
-	private bool // ends with its only queue (StartQueue without a Thread)
-	waker   *uring.Waker
+	id    int
+	cfg   ThreadConfig
+	waker *uring.Waker
 
 	mu     sync.Mutex
 	mail   []*loop // queues to start serving
@@ -122,10 +121,6 @@ type Thread struct {
 // NewThread starts a shared server thread. Queues join it with
 // QueueConfig.Thread; it runs until Close or until it fails.
 func NewThread(id int, cfg ThreadConfig) (*Thread, error) {
-	return startThread(id, cfg, false)
-}
-
-func startThread(id int, cfg ThreadConfig, private bool) (*Thread, error) {
 	if cfg.Tags <= 0 {
 		cfg.Tags = DefaultThreadTags
 	}
@@ -139,7 +134,7 @@ func startThread(id int, cfg ThreadConfig, private bool) (*Thread, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server thread %d: %w", id, err)
 	}
-	t := &Thread{id: id, cfg: cfg, private: private, waker: w, done: make(chan struct{})}
+	t := &Thread{id: id, cfg: cfg, waker: w, done: make(chan struct{})}
 	ready := make(chan error, 1)
 	go t.run(ready)
 	if err := <-ready; err != nil {
@@ -414,7 +409,6 @@ type threadLoop struct {
 	// one's CQE is a new request, or its tag's end), over every queue.
 	backing, serving, batchCmds, parked int
 	fetchers                            int // batch-mode queues with their FETCH armed
-	attached                            int // queues the thread took, ever
 	// held are the queues holding requests for their rate limits,
 	// commits the batch-mode queues with results to send this round,
 	// tails the copy-mode queues whose buffer tails await a reclaim, and
@@ -483,9 +477,6 @@ func (s *threadLoop) serve() error {
 			s.reclaimIdle()
 		}
 		s.settle()
-		if s.t.private && s.attached > 0 && len(s.free) == len(s.slots) {
-			return ErrQueueStopped // its queue is gone
-		}
 	}
 }
 
@@ -911,7 +902,6 @@ func (s *threadLoop) attach(l *loop) error {
 	s.free = s.free[:len(s.free)-1]
 	s.slots[slot] = l
 	l.attached = true
-	s.attached++
 	s.setPollWindow()
 	if err := l.fetchAll(); err != nil {
 		// The FETCHes that went in complete with the ring; the queue
