@@ -19,9 +19,12 @@ deps:
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/csi-fastblk ./cmd/csi-fastblk
 
-# A static binary for the VM initramfs and the container image.
+# A static binary for the VM initramfs and the container image. TAGS adds
+# build tags: the benchmarks build it with the ablation switches
+# (--ublk-ablate, -tags ablation), which the plugin's binary lacks.
+TAGS ?=
 static:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/csi-fastblk-static ./cmd/csi-fastblk
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/csi-fastblk-static ./cmd/csi-fastblk
 
 # Run the plugin on a local socket with default settings.
 run: deps build
@@ -41,12 +44,15 @@ vet:
 # the tools make deps installs, a pids cgroup, task I/O accounting, ext4's
 # error trigger, two CPUs, O_DIRECT in $$TMPDIR and provided-buffer rings;
 # not CAP_SYS_RESOURCE (this sandbox withholds it) nor ublk (the VM has it,
-# hack/vm/guest/lib.sh). Override on another machine: make FASTBLK_REQUIRE=root unit.
-FASTBLK_REQUIRE ?= root,loop,tools,cgroup,ioacct,ext4error,smp,odirect,bufring
+# hack/vm/guest/lib.sh). The tests build with the failpoints, test hooks and
+# ablation switches the plugin's binary lacks (TEST_TAGS; testgate.Failpoint,
+# testgate.Ablation). Override on another machine: make FASTBLK_REQUIRE=root unit.
+FASTBLK_REQUIRE ?= root,loop,tools,cgroup,ioacct,ext4error,smp,odirect,bufring,failpoint,ablation
 export FASTBLK_REQUIRE
+TEST_TAGS := failpoint,ablation
 
 unit:
-	$(GO) test -race -count=1 $$($(GO) list ./... | grep -v /test/)
+	$(GO) test -race -count=1 -tags '$(TEST_TAGS)' $$($(GO) list ./... | grep -v /test/)
 
 # Every fuzz target for FUZZTIME (10s) each; a failing input is saved under
 # the package's testdata/fuzz/ and becomes a seed of `make unit`.
@@ -85,6 +91,7 @@ e2e-k8s-down:
 
 # Every benchmark, one markdown report (bin/benchmarks.md; UPDATE_DOCS=1
 # also writes docs/benchmarks.md). Hours under TCG; not part of test.
+bench bench-scale bench-vm: TAGS = ablation
 bench: deps build static
 	hack/bench/all.sh
 

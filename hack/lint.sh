@@ -25,6 +25,8 @@ fi
 mod=$(go list -m)
 fail=0
 "$tools/staticcheck-$STATICCHECK_VERSION" ./... || fail=1
+# The test builds' failpoints, hooks and ablation switches (make unit's tags).
+"$tools/staticcheck-$STATICCHECK_VERSION" -tags failpoint,ablation ./... || fail=1
 while read -r pkg imports; do
 	rel=${pkg#"$mod"/}
 	for imp in $imports; do

@@ -69,8 +69,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
 	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
-	fs.StringVar(&c.devices.Ablate, "ublk-ablate", "", "benchmarks only: techniques of the ublk server threads to switch off, comma-separated: "+
-		"submit-each, reap-one, plain-ring, unbounded, no-fixed-files, no-fixed-buffers, hand-off")
+	ablateFlag(fs, &c.devices)
 	fs.Func("ublk-batch-io", "fetch and commit ublk requests in batches (UBLK_F_BATCH_IO, Linux 7.0+) on new devices: off, auto (where the kernel offers it) or on (default off)",
 		func(s string) error {
 			_, err := ublk.ParseMode("--ublk-batch-io", s)

@@ -15,7 +15,9 @@
 #   --variants  the plugin set-ups to measure (default shared): LABEL=FLAGS
 #               runs the plugin with
 #               serve FLAGS joined by '+' (hidden benchmark flags such as
-#               --ublk-ablate=reap-one or --ublk-thread-tags=1024, NAME=VALUE
+#               --ublk-ablate=reap-one, which needs a binary built with
+#               -tags ablation as make bench-scale builds it, or
+#               --ublk-thread-tags=1024, NAME=VALUE
 #               for its environment, params=queues=1,queueDepth=64 for the
 #               volumes' StorageClass parameters)
 #   --no-loop   leave out the kernel loop devices
@@ -63,7 +65,7 @@ mkdir -p "$logdir"
 if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
 	if ((profile)); then
 		# Symbols for perf: make static strips them.
-		(cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -o bin/csi-fastblk-static ./cmd/csi-fastblk)
+		(cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -tags ablation -o bin/csi-fastblk-static ./cmd/csi-fastblk)
 	fi
 	"$VM_DIR/kernels.sh"
 	VM_PERF=$profile "$VM_DIR/initramfs.sh"

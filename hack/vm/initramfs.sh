@@ -110,6 +110,10 @@ stage_tools() {
 	# No ld.so.cache: the loader searches its multiarch default paths.
 }
 
+# The test binaries build with the failpoints, test hooks and ablation
+# switches the plugin's binary lacks (the Makefile's TEST_TAGS).
+TEST_TAGS=failpoint,ablation
+
 # stage_binaries builds the test binaries of tests.list and adds csi-fastblk.
 stage_binaries() {
 	local pkg rel name out failed=()
@@ -128,7 +132,7 @@ stage_binaries() {
 		out="$ROOT/opt/fastblk/$rel"
 		mkdir -p "$out"
 		log "go test -c $pkg"
-		if ! (cd "$REPO_ROOT" && CGO_ENABLED=0 go test -c -trimpath -ldflags='-s -w' -o "$out/$name.test" "$pkg"); then
+		if ! (cd "$REPO_ROOT" && CGO_ENABLED=0 go test -c -trimpath -tags "$TEST_TAGS" -ldflags='-s -w' -o "$out/$name.test" "$pkg"); then
 			((KEEP_GOING)) || die "test package $pkg does not compile"
 			failed+=("$pkg")
 			continue
@@ -145,7 +149,7 @@ stage_binaries() {
 		log "go test -race -c $pkg"
 		# (glibc warns that static binaries may need its shared
 		# libraries for name lookups, which the tests do not do.)
-		if ! (cd "$REPO_ROOT" && CGO_ENABLED=1 go test -race -c -trimpath -ldflags='-linkmode=external -extldflags=-static' \
+		if ! (cd "$REPO_ROOT" && CGO_ENABLED=1 go test -race -c -trimpath -tags "$TEST_TAGS" -ldflags='-linkmode=external -extldflags=-static' \
 			-o "$ROOT/opt/fastblk/$rel/$name.race.test" "$pkg" >"$ROOT/race-build.log" 2>&1); then
 			cat "$ROOT/race-build.log" >&2
 			((KEEP_GOING)) || die "race build of $pkg failed"

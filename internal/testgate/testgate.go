@@ -41,6 +41,13 @@ const (
 	Quiesce     = "quiesce"     // UBLK_F_QUIESCE
 )
 
+// Build tags: test binaries built with them have code the plugin's binary
+// lacks. make unit and the VM build every test binary with both.
+const (
+	Failpoint = "failpoint" // -tags failpoint: failpoints and test hooks
+	Ablation  = "ablation"  // -tags ablation: the benchmark ablation switches
+)
+
 // Opt-ins: tests that need more than a test machine (a cluster, a second
 // boot, permission to change machine-wide state, the chart harness). Each is
 // enabled by its own environment variable or harness, and listing it in

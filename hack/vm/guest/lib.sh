@@ -13,8 +13,9 @@ FASTBLK_DATA=${FASTBLK_DATA:-/data}
 # xfsprogs), two CPUs and provided-buffer rings; 7.3 has every ublk feature
 # the plugin uses (AUTO_BUF_REG zero copy, BATCH_IO, UPDATE_SIZE, QUIESCE;
 # TestRequiredFeatures asserts them). A kernel not listed requires the
-# common set only.
-_require=root,ublk,loop,tools,smp,bufring
+# common set only. The test binaries are built with the failpoints, test
+# hooks and ablation switches (hack/vm/initramfs.sh, TEST_TAGS).
+_require=root,ublk,loop,tools,smp,bufring,failpoint,ablation
 case "$(uname -r)" in
 7.3.*) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-$_require,zerocopy,batch,updatesize,quiesce} ;;
 *) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-$_require} ;;

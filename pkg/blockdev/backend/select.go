@@ -51,16 +51,17 @@ type Config struct {
 	Threads int
 	// Benchmark knobs (ublk only; zero: the product's defaults):
 	// ThreadTags sizes each server thread (ublk.ThreadConfig.Tags),
-	// ZeroCopy is "auto", "on" or "off", and Ablate lists techniques to
-	// switch off (ublk.ParseAblation), PollInFlight is the most requests
+	// ZeroCopy is "auto", "on" or "off", PollInFlight is the most requests
 	// in service with which a server thread still polls
 	// (ublk.ThreadConfig.PollInFlight), PinThreads pins server thread i
 	// to the i-th CPU (ublk.ThreadConfig.Pin).
 	ThreadTags   int
 	ZeroCopy     string
-	Ablate       string
 	PollInFlight int
 	PinThreads   bool
+	// ablationConfig has Ablate, the techniques of the ublk server
+	// threads to switch off, in benchmark builds (-tags ablation) only.
+	ablationConfig
 	// UblkControl is the ublk control device whose presence makes "auto"
 	// try ublk ("" = /dev/ublk-control). The ublk backend itself always
 	// opens /dev/ublk-control; tests point this elsewhere to exercise the

@@ -48,7 +48,7 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 			return nil, ublkErr("ublk backend", err)
 		}
 	}
-	ablation, err := ublk.ParseAblation(cfg.Ablate)
+	ablation, err := cfg.ablation()
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
 	}

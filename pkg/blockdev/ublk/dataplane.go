@@ -19,7 +19,8 @@ type (
 	ThreadConfig = dataplane.ThreadConfig
 	// ThreadStats are one server thread's counters.
 	ThreadStats = dataplane.ThreadStats
-	// Ablation switches techniques of the data plane off (benchmarks).
+	// Ablation switches techniques of the data plane off (benchmarks;
+	// empty without -tags ablation).
 	Ablation = dataplane.Ablation
 )
 
@@ -28,9 +29,6 @@ func FileTarget(fd int) Target { return dataplane.FileTarget(fd) }
 
 // NullTarget completes every request at once without backing I/O.
 func NullTarget() Target { return dataplane.NullTarget() }
-
-// ParseAblation parses a comma-separated list of ablation names.
-func ParseAblation(s string) (Ablation, error) { return dataplane.ParseAblation(s) }
 
 // DefaultIdleReclaim is QueueOptions.IdleReclaim's default.
 const DefaultIdleReclaim = dataplane.DefaultIdleReclaim

@@ -1,12 +1,5 @@
 package ublk
 
-// failpoint, when set, is called at named points of operations that span
-// several steps, so that a test can kill the process exactly there, make
-// the operation fail there (a non-nil error is returned as the step's), or
-// look at the kernel's state there. Only tests set it (see
-// failpoint_test.go); in the plugin it stays nil.
-var failpoint func(name string) error
-
 // Failpoints.
 const (
 	// fpStateSaved is after a new device's state file is durable and
@@ -23,10 +16,3 @@ const (
 	// started on the server's threads, before END_USER_RECOVERY.
 	fpRecovering = "ublk-recovering"
 )
-
-func failAt(name string) error {
-	if failpoint != nil {
-		return failpoint(name)
-	}
-	return nil
-}

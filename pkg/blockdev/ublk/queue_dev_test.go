@@ -480,15 +480,3 @@ func TestQueueRegistersHeadsOnDemand(t *testing.T) {
 		t.Fatalf("a tag registered %d pages, more than the %d of FixedHeadBytes", most, dataplane.FixedHeadBytes/unix.Getpagesize())
 	}
 }
-
-// bufPages returns, over the copy-mode queues of th, how many pages of
-// their buffers are resident, how many are registered as fixed buffers,
-// and the most registered for one tag.
-func bufPages(t *testing.T, th *dataplane.Thread) (resident, registered, most int) {
-	t.Helper()
-	resident, registered, most, err := dataplane.BufferPages(th, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resident, registered, most
-}

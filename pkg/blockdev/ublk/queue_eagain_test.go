@@ -41,15 +41,15 @@ func TestQueueEAGAIN(t *testing.T) {
 		_, err := bd.ReadAt(got, 1<<20)
 		return err
 	}
-	q.FaultEAGAIN(dataplane.MaxEAGAIN)
+	injectEAGAIN(t, q, dataplane.MaxEAGAIN)
 	if err := read(); err != nil || !bytes.Equal(got, want) {
 		t.Fatalf("read after %d EAGAINs: %v, data equal %v", dataplane.MaxEAGAIN, err, bytes.Equal(got, want))
 	}
-	q.FaultEAGAIN(dataplane.MaxEAGAIN + 1)
+	injectEAGAIN(t, q, dataplane.MaxEAGAIN+1)
 	if err := read(); !errors.Is(err, unix.EIO) {
 		t.Fatalf("read after %d EAGAINs = %v, want EIO", dataplane.MaxEAGAIN+1, err)
 	}
-	if n := q.FaultsLeft(); n != 0 {
+	if n := eagainLeft(q); n != 0 {
 		t.Fatalf("%d EAGAIN faults left unconsumed", n)
 	}
 	if err := read(); err != nil || !bytes.Equal(got, want) {

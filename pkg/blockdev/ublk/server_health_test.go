@@ -36,7 +36,7 @@ func TestServerHealthFailsWhileThreadFailed(t *testing.T) {
 	}
 	writeRead(t, d.Path, 0, 3, true)
 	th := s.Threads().Threads()[0]
-	stopFailing := dataplane.FailThread(th)
+	stopFailing := failThread(t, th)
 	defer stopFailing()
 	<-th.Done()
 	stopFailing()

@@ -113,7 +113,7 @@ func TestServerRecoversDevicesOfFailedThread(t *testing.T) {
 	}
 	writeRead(t, d.Path, 1<<20, 7, true)
 	th := s.Threads().Threads()[0]
-	stopFailing := dataplane.FailThread(th)
+	stopFailing := failThread(t, th)
 	defer stopFailing()
 	err = poll(ctx, 5*time.Second, func() (bool, error) { return s.Err("vol") != nil, nil })
 	if err != nil {

@@ -9,13 +9,6 @@ import (
 	"testing"
 )
 
-// setFailpoint sets the package's failpoint for the rest of the test.
-func setFailpoint(t *testing.T, f func(name string) error) {
-	t.Helper()
-	failpoint = f
-	t.Cleanup(func() { failpoint = nil })
-}
-
 // TestServerStartFailureStopsDevice proves that a device whose creation
 // fails after its START_DEV succeeded (issue 23, defect 7) is removed as
 // the started device it is: STOP_DEV ends its queues, and only then are
@@ -65,7 +58,7 @@ func TestServerStartFailureStopsDevice(t *testing.T) {
 		return nil
 	})
 	_, err = s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file, Queues: 2})
-	failpoint = nil
+	setFailpoint(t, nil)
 	if !errors.Is(err, injected) {
 		t.Fatalf("attach = %v, want the injected failure", err)
 	}
@@ -130,7 +123,7 @@ func TestServerFailedRecoveryKeepsFilesOfLiveQueues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	failpoint = nil
+	setFailpoint(t, nil)
 	if len(errs) != 1 || !errors.Is(errs[0], injected) {
 		t.Fatalf("start-up errors %v, want the injected failure", errs)
 	}

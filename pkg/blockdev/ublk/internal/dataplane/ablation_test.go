@@ -1,3 +1,5 @@
+//go:build ablation
+
 package dataplane
 
 import (
@@ -31,5 +33,17 @@ func TestParseAblation(t *testing.T) {
 	}
 	if _, err := ParseAblation("submit-each,reap-two"); !errors.Is(err, os.ErrInvalid) {
 		t.Fatalf("unknown name: %v, want ErrInvalid", err)
+	}
+}
+
+// TestWaitForNewsAblated pins the wait of the batch-wait and timed-batch
+// ablations while requests can arrive: the quarter of the backing I/O, as
+// before the wait for news (TestWaitForNews).
+func TestWaitForNewsAblated(t *testing.T) {
+	for _, ab := range []Ablation{{BatchWait: true}, {TimedBatch: true}} {
+		s := &threadLoop{parked: 32, backing: 256, ab: ab}
+		if got := s.waitFor(); got != 64 {
+			t.Errorf("%s: waitFor = %d, want 64", ab, got)
+		}
 	}
 }

@@ -37,11 +37,11 @@ func serveCounting(t *testing.T, l *loop, tag uint16) (attempts int) {
 }
 
 // TestLoopEAGAIN proves the retry path of a backing operation answered
-// -EAGAIN, driven by the queue's faultEAGAIN failpoint: up to maxEAGAIN
+// -EAGAIN, driven by the queue's FaultEAGAIN failpoint: up to MaxEAGAIN
 // such answers the operation is issued again and the request completes
 // with its data; one more and the request is completed with an error (the
 // kernel gets -EIO: TestQueueEAGAIN, on a real device) after exactly
-// maxEAGAIN retries, and the queue goes on serving other requests.
+// MaxEAGAIN retries, and the queue goes on serving other requests.
 func TestLoopEAGAIN(t *testing.T) {
 	for _, c := range []struct {
 		name   string
@@ -49,10 +49,10 @@ func TestLoopEAGAIN(t *testing.T) {
 		faults int32
 	}{
 		{"read, one EAGAIN", uapi.IOOpRead, 1},
-		{"read, maxEAGAIN", uapi.IOOpRead, maxEAGAIN},
-		{"write, maxEAGAIN", uapi.IOOpWrite, maxEAGAIN},
-		{"read, one over maxEAGAIN", uapi.IOOpRead, maxEAGAIN + 1},
-		{"write, one over maxEAGAIN", uapi.IOOpWrite, maxEAGAIN + 1},
+		{"read, maxEAGAIN", uapi.IOOpRead, MaxEAGAIN},
+		{"write, maxEAGAIN", uapi.IOOpWrite, MaxEAGAIN},
+		{"read, one over maxEAGAIN", uapi.IOOpRead, MaxEAGAIN + 1},
+		{"write, one over maxEAGAIN", uapi.IOOpWrite, MaxEAGAIN + 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			l, f := hostLoop(t, 4, TargetFile)
@@ -64,14 +64,14 @@ func TestLoopEAGAIN(t *testing.T) {
 			} else {
 				copy(l.bufs.slice(1), data)
 			}
-			fails := c.faults > maxEAGAIN
-			l.q.faultEAGAIN.Store(c.faults)
+			fails := c.faults > MaxEAGAIN
+			injectEAGAIN(t, l.q, c.faults)
 			setDesc(l, 1, c.op, 8, 8)
 			attempts := serveCounting(t, l, 1)
-			if want := int(min(c.faults, maxEAGAIN) + 1); attempts != want {
+			if want := int(min(c.faults, MaxEAGAIN) + 1); attempts != want {
 				t.Fatalf("%d backing attempts, want %d", attempts, want)
 			}
-			if left := l.q.faultEAGAIN.Load(); left != 0 {
+			if left := l.q.eagainLeft(); left != 0 {
 				t.Fatalf("%d EAGAIN faults left unconsumed", left)
 			}
 			st := l.q.stats.snapshot()

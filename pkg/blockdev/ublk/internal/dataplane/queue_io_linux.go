@@ -103,7 +103,7 @@ func (l *loop) issue(tag uint16) error {
 		sqe.PrepFallocate(l.fileBacking, t.plan.mode, off, uint64(n))
 	}
 	sqe.Flags |= l.fileFlag
-	if l.s.ab.HandOff {
+	if l.s.ab.handOff() {
 		sqe.Flags |= uring.IOSQE_ASYNC
 	}
 	sqe.UserData = encodeUD(udBacking, l.slot, tag)
@@ -172,13 +172,12 @@ func (l *loop) onBacking(tag uint16, res int32) error {
 		return errBadTag
 	}
 	l.backingEnded()
-	if l.q.faultEAGAIN.Load() > 0 {
-		l.q.faultEAGAIN.Add(-1)
+	if l.q.hooks.eagain() {
 		res = -int32(unix.EAGAIN)
 	}
 	t := &l.tags[tag]
 	switch {
-	case res == -int32(unix.EAGAIN) && t.retries < maxEAGAIN:
+	case res == -int32(unix.EAGAIN) && t.retries < MaxEAGAIN:
 		if t.plan.act == actWrite && l.cfg.Options.NowaitWrites && t.retries < nowaitTries {
 			l.nowaitRefused(t)
 		}

@@ -102,12 +102,8 @@ type Queue struct {
 	thread  *Thread
 	failure atomic.Pointer[error]
 	done    chan struct{}
-	err     error // set before done is closed
-	// faultEAGAIN is a failpoint, set only by tests: how many more of the
-	// queue's backing completions its thread takes for -EAGAIN whatever
-	// the kernel answered (the operation did run), so that the retry
-	// path (onBacking, maxEAGAIN) can be driven. 0 in the plugin.
-	faultEAGAIN atomic.Int32
+	err     error      // set before done is closed
+	hooks   queueHooks // test failpoints (testhooks_on_linux.go); empty in the plugin
 }
 
 func (c *QueueConfig) validate() error {

@@ -12,9 +12,9 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
-// maxEAGAIN bounds how often one backing operation is retried on -EAGAIN
+// MaxEAGAIN bounds how often one backing operation is retried on -EAGAIN
 // before the request fails with -EIO.
-const maxEAGAIN = 64
+const MaxEAGAIN = 64
 
 // epoch is the origin of the queue's monotonic request timestamps.
 var epoch = time.Now()
@@ -144,7 +144,7 @@ const FixedHeadBytes = 16 << 10
 // KiB I/O pins 4 KiB per tag, not the whole head (64 volumes of 2 queues x
 // 64 tags: 32 MiB, not 128 MiB).
 func (l *loop) registerBuffers() error {
-	if !l.cfg.Options.FixedBuffers || l.s.ab.NoFixedBuffers {
+	if !l.cfg.Options.FixedBuffers || l.s.ab.noFixedBuffers() {
 		return nil
 	}
 	l.fixed = min(uint32(FixedHeadBytes), uint32(l.bufs.size))

@@ -424,24 +424,21 @@ func TestWaitFor(t *testing.T) {
 }
 
 // TestWaitForNews pins the wait while requests can arrive: one completion
-// whatever backing I/O is in flight, the quarter of it once every tag is
-// in service, and the quarter again with the batch-wait ablation.
+// whatever backing I/O is in flight, and the quarter of it once every tag
+// is in service.
 func TestWaitForNews(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		parked  int
 		backing int
-		ab      Ablation
 		want    uint32
 	}{
-		{"idle", 64, 0, Ablation{}, 1},
-		{"busy, tags parked", 32, 256, Ablation{}, 1},
-		{"every tag in service", 0, 256, Ablation{}, 64},
-		{"busy, tags parked, batch-wait", 32, 256, Ablation{BatchWait: true}, 64},
-		{"busy, tags parked, timed-batch", 32, 256, Ablation{TimedBatch: true}, 64},
+		{"idle", 64, 0, 1},
+		{"busy, tags parked", 32, 256, 1},
+		{"every tag in service", 0, 256, 64},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			s := &threadLoop{parked: c.parked, backing: c.backing, ab: c.ab}
+			s := &threadLoop{parked: c.parked, backing: c.backing}
 			if got := s.waitFor(); got != c.want {
 				t.Fatalf("waitFor = %d, want %d", got, c.want)
 			}

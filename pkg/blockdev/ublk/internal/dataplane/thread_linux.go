@@ -327,18 +327,18 @@ func (t *Thread) setup() (*threadLoop, error) {
 	tags := uint32(t.cfg.Tags)
 	ab := t.cfg.Ablation
 	flags, sq, cq, reap := uint32(ringFlags), min(tags+1, threadSQ), 2*tags+2, min(int(2*tags+2), reapBatch)
-	if ab.PlainRing {
+	if ab.plainRing() {
 		flags = 0
 	}
-	if ab.Unbounded {
+	if ab.unbounded() {
 		// The kernel wants at least as many CQ entries as SQ entries;
 		// the engine's pending queue holds the SQEs beyond.
 		sq, cq = unboundedCQ, unboundedCQ
 	}
-	if ab.ReapOne {
+	if ab.reapOne() {
 		reap = 1
 	}
-	ring, err := uring.New(uring.Config{Entries: sq, CQEntries: cq, Unbounded: ab.Unbounded,
+	ring, err := uring.New(uring.Config{Entries: sq, CQEntries: cq, Unbounded: ab.unbounded(),
 		Flags: flags, PendingEntries: int(min(tags+1, threadSQ))})
 	if err != nil {
 		return nil, fmt.Errorf("server thread %d: create ring: %w", t.id, err)
@@ -352,7 +352,7 @@ func (t *Thread) setup() (*threadLoop, error) {
 		ring.Close()
 		return nil, fmt.Errorf("server thread %d: %w", t.id, err)
 	}
-	if ab.ThreadNice {
+	if ab.threadNice() {
 		// Linux keeps the nice value per thread: who 0 is this one.
 		// Refused (no CAP_SYS_NICE), the thread runs at the default.
 		_ = unix.Setpriority(unix.PRIO_PROCESS, 0, threadNice)
@@ -454,9 +454,7 @@ func (s *threadLoop) serve() error {
 		}
 		s.round++
 		s.t.stats.rounds.Add(1)
-		if hook := roundHook.Load(); hook != nil {
-			(*hook)(s)
-		}
+		runRoundHook(s)
 		if len(s.held) > 0 {
 			s.releaseHeld(monoNow())
 		}
@@ -486,7 +484,7 @@ func (s *threadLoop) serve() error {
 // device's requests must not stop every device of the thread. A panic
 // outside a queue's handling ends the thread (run).
 func (s *threadLoop) dispatch(n int) {
-	if s.ab.LightFirst {
+	if s.ab.lightFirst() {
 		s.lightFirst(n)
 	}
 	for i := 0; i < n; {
@@ -510,7 +508,7 @@ func (s *threadLoop) dispatchFrom(i, n int) (next int) {
 	}()
 	for ; i < n; i++ {
 		s.handle(&s.cqes[i])
-		if s.ab.SubmitEach {
+		if s.ab.submitEach() {
 			s.submitEach()
 		}
 	}
@@ -675,7 +673,7 @@ func (s *threadLoop) wait(now int64) (int, error) {
 	if s.wakeDisarmed && (bound == 0 || wakeRetry < bound) {
 		bound = wakeRetry
 	}
-	if s.ab.TimedBatch && (bound == 0 || timedBatchWait < bound) {
+	if s.ab.timedBatch() && (bound == 0 || timedBatchWait < bound) {
 		bound = timedBatchWait
 	}
 	_, err := s.ring.SubmitAndWait(s.waitFor(), bound)
@@ -685,6 +683,10 @@ func (s *threadLoop) wait(now int64) (int, error) {
 	}
 	return s.reap()
 }
+
+// unboundedCQ is the ring size with Ablation Unbounded: below what one
+// device of two queues at depth 64 keeps parked on a thread of two.
+const unboundedCQ = 64
 
 // threadNice is a server thread's nice value under Ablation ThreadNice.
 const threadNice = -10
@@ -709,8 +711,8 @@ const timedBatchWait = 200 * time.Microsecond
 // timedBatchWait), to measure the policy against them.
 func (s *threadLoop) waitFor() uint32 {
 	want := 1
-	news := s.fetchers > 0 || (s.parked > 0 && !s.ab.BatchWait && !s.ab.TimedBatch)
-	if !news && !s.ab.ReapOne {
+	news := s.fetchers > 0 || (s.parked > 0 && !s.ab.batchWait() && !s.ab.timedBatch())
+	if !news && !s.ab.reapOne() {
 		want = max(1, s.backing/4)
 	}
 	return uint32(want + s.batchCmds)
@@ -891,7 +893,7 @@ func (s *threadLoop) attach(l *loop) error {
 	slot := s.free[len(s.free)-1]
 	l.s, l.ring, l.slot, l.bufBase = s, s.ring, slot, uint16(base)
 	l.fileChar, l.fileBacking, l.fileFlag = int32(2*slot), int32(2*slot+1), uring.IOSQE_FIXED_FILE
-	if s.ab.NoFixedFiles {
+	if s.ab.noFixedFiles() {
 		l.fileChar, l.fileBacking, l.fileFlag = int32(l.cfg.CharFD), int32(l.cfg.Target.FD), 0
 	}
 	if err := l.setup(); err != nil {

@@ -1,3 +1,5 @@
+//go:build failpoint
+
 package dataplane
 
 import (
@@ -12,10 +14,34 @@ import (
 
 // Test hooks: how tests, here and in package ublk (which serves real
 // devices on this data plane), inject failures into a server thread and
-// look inside it. The plugin never calls them.
+// look inside it. Only test builds (-tags failpoint) have them; in the
+// plugin they are empty and cost nothing (testhooks_off_linux.go).
 
 // roundHook, when set, runs at the start of every round of every thread.
 var roundHook atomic.Pointer[func(*threadLoop)]
+
+// runRoundHook runs the round hook, if set, at the start of a round of s.
+func runRoundHook(s *threadLoop) {
+	if hook := roundHook.Load(); hook != nil {
+		(*hook)(s)
+	}
+}
+
+// queueHooks are a queue's failpoints.
+type queueHooks struct {
+	// faultEAGAIN is how many more of the queue's backing completions
+	// its thread takes for -EAGAIN whatever the kernel answered.
+	faultEAGAIN atomic.Int32
+}
+
+// eagain reports whether this backing completion is to read -EAGAIN.
+func (h *queueHooks) eagain() bool {
+	if h.faultEAGAIN.Load() > 0 {
+		h.faultEAGAIN.Add(-1)
+		return true
+	}
+	return false
+}
 
 // setRoundHook sets (nil: clears) the threads' round hook.
 func setRoundHook(f func(*threadLoop)) {
@@ -87,13 +113,10 @@ func BufferPages(th *Thread, wait time.Duration) (resident, registered, most int
 	}
 }
 
-// MaxEAGAIN is how often one backing operation is retried on -EAGAIN.
-const MaxEAGAIN = maxEAGAIN
-
 // FaultEAGAIN makes the queue's thread take the next n of the queue's
 // backing completions for -EAGAIN, whatever the kernel answered (the
 // operation did run), so that the retry path can be driven.
-func (q *Queue) FaultEAGAIN(n int32) { q.faultEAGAIN.Store(n) }
+func (q *Queue) FaultEAGAIN(n int32) { q.hooks.faultEAGAIN.Store(n) }
 
 // FaultsLeft is how many injected -EAGAIN answers are still to come.
-func (q *Queue) FaultsLeft() int32 { return q.faultEAGAIN.Load() }
+func (q *Queue) FaultsLeft() int32 { return q.hooks.faultEAGAIN.Load() }

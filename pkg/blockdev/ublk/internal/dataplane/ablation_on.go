@@ -1,3 +1,5 @@
+//go:build ablation
+
 package dataplane
 
 import (
@@ -8,8 +10,10 @@ import (
 
 // Ablation switches off, one by one, the techniques the server threads are
 // built on, so that a benchmark can measure what each is worth
-// (docs/benchmarks.md, "Ablation"). The zero value is the product; the
-// plugin sets it only from its hidden --ublk-ablate flag.
+// (docs/benchmark-studies.md, "Ablation"). The zero value is the product;
+// the plugin sets it only from its --ublk-ablate flag. Only binaries built
+// with -tags ablation (benchmarks, tests) have the switches: in every other
+// build Ablation is empty and every technique is on (ablation_off.go).
 type Ablation struct {
 	// SubmitEach submits every SQE as soon as it is prepared, one
 	// io_uring_enter each, instead of once per round for all of them.
@@ -59,10 +63,6 @@ type Ablation struct {
 	// measured as a loss.
 	HandOff bool
 }
-
-// unboundedCQ is the ring size with Ablation.Unbounded: below what one
-// device of two queues at depth 64 keeps parked on a thread of two.
-const unboundedCQ = 64
 
 // ablations names each switch, as ParseAblation takes and String gives.
 var ablations = []struct {
@@ -124,3 +124,16 @@ func AblationNames() []string {
 	}
 	return names
 }
+
+// The switches, as the server threads read them.
+func (a Ablation) submitEach() bool     { return a.SubmitEach }
+func (a Ablation) reapOne() bool        { return a.ReapOne }
+func (a Ablation) batchWait() bool      { return a.BatchWait }
+func (a Ablation) timedBatch() bool     { return a.TimedBatch }
+func (a Ablation) lightFirst() bool     { return a.LightFirst }
+func (a Ablation) threadNice() bool     { return a.ThreadNice }
+func (a Ablation) plainRing() bool      { return a.PlainRing }
+func (a Ablation) unbounded() bool      { return a.Unbounded }
+func (a Ablation) noFixedFiles() bool   { return a.NoFixedFiles }
+func (a Ablation) noFixedBuffers() bool { return a.NoFixedBuffers }
+func (a Ablation) handOff() bool        { return a.HandOff }

@@ -1,0 +1,13 @@
+//go:build !ablation
+
+package main
+
+import (
+	"flag"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
+)
+
+// ablateFlag registers nothing: --ublk-ablate exists only in benchmark
+// builds (-tags ablation, ablate_on.go).
+func ablateFlag(*flag.FlagSet, *backend.Config) {}

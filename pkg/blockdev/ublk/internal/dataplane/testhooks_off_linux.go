@@ -1,0 +1,12 @@
+//go:build !failpoint
+
+package dataplane
+
+// Without -tags failpoint the test hooks (testhooks_on_linux.go) are empty:
+// nothing for the plugin to check per round or per completion.
+
+func runRoundHook(*threadLoop) {}
+
+type queueHooks struct{}
+
+func (*queueHooks) eagain() bool { return false }
