@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -196,45 +194,6 @@ func (s *Server) put(id string, sv *served) {
 	}
 }
 
-// Attach returns the volume's device, creating it if needed. An existing
-// device for the same file is returned as is; one for another file is an
-// error wrapping os.ErrExist.
-func (s *Server) Attach(ctx context.Context, spec AttachSpec) (Served, error) {
-	if err := validName(spec.VolumeID); err != nil {
-		return Served{}, err
-	}
-	if err := spec.Limits.Validate(); err != nil {
-		return Served{}, fmt.Errorf("attach %s: %w: %w", spec.VolumeID, err, errInvalid)
-	}
-	if sv := s.get(spec.VolumeID); sv != nil {
-		if sv.st.File != spec.File {
-			return Served{}, fmt.Errorf("attach %s: served from %s: %w", spec.VolumeID, sv.st.File, os.ErrExist)
-		}
-		if err := s.SetLimits(spec.VolumeID, spec.Limits); err != nil {
-			return Served{}, err
-		}
-		return s.get(spec.VolumeID).info(), nil
-	}
-	if sv, ok, err := s.adoptRecorded(ctx, spec); ok || err != nil {
-		return sv, err
-	}
-	file, size, dio, err := openBacking(spec)
-	if err != nil {
-		return Served{}, err
-	}
-	sv, err := s.create(ctx, spec, file, size, dio)
-	if err != nil {
-		if file != nil && !errors.Is(err, errQueuesLive) {
-			// A queue that did not end may still use it: leaked, not
-			// closed under its thread.
-			file.Close()
-		}
-		return Served{}, err
-	}
-	s.put(spec.VolumeID, sv)
-	return sv.info(), nil
-}
-
 // adoptRecorded re-adopts a device recorded for the volume but not served
 // (its re-adoption at start failed), so that Attach never makes a second
 // device for one volume. ok reports that it returned a device.
@@ -269,123 +228,7 @@ func (s *Server) adoptRecorded(ctx context.Context, spec AttachSpec) (Served, bo
 	return Served{}, false, nil
 }
 
-func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, size int64, dio uint32) (*served, error) {
-	flags, err := addFlags(s.features, s.cfg.ZeroCopy, s.cfg.BatchIO)
-	if err != nil {
-		return nil, err
-	}
-	tun, err := ChooseTuning(TuningInput{CPUs: s.cfg.CPUs, Queues: spec.Queues, Depth: spec.Depth, MaxIOBytes: spec.MaxIOBytes,
-		ZeroCopy: zeroCopy(flags), MemoryBudget: s.cfg.MemoryBudget})
-	if err != nil {
-		return nil, err
-	}
-	if err := s.checkThreads(tun.Queues); err != nil {
-		return nil, err
-	}
-	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun,
-		NowaitWrites: s.nowaitWrites(file, nil), Limits: spec.Limits, Owner: s.owner}
-	lim := qos.New(spec.Limits)
-	target := NullTarget()
-	if file != nil {
-		target = FileTarget(int(file.Fd()))
-	}
-	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
-		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads(), Persist: func(info DevInfo) error {
-			st.DevID, st.Flags = info.DevID, info.Flags
-			if spec.Null {
-				return nil // benchmark devices are never re-adopted
-			}
-			if err := saveState(s.cfg.StateDir, st); err != nil {
-				return err
-			}
-			return failAt(fpStateSaved)
-		}}
-	dev, err := CreateDevice(ctx, s.ctl, cfg)
-	if err != nil {
-		if st.Flags != 0 && !spec.Null {
-			err = errors.Join(err, removeState(s.cfg.StateDir, spec.VolumeID))
-		}
-		return nil, err
-	}
-	return &served{st: st, dev: dev, lim: lim, file: file}, nil
-}
-
-// queueOptions returns ServerConfig.Queue with NowaitWrites set to the
-// device's choice (State.NowaitWrites, from nowaitWrites).
-func (s *Server) queueOptions(nowait bool) QueueOptions {
-	o := s.cfg.Queue
-	o.NowaitWrites = nowait
-	return o
-}
-
-// nowaitWrites chooses QueueOptions.NowaitWrites for a device backed by
-// file (nil for the null target). On and off apply to every device. In
-// auto mode a re-adopted device keeps the choice recorded in its State
-// (adopted), and for a new one the file's filesystem is probed once
-// (StaleMtimeRefusesNowait) and the answer remembered; a probe that fails
-// (no O_TMPFILE or O_DIRECT there) answers false, so the writes take
-// io_uring's usual path.
-func (s *Server) nowaitWrites(file *os.File, adopted *State) bool {
-	switch {
-	case s.cfg.NowaitWrites != ModeAuto:
-		return s.cfg.NowaitWrites == ModeOn
-	case adopted != nil:
-		return adopted.NowaitWrites
-	case file == nil:
-		return false
-	}
-	var st unix.Stat_t
-	if err := unix.Fstat(int(file.Fd()), &st); err != nil {
-		return false
-	}
-	s.probeMu.Lock()
-	defer s.probeMu.Unlock()
-	refuses, ok := s.nowait[st.Dev]
-	if !ok {
-		refuses, _ = dataplane.StaleMtimeRefusesNowait(filepath.Dir(file.Name()))
-		if s.nowait == nil {
-			s.nowait = make(map[uint64]bool)
-		}
-		s.nowait[st.Dev] = refuses
-	}
-	return refuses
-}
-
 func (sv *served) info() Served { return Served{State: sv.st, Path: blockPath(sv.st.DevID)} }
-
-// openBacking opens the volume file for direct I/O and returns it, the
-// device size and the file's direct-I/O memory alignment.
-func openBacking(spec AttachSpec) (*os.File, int64, uint32, error) {
-	if spec.Null {
-		if spec.SizeBytes <= 0 {
-			return nil, 0, 0, fmt.Errorf("null device: size %d: %w", spec.SizeBytes, errInvalid)
-		}
-		return nil, spec.SizeBytes, 0, nil
-	}
-	mode := os.O_RDWR
-	if spec.ReadOnly {
-		mode = os.O_RDONLY
-	}
-	f, err := os.OpenFile(spec.File, mode|unix.O_DIRECT|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return nil, 0, 0, fmt.Errorf("open backing file: %w", err)
-	}
-	var stx unix.Statx_t
-	if err := unix.Statx(int(f.Fd()), "", unix.AT_EMPTY_PATH, unix.STATX_SIZE|unix.STATX_DIOALIGN, &stx); err != nil {
-		f.Close()
-		return nil, 0, 0, fmt.Errorf("statx %s: %w", spec.File, err)
-	}
-	size := spec.SizeBytes
-	if size == 0 {
-		size = int64(stx.Size)
-	}
-	if stx.Dio_offset_align > 4096 || size > int64(stx.Size) {
-		f.Close()
-		return nil, 0, 0, fmt.Errorf("backing file %s: size %d (want %d), direct I/O alignment %d (max 4096): %w",
-			spec.File, stx.Size, size, stx.Dio_offset_align, errInvalid)
-	}
-	return f, size, stx.Dio_mem_align, nil
-}
 
 // Detach deletes the volume's device and forgets it. Unknown volumes
 // return nil.
@@ -431,100 +274,6 @@ func (s *Server) detachRecorded(id string) error {
 		return fmt.Errorf("detach %w", err)
 	}
 	return nil
-}
-
-// Resize grows the volume's live device (UPDATE_SIZE, 6.16+). Without the
-// feature the error wraps errors.ErrUnsupported; an unknown volume
-// os.ErrNotExist.
-func (s *Server) Resize(ctx context.Context, id string, sizeBytes int64) error {
-	sv := s.get(id)
-	if sv == nil {
-		return fmt.Errorf("resize %s: %w", id, os.ErrNotExist)
-	}
-	if sizeBytes == sv.st.SizeBytes {
-		return nil
-	}
-	if err := sv.dev.Resize(sizeBytes); err != nil {
-		return err
-	}
-	st := sv.st
-	st.SizeBytes = sizeBytes
-	if err := saveState(s.cfg.StateDir, st); err != nil {
-		return err
-	}
-	s.mu.Lock()
-	sv.st = st
-	s.mu.Unlock()
-	return nil
-}
-
-// SetLimits puts new rate limits in force on the volume's live device at
-// once (requests already held are booked again under them) and records
-// them for re-adoption. An unknown volume gives os.ErrNotExist.
-func (s *Server) SetLimits(id string, lim qos.Limits) error {
-	if err := lim.Validate(); err != nil {
-		return fmt.Errorf("set limits of %s: %w: %w", id, err, errInvalid)
-	}
-	sv := s.get(id)
-	if sv == nil {
-		return fmt.Errorf("set limits of %s: %w", id, os.ErrNotExist)
-	}
-	if sv.st.Limits == lim {
-		return nil
-	}
-	st := sv.st
-	st.Limits = lim
-	if err := saveState(s.cfg.StateDir, st); err != nil {
-		return err
-	}
-	sv.lim.Set(lim)
-	sv.dev.Nudge()
-	s.mu.Lock()
-	sv.st = st
-	s.mu.Unlock()
-	return nil
-}
-
-// List returns every served device, sorted by volume ID.
-func (s *Server) List() []Served {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]Served, 0, len(s.devs))
-	for _, sv := range s.devs {
-		out = append(out, sv.info())
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].VolumeID < out[j].VolumeID })
-	return out
-}
-
-// Pause holds the I/O of the volume's device until resume (Device.Pause),
-// so its backing file can be copied or cloned consistently while in use.
-func (s *Server) Pause(ctx context.Context, id string) (resume func(), err error) {
-	sv := s.get(id)
-	if sv == nil {
-		return nil, fmt.Errorf("pause %s: %w", id, os.ErrNotExist)
-	}
-	return sv.dev.Pause(ctx)
-}
-
-// Err reports why the volume's device is not fully served (a failed queue
-// or server thread), nil when it is, and an error wrapping os.ErrNotExist
-// for a volume the server does not serve.
-func (s *Server) Err(id string) error {
-	sv := s.get(id)
-	if sv == nil {
-		return fmt.Errorf("ublk device of %s: %w", id, os.ErrNotExist)
-	}
-	return sv.dev.Err()
-}
-
-// Stats returns the queue counters of a volume's device, and whether this
-// process re-adopted the device from an earlier one.
-func (s *Server) Stats(id string) (queues []QueueStats, recovered bool) {
-	if sv := s.get(id); sv != nil {
-		return sv.dev.Stats(), sv.recovered
-	}
-	return nil, false
 }
 
 // Close stops serving without stopping the devices: they stay QUIESCED,

@@ -19,7 +19,7 @@
 // but io_uring_enter: what may wait on a filesystem (the backing file's
 // mtime, freshenMtime) runs off the thread. It still registers the heads
 // of copy-mode buffers with io_uring_register when a tag first needs them
-// (registered): that pins pages of our own memory, at most once per tag
+// (registerHead): that pins pages of our own memory, at most once per tag
 // and size.
 //
 // Per request (queue_io_linux.go): the tag's completion → decode the

@@ -150,7 +150,7 @@ func TestFreshenMtimeNeverBlocksTheThread(t *testing.T) {
 	}
 	defer f.Close()
 	q := &Queue{cfg: QueueConfig{Target: FileTarget(int(f.Fd())), Options: QueueOptions{NowaitWrites: true}}}
-	l := newLoop(q)
+	l := newQueueState(q)
 	l.s = &threadLoop{round: 1}
 	defer l.mtime.Close()
 	dir.freeze(t)

@@ -63,7 +63,7 @@ type batch struct {
 }
 
 // setupBatch maps the element arrays and registers the fetch ring.
-func (l *loop) setupBatch() error {
+func (l *queueState) setupBatch() error {
 	d := int(l.cfg.Depth)
 	b := &batch{elemBytes: int(unsafe.Sizeof(uapi.BatchElem{}))}
 	if !l.zc {
@@ -96,14 +96,14 @@ func (b *batch) close() {
 }
 
 // slotBytes returns element array i.
-func (l *loop) slotBytes(i int) []byte {
+func (l *queueState) slotBytes(i int) []byte {
 	size := int(l.cfg.Depth) * l.b.elemBytes
 	return l.b.elems.Bytes()[i*size : (i+1)*size]
 }
 
 // prepAll queues the PREP of every tag and the FETCH, in that order (a
 // FETCH before its queue is prepared is refused during recovery).
-func (l *loop) prepAll() error {
+func (l *queueState) prepAll() error {
 	for tag := range l.tags {
 		l.putElem(uint16(tag), 0)
 	}
@@ -114,7 +114,7 @@ func (l *loop) prepAll() error {
 }
 
 // armFetch queues the multishot FETCH.
-func (l *loop) armFetch() error {
+func (l *queueState) armFetch() error {
 	sqe := l.ring.GetSQE()
 	if sqe == nil {
 		return errNoSQE
@@ -132,7 +132,7 @@ func (l *loop) armFetch() error {
 
 // putElem adds tag's element (result for a COMMIT, 0 for the PREP) to the
 // array being filled.
-func (l *loop) putElem(tag uint16, result int32) {
+func (l *queueState) putElem(tag uint16, result int32) {
 	b := l.b
 	e := l.slotBytes(b.slot)[b.n*b.elemBytes:]
 	binary.LittleEndian.PutUint16(e[0:], tag)
@@ -155,7 +155,7 @@ func (l *loop) putElem(tag uint16, result int32) {
 }
 
 // commitBatch queues one COMMIT_IO_CMDS for the round's results, if any.
-func (l *loop) commitBatch() error {
+func (l *queueState) commitBatch() error {
 	if l.b == nil || l.b.n == 0 {
 		return nil
 	}
@@ -166,7 +166,7 @@ func (l *loop) commitBatch() error {
 // sendElems queues op for the elements of the array being filled, which
 // then waits for the CQE (want: its expected result), and moves on to the
 // next array.
-func (l *loop) sendElems(op uint32, want int32) error {
+func (l *queueState) sendElems(op uint32, want int32) error {
 	b := l.b
 	sqe := l.ring.GetSQE()
 	if sqe == nil {
@@ -202,7 +202,7 @@ func putBatchIO(c *[16]byte, qid, flags, nrElem uint16, elemBytes uint8) {
 // onBatchCmd handles the CQE of a PREP or COMMIT sent from array slot. Any
 // other result than the whole array's means requests the kernel will not
 // complete: the queue cannot go on.
-func (l *loop) onBatchCmd(slot uint16, res int32) error {
+func (l *queueState) onBatchCmd(slot uint16, res int32) error {
 	if int(slot) >= commitSlots || l.b.want[slot] < 0 {
 		return errBadTag
 	}
@@ -228,7 +228,7 @@ func (l *loop) onBatchCmd(slot uint16, res int32) error {
 // onFetch handles a FETCH CQE: start every request whose tag the kernel
 // wrote into the selected buffer, give the buffer back, and arm the FETCH
 // again if this was its last CQE and the device goes on.
-func (l *loop) onFetch(c *uring.CQE) error {
+func (l *queueState) onFetch(c *uring.CQE) error {
 	b := l.b
 	if c.Flags&uring.IORING_CQE_F_MORE == 0 {
 		b.fetching = false
@@ -285,7 +285,7 @@ func (b *batch) outstanding() int {
 
 // batchDone reports whether a batch-mode queue has nothing left to do: the
 // device stopped the FETCH and every delivered request was committed.
-func (l *loop) batchDone() bool {
+func (l *queueState) batchDone() bool {
 	b := l.b
 	return b.ended && b.owned == 0 && b.n == 0 && l.backing == 0 && b.outstanding() == 0
 }

@@ -10,7 +10,7 @@ import (
 
 // serveCounting drives one request of tag from arrival to its COMMIT and
 // returns how many backing completions it took.
-func serveCounting(t *testing.T, l *loop, tag uint16) (attempts int) {
+func serveCounting(t *testing.T, l *queueState, tag uint16) (attempts int) {
 	t.Helper()
 	if err := l.onCmd(tag, uapi.IOResOK); err != nil {
 		t.Fatalf("onCmd: %v", err)

@@ -26,7 +26,7 @@ var (
 
 // onCmd handles the completion of a FETCH or COMMIT_AND_FETCH: a new
 // request for tag, or the end of the tag.
-func (l *loop) onCmd(tag uint16, res int32) error {
+func (l *queueState) onCmd(tag uint16, res int32) error {
 	l.s.parked--
 	if int(tag) >= len(l.tags) {
 		return errBadTag
@@ -60,7 +60,7 @@ func (l *loop) onCmd(tag uint16, res int32) error {
 }
 
 // accept starts serving the request the kernel handed over for tag.
-func (l *loop) accept(tag uint16) error {
+func (l *queueState) accept(tag uint16) error {
 	t := &l.tags[tag]
 	t.req = l.descs.request(tag)
 	t.plan = planFor(t.req, l.cfg.Target.Kind)
@@ -86,7 +86,7 @@ func (l *loop) accept(tag uint16) error {
 }
 
 // issue queues the backing operation for the unserved part of tag's request.
-func (l *loop) issue(tag uint16) error {
+func (l *queueState) issue(tag uint16) error {
 	t := &l.tags[tag]
 	sqe := l.ring.GetSQE()
 	if sqe == nil {
@@ -114,13 +114,13 @@ func (l *loop) issue(tag uint16) error {
 // backingStarted and backingEnded count a backing operation of the queue in
 // the kernel: for the queue (its end waits for none), its thread (the batch
 // wait) and its device (Pause waits for none).
-func (l *loop) backingStarted() {
+func (l *queueState) backingStarted() {
 	l.backing++
 	l.s.backing++
 	l.q.stats.backing.Add(1)
 }
 
-func (l *loop) backingEnded() {
+func (l *queueState) backingEnded() {
 	l.backing--
 	l.s.backing--
 	l.q.stats.backing.Add(-1)
@@ -135,10 +135,10 @@ func (l *loop) backingEnded() {
 // goes through the tag's buffer, as fixed buffer #tag when it lies within
 // the buffer's registered head. Either way the fixed buffer is the tag's
 // slot of the thread's buffer table, bufBase + tag.
-func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
+func (l *queueState) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	t := &l.tags[tag]
 	write := t.plan.act == actWrite
-	fixed := !l.zc && t.done+n <= l.fixed && l.registered(tag, t.done+n)
+	fixed := !l.zc && t.done+n <= l.fixed && l.registerHead(tag, t.done+n)
 	f, slot := l.fileBacking, l.bufBase+tag
 	switch {
 	case l.zc && write:
@@ -167,7 +167,7 @@ func (l *loop) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 
 // onBacking handles a backing-file completion: continue a short transfer,
 // retry -EAGAIN, or commit the full byte count or the error.
-func (l *loop) onBacking(tag uint16, res int32) error {
+func (l *queueState) onBacking(tag uint16, res int32) error {
 	if int(tag) >= len(l.tags) {
 		return errBadTag
 	}
@@ -230,7 +230,7 @@ const nowaitPause = 100 * time.Millisecond
 // means something else (a hole to allocate) blocks the write, so it goes,
 // and for nowaitPause every write goes, to the kernel's own hand-off, which
 // costs no round trip through here.
-func (l *loop) nowaitRefused(t *tagState) {
+func (l *queueState) nowaitRefused(t *tagState) {
 	l.q.stats.nowaitRefused.Add(1)
 	if t.retries == 0 {
 		if l.recheckRound != l.s.round {
@@ -244,7 +244,7 @@ func (l *loop) nowaitRefused(t *tagState) {
 }
 
 // nowaitOK says whether this round's writes try RWF_NOWAIT first.
-func (l *loop) nowaitOK() bool {
+func (l *queueState) nowaitOK() bool {
 	return l.cfg.Options.NowaitWrites && l.s.roundAt >= l.nowaitOffUntil
 }
 
@@ -256,7 +256,7 @@ func (l *loop) nowaitOK() bool {
 // updates it off the server thread. A write sent before the update is done,
 // or after one that failed, costs nothing but a refusal: it goes to io-wq,
 // as it would without RWF_NOWAIT.
-func (l *loop) freshenMtime() {
+func (l *queueState) freshenMtime() {
 	if l.mtimeRound == l.s.round {
 		return
 	}
@@ -274,7 +274,7 @@ func (l *loop) freshenMtime() {
 // which completes the request and re-arms the tag in one SQE, or in batch
 // mode adds it to the round's COMMIT_IO_CMDS. Stats are recorded here,
 // once per request.
-func (l *loop) commit(tag uint16, result int32) error {
+func (l *queueState) commit(tag uint16, result int32) error {
 	t := &l.tags[tag]
 	if result == -int32(unix.EAGAIN) {
 		result = -int32(unix.EIO)

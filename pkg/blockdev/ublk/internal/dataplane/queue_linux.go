@@ -156,7 +156,7 @@ func (q *Queue) start() error {
 			return err
 		}
 	}
-	l := newLoop(q)
+	l := newQueueState(q)
 	var err error
 	if l.descs, err = mapDescs(q.cfg.CharFD, q.cfg.QID, q.cfg.Depth); err == nil && !l.zc {
 		l.bufs, err = mapBuffers(q.cfg.Depth, q.cfg.MaxIOBytes)

@@ -28,14 +28,17 @@ type tagState struct {
 	done    uint32 // bytes of req served so far (short reads/writes)
 	start   int64  // monoNow at arrival, for the latency histogram
 	due     int64  // monoNow at which a rate-limited request may start
-	reg     uint32 // copy mode: bytes at the head of the tag's buffer registered (registered)
+	reg     uint32 // copy mode: bytes at the head of the tag's buffer registered (registerHead)
 	retries uint8  // -EAGAIN retries of the current backing op
 	aborted bool   // the kernel said -ENODEV: never re-fetch
 }
 
-// loop is the serving state of one queue on its server thread. Only that
-// thread touches it once the queue is attached.
-type loop struct {
+// queueState is the serving state of one queue on its server thread. Only
+// that thread touches it once the queue is attached. It has many fields
+// (36) on purpose: the thread reaches all of a queue's state through one
+// pointer per completion, with no locks; the fields are grouped by
+// concern, and each concern's code lives in its own file (queue_*.go).
+type queueState struct {
 	q     *Queue
 	cfg   *QueueConfig
 	s     *threadLoop // the thread serving the queue (set by attach)
@@ -91,9 +94,9 @@ type loop struct {
 }
 
 // newLoop returns the serving state of q, before its thread takes it.
-func newLoop(q *Queue) *loop {
+func newQueueState(q *Queue) *queueState {
 	cfg := &q.cfg
-	l := &loop{q: q, cfg: cfg, zc: cfg.Flags&uapi.FlagAutoBufReg != 0, tags: make([]tagState, cfg.Depth),
+	l := &queueState{q: q, cfg: cfg, zc: cfg.Flags&uapi.FlagAutoBufReg != 0, tags: make([]tagState, cfg.Depth),
 		started: make(chan error, 1), mtime: cfg.Mtime}
 	if l.mtime == nil && cfg.Options.NowaitWrites && cfg.Target.Kind == TargetFile {
 		l.mtime, l.ownMtime = NewMtimeToucher(cfg.Target.FD), true
@@ -107,7 +110,7 @@ func newLoop(q *Queue) *loop {
 
 // setup registers the queue's files and buffers in its thread's ring
 // tables and sets up batch mode.
-func (l *loop) setup() error {
+func (l *queueState) setup() error {
 	files := []int32{int32(l.cfg.CharFD), -1}
 	if l.cfg.Target.Kind == TargetFile {
 		files[1] = int32(l.cfg.Target.FD)
@@ -140,10 +143,10 @@ const FixedHeadBytes = 16 << 10
 // registered as a fixed buffer when the config asks for it, so backing I/O
 // that fits there skips pinning user pages on every request. Registering
 // pins (and so makes resident) what it registers, so it happens per tag as
-// requests need it (registered), not here: a volume that only ever does 4
+// requests need it (registerHead), not here: a volume that only ever does 4
 // KiB I/O pins 4 KiB per tag, not the whole head (64 volumes of 2 queues x
 // 64 tags: 32 MiB, not 128 MiB).
-func (l *loop) registerBuffers() error {
+func (l *queueState) registerBuffers() error {
 	if !l.cfg.Options.FixedBuffers || l.s.ab.noFixedBuffers() {
 		return nil
 	}
@@ -151,13 +154,13 @@ func (l *loop) registerBuffers() error {
 	return nil
 }
 
-// registered makes sure the first end bytes (at most l.fixed) of tag's
+// registerHead makes sure the first end bytes (at most l.fixed) of tag's
 // buffer are registered as the tag's fixed buffer, growing the registration
 // to whole pages as the requests ask. The tag's earlier backing I/O has
 // completed, so replacing its slot meets nothing in flight. If the kernel
 // refuses (the locked-memory limit), the queue stops registering and its
 // I/O pins pages per request, as without fixed buffers.
-func (l *loop) registered(tag uint16, end uint32) bool {
+func (l *queueState) registerHead(tag uint16, end uint32) bool {
 	t := &l.tags[tag]
 	if end <= t.reg {
 		return true
@@ -177,7 +180,7 @@ func (l *loop) registered(tag uint16, end uint32) bool {
 // teardown takes the queue out of its thread's ring tables (unless the ring
 // is closed) and unmaps its memory. The queue has nothing in flight, or the
 // ring is closed: the kernel no longer uses descriptors or buffers.
-func (l *loop) teardown() {
+func (l *queueState) teardown() {
 	if l.ring != nil && l.s != nil {
 		if l.fileFlag != 0 {
 			_ = l.ring.UpdateFiles(uint32(l.fileChar), []int32{-1, -1})
@@ -192,7 +195,7 @@ func (l *loop) teardown() {
 }
 
 // end records how the queue ended and tells its waiters.
-func (l *loop) end(err error) {
+func (l *queueState) end(err error) {
 	l.q.err = err
 	if l.ownMtime {
 		l.mtime.Close()
@@ -205,7 +208,7 @@ func (l *loop) end(err error) {
 // refused, or a broken ring. The requests it has in flight finish; new
 // ones stay with the kernel, held as if the server had died, and the
 // failure is reported (Queue.Err) so that the device can be recovered.
-func (l *loop) fail(err error) {
+func (l *queueState) fail(err error) {
 	if l.failed {
 		return
 	}
@@ -219,7 +222,7 @@ func (l *loop) fail(err error) {
 
 // mayEnd puts the queue on the thread's list of queues to check for the
 // end (settle).
-func (l *loop) mayEnd() {
+func (l *queueState) mayEnd() {
 	if !l.inEnding {
 		l.inEnding = true
 		l.s.ending = append(l.s.ending, l)
@@ -228,7 +231,7 @@ func (l *loop) mayEnd() {
 
 // fetchAll FETCHes every tag (in batch mode: PREPs every tag and arms the
 // FETCH).
-func (l *loop) fetchAll() error {
+func (l *queueState) fetchAll() error {
 	if l.b != nil {
 		return l.prepAll()
 	}
@@ -241,7 +244,7 @@ func (l *loop) fetchAll() error {
 }
 
 // prepCmd queues a FETCH_REQ or COMMIT_AND_FETCH_REQ for tag.
-func (l *loop) prepCmd(op uint32, tag uint16, result int32) error {
+func (l *queueState) prepCmd(op uint32, tag uint16, result int32) error {
 	sqe := l.ring.GetSQE()
 	if sqe == nil {
 		return errNoSQE
@@ -272,7 +275,7 @@ func putIOCmd(c *[16]byte, qid, tag uint16, result int32, addr uint64) {
 
 // done reports whether the device has ended the queue: every tag aborted
 // (in batch mode: the FETCH) and nothing left in service.
-func (l *loop) done() bool {
+func (l *queueState) done() bool {
 	if l.b != nil {
 		return l.batchDone()
 	}

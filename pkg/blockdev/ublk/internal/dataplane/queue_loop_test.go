@@ -22,7 +22,7 @@ import (
 // backing I/O is real, the ublk commands fail (a regular file has no
 // uring_cmd) and are reaped by the test. The queue sits in slot 1 of the
 // thread, so that user data and table slots are not all zero.
-func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop, *os.File) {
+func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*queueState, *os.File) {
 	t.Helper()
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
@@ -46,14 +46,14 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 2*tags+2), slots: make([]*loop, 2),
+	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 2*tags+2), slots: make([]*queueState, 2),
 		free: []uint16{1}, bufSlots: newRangeAlloc(th.cfg.Tags)}
 	t.Cleanup(func() { s.close(nil) })
 	if err := s.register(); err != nil {
 		t.Fatal(err)
 	}
 	s.bufSlots.alloc(int(depth)) // slot 0's run: the queue's starts after it
-	l := newLoop(q)
+	l := newQueueState(q)
 	l.descs = &descArea{mem: make([]byte, int(depth)*uapi.SizeofIODesc), depth: int(depth)}
 	if l.bufs, err = mapBuffers(depth, q.cfg.MaxIOBytes); err != nil {
 		t.Fatal(err)
@@ -73,7 +73,7 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*loop
 }
 
 // setDesc writes tag's descriptor as the kernel would.
-func setDesc(l *loop, tag uint16, opFlags, nrSectors uint32, start uint64) {
+func setDesc(l *queueState, tag uint16, opFlags, nrSectors uint32, start uint64) {
 	b := l.descs.mem[int(tag)*uapi.SizeofIODesc:]
 	binary.LittleEndian.PutUint32(b[0:], opFlags)
 	binary.LittleEndian.PutUint32(b[4:], nrSectors)
@@ -82,7 +82,7 @@ func setDesc(l *loop, tag uint16, opFlags, nrSectors uint32, start uint64) {
 
 // step submits what the loop prepared, waits for one completion and hands
 // backing completions to the loop; it returns the ublk command results.
-func step(t testing.TB, l *loop, cmds []int32) []int32 {
+func step(t testing.TB, l *queueState, cmds []int32) []int32 {
 	if _, err := l.ring.SubmitAndWait(1, 5*time.Second); err != nil {
 		t.Fatalf("submit and wait: %v", err)
 	}
@@ -105,7 +105,7 @@ func step(t testing.TB, l *loop, cmds []int32) []int32 {
 }
 
 // serveOne drives one request of tag from arrival to its COMMIT SQE.
-func serveOne(t testing.TB, l *loop, tag uint16) {
+func serveOne(t testing.TB, l *queueState, tag uint16) {
 	if err := l.onCmd(tag, uapi.IOResOK); err != nil {
 		t.Fatalf("onCmd: %v", err)
 	}
@@ -147,7 +147,7 @@ func testLoopReadWrite(t *testing.T, fixed bool) {
 
 // roundTrip writes data at sector through tag 1 (with writeFlags) and reads
 // it back through tag 2, checking the backing file and the read buffer.
-func roundTrip(t *testing.T, l *loop, f *os.File, data []byte, sector uint64, writeFlags uint32) {
+func roundTrip(t *testing.T, l *queueState, f *os.File, data []byte, sector uint64, writeFlags uint32) {
 	t.Helper()
 	n := uint32(len(data) / 512)
 	copy(l.bufs.slice(1), data)
@@ -633,8 +633,8 @@ func TestReclaimBacksOffWhileRingBusy(t *testing.T) {
 // completions of queues with few backing operations in flight first, then
 // the busy queues', each side in ring order, none lost or duplicated.
 func TestLightFirstOrdersRound(t *testing.T) {
-	busy, quiet := &loop{backing: 3 * lightBacking}, &loop{backing: 1}
-	s := &threadLoop{slots: []*loop{busy, quiet}, cqes: make([]uring.CQE, 8)}
+	busy, quiet := &queueState{backing: 3 * lightBacking}, &queueState{backing: 1}
+	s := &threadLoop{slots: []*queueState{busy, quiet}, cqes: make([]uring.CQE, 8)}
 	order := []struct {
 		slot, tag uint16
 	}{{0, 0}, {0, 1}, {1, 0}, {0, 2}, {1, 1}, {0, 3}}

@@ -40,11 +40,11 @@ func (g *Gate) Open() {
 // pausedDue is the start booked for requests held by a closed gate.
 const pausedDue = math.MaxInt64
 
-func (l *loop) gateClosed() bool { return l.cfg.Gate != nil && l.cfg.Gate.closed.Load() }
+func (l *queueState) gateClosed() bool { return l.cfg.Gate != nil && l.cfg.Gate.closed.Load() }
 
 // gen is the generation of what the held requests were booked under: the
 // rate limits' and the gate's.
-func (l *loop) gen() uint64 {
+func (l *queueState) gen() uint64 {
 	var g uint64
 	if l.cfg.Limiter != nil {
 		g = l.cfg.Limiter.Gen()
@@ -57,7 +57,7 @@ func (l *loop) gen() uint64 {
 
 // book returns the start of a request of n bytes arriving at now: held
 // while the gate is closed, paced by the limits, or at once.
-func (l *loop) book(t *tagState, now int64) int64 {
+func (l *queueState) book(t *tagState, now int64) int64 {
 	switch {
 	case l.gateClosed():
 		return pausedDue
@@ -70,7 +70,7 @@ func (l *loop) book(t *tagState, now int64) int64 {
 // throttle books the request just arrived on tag at now and holds it when
 // it may not start yet, or when others are held before it. It reports
 // whether it held the request.
-func (l *loop) throttle(tag uint16, now int64) bool {
+func (l *queueState) throttle(tag uint16, now int64) bool {
 	t := &l.tags[tag]
 	if l.held == nil {
 		return false
@@ -101,7 +101,7 @@ func (l *loop) throttle(tag uint16, now int64) bool {
 // release issues the held requests due at now, in booking order. When the
 // limits changed since they were booked it books them again first, so that
 // a raised limit frees them at once.
-func (l *loop) release(now int64) error {
+func (l *queueState) release(now int64) error {
 	if l.gateClosed() {
 		return nil
 	}
@@ -130,7 +130,7 @@ func (l *loop) release(now int64) error {
 
 // heldWait bounds a sleeping wait at now so that the thread wakes when the
 // first held request falls due; 0 means none is held.
-func (l *loop) heldWait(now int64) time.Duration {
+func (l *queueState) heldWait(now int64) time.Duration {
 	if l.heldLen == 0 || l.tags[l.held[l.heldHead]].due == pausedDue {
 		return 0 // none, or held until the gate opens (which wakes the thread)
 	}

@@ -10,7 +10,7 @@ import (
 )
 
 // limitedLoop is a host loop of depth 8 paced by lim.
-func limitedLoop(t *testing.T, lim qos.Limits) *loop {
+func limitedLoop(t *testing.T, lim qos.Limits) *queueState {
 	l, _ := hostLoop(t, 8, TargetFile)
 	l.cfg.Limiter = qos.New(lim)
 	l.held = make([]uint16, 8)
@@ -19,7 +19,7 @@ func limitedLoop(t *testing.T, lim qos.Limits) *loop {
 }
 
 // arrive hands reads of 4 KiB to tags first..first+n-1, as FETCH completions.
-func arrive(t *testing.T, l *loop, first, n uint16) {
+func arrive(t *testing.T, l *queueState, first, n uint16) {
 	t.Helper()
 	for tag := first; tag < first+n; tag++ {
 		setDesc(l, tag, uapi.IOOpRead, 8, uint64(tag)*8)

@@ -27,7 +27,7 @@ const DefaultIdleReclaim = 10 * time.Second
 // noteTailUse records, at the arrival of a request, whether its data (which
 // the kernel copies through the tag's buffer) reaches past the registered
 // head.
-func (l *loop) noteTailUse(t *tagState) {
+func (l *queueState) noteTailUse(t *tagState) {
 	if l.bufs != nil && t.req.len > l.fixed && (t.req.op == uapi.IOOpRead || t.req.op == uapi.IOOpWrite) {
 		l.tailsUsed, l.tailsAt = true, t.start
 		if !l.inTails {
@@ -43,7 +43,7 @@ func (l *loop) noteTailUse(t *tagState) {
 // its buffer only inside this thread's waiting io_uring_enter, so none can
 // land between two madvise calls; without it, it could, and the queue
 // never reclaims (nor bounds its waits for it).
-func (l *loop) reclaimArmed() bool {
+func (l *queueState) reclaimArmed() bool {
 	return l.cfg.Options.IdleReclaim > 0 && l.tailsUsed && l.q.stats.inFlight.Load() == 0 &&
 		l.ring.Flags()&uring.IORING_SETUP_DEFER_TASKRUN != 0
 }
@@ -51,7 +51,7 @@ func (l *loop) reclaimArmed() bool {
 // reclaimWait bounds a sleeping wait at now so that the queue wakes when
 // its buffer tails fall due for reclaim; 0 means no bound. With requests
 // in flight there is none: their completions end the wait anyway.
-func (l *loop) reclaimWait(now int64) time.Duration {
+func (l *queueState) reclaimWait(now int64) time.Duration {
 	if !l.reclaimArmed() {
 		return 0
 	}
@@ -64,7 +64,7 @@ func (l *loop) reclaimWait(now int64) time.Duration {
 // every commit consumed (in copy mode the kernel copies a read's data out
 // of the buffer while it consumes the COMMIT), and the caller has just
 // reaped nothing, so no delivered WRITE waits in a buffer.
-func (l *loop) reclaimDue(now int64) bool {
+func (l *queueState) reclaimDue(now int64) bool {
 	return l.reclaimArmed() && now-l.tailsAt >= int64(l.cfg.Options.IdleReclaim) && l.ring.Unsubmitted() == 0
 }
 
@@ -72,7 +72,7 @@ func (l *loop) reclaimDue(now int64) bool {
 // registered heads stay: the ring holds their pages pinned, and dropping
 // them from the mapping would part the buffer from what the ring reads
 // and writes.
-func (l *loop) reclaim() {
+func (l *queueState) reclaim() {
 	for tag := range l.tags {
 		// Best effort: madvise fails only for locked memory
 		// (mlockall), whose tails simply stay resident.

@@ -116,7 +116,7 @@ func TestLoopReclaimWaitsForIdle(t *testing.T) {
 }
 
 // settle runs the loop's backing I/O until n requests have been committed.
-func settle(t *testing.T, l *loop, n int) {
+func settle(t *testing.T, l *queueState, n int) {
 	t.Helper()
 	cmds := make([]int32, 0, n)
 	for len(cmds) < n {

@@ -33,6 +33,7 @@ const NumLatencyBuckets = len(LatencyBuckets) + 1
 
 // QueueStats is a snapshot of one queue's counters. Counters only grow,
 // except InFlight, which is the number of requests the queue holds now.
+// One field per counter (18): they are exported as they are, per volume.
 type QueueStats struct {
 	Reads, Writes, Flushes, Discards, WriteZeroes uint64
 	BytesRead, BytesWritten                       uint64
@@ -60,8 +61,9 @@ type QueueStats struct {
 	NowaitRefused, NowaitPauses, MtimeUpdates uint64
 }
 
-// queueStats is the live, atomically updated form of QueueStats. The queue
-// thread writes it; Stats reads it from any goroutine.
+// queueStats is the live, atomically updated form of QueueStats, one
+// atomic per counter (19 with backing). The server thread writes it; Stats
+// reads it from any goroutine.
 type queueStats struct {
 	reads, writes, flushes, discards, zeroes  atomic.Uint64
 	bytesRead, bytesWritten                   atomic.Uint64

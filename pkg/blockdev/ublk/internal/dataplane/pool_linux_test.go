@@ -157,7 +157,7 @@ func TestThreadWakeNotLostWithoutSQE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 4), slots: make([]*loop, 1), free: []uint16{0},
+	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 4), slots: make([]*queueState, 1), free: []uint16{0},
 		bufSlots: newRangeAlloc(1)}
 	defer s.close(nil)
 	stray := encodeUD(udCmd, 1<<12-1, 0) // no queue's

@@ -1,0 +1,296 @@
+// A server thread's loop: its ring and tables, one round (reap, dispatch,
+// submit), and the handling of each completion.
+
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
+)
+
+// ringFlags are the server ring's setup flags; the engine drops the ones an
+// older kernel refuses (DEFER_TASKRUN first).
+const ringFlags = uring.IORING_SETUP_SINGLE_ISSUER | uring.IORING_SETUP_DEFER_TASKRUN |
+	uring.IORING_SETUP_COOP_TASKRUN | uring.IORING_SETUP_TASKRUN_FLAG
+
+// setup builds the thread's ring and its empty tables.
+func (t *Thread) setup() (*threadLoop, error) {
+	home, err := threadSetup(t.cfg.CPU)
+	if err != nil {
+		return nil, fmt.Errorf("server thread %d: %w", t.id, err)
+	}
+	tags := uint32(t.cfg.Tags)
+	ab := t.cfg.Ablation
+	flags, sq, cq, reap := uint32(ringFlags), min(tags+1, threadSQ), 2*tags+2, min(int(2*tags+2), reapBatch)
+	if ab.plainRing() {
+		flags = 0
+	}
+	if ab.unbounded() {
+		// The kernel wants at least as many CQ entries as SQ entries;
+		// the engine's pending queue holds the SQEs beyond.
+		sq, cq = unboundedCQ, unboundedCQ
+	}
+	if ab.reapOne() {
+		reap = 1
+	}
+	ring, err := uring.New(uring.Config{Entries: sq, CQEntries: cq, Unbounded: ab.unbounded(),
+		Flags: flags, PendingEntries: int(min(tags+1, threadSQ))})
+	if err != nil {
+		return nil, fmt.Errorf("server thread %d: create ring: %w", t.id, err)
+	}
+	s := &threadLoop{t: t, ab: ab, ring: ring, cqes: make([]uring.CQE, reap), pollMax: t.cfg.PollInFlight,
+		slots: make([]*queueState, t.cfg.Queues), bufSlots: newRangeAlloc(t.cfg.Tags)}
+	for i := t.cfg.Queues - 1; i >= 0; i-- {
+		s.free = append(s.free, uint16(i))
+	}
+	if err := s.register(); err != nil {
+		ring.Close()
+		return nil, fmt.Errorf("server thread %d: %w", t.id, err)
+	}
+	if ab.threadNice() {
+		// Linux keeps the nice value per thread: who 0 is this one.
+		// Refused (no CAP_SYS_NICE), the thread runs at the default.
+		_ = unix.Setpriority(unix.PRIO_PROCESS, 0, threadNice)
+	}
+	if !t.cfg.Pin {
+		if err := unpin(home); err != nil {
+			ring.Close()
+			return nil, fmt.Errorf("server thread %d: %w", t.id, err)
+		}
+	}
+	s.armWaker()
+	if _, err := ring.Submit(); err != nil {
+		ring.Close()
+		return nil, fmt.Errorf("server thread %d: arm waker: %w", t.id, err)
+	}
+	return s, nil
+}
+
+func (s *threadLoop) register() error {
+	if err := s.ring.RegisterFilesSparse(uint32(2 * len(s.slots))); err != nil {
+		return err
+	}
+	if err := s.ring.RegisterBuffersSparse(uint32(s.t.cfg.Tags)); err != nil {
+		return err
+	}
+	// Entering through a registered ring fd saves an fd lookup per
+	// io_uring_enter; kernels without it (< 5.18) just do the lookup.
+	_ = s.ring.RegisterRingFD()
+	if n := s.t.cfg.IOWQWorkers; n > 0 {
+		// io-wq belongs to the thread, so this runs on the thread.
+		if _, err := s.ring.SetMaxWorkers(n, 0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// threadLoop is the state of one server thread. Only that thread touches
+// it. Its many fields (26) are the round's counters, lists and timers,
+// read in every round without locks because they live on the one thread.
+type threadLoop struct {
+	t        *Thread
+	ab       Ablation // t.cfg.Ablation: techniques switched off (benchmarks)
+	pollMax  int      // t.cfg.PollInFlight (0: pollMaxInFlight)
+	ring     *uring.Ring
+	cqes     []uring.CQE
+	spare    []uring.CQE   // lightFirst's scratch
+	cur      *queueState   // the queue handling a CQE now (dispatch)
+	slots    []*queueState // queues by slot (user_data); nil = free
+	free     []uint16      // free slots, a stack
+	bufSlots rangeAlloc
+	// backing counts backing operations in flight, serving the requests
+	// received and not yet committed, batchCmds the PREP/COMMIT
+	// commands of batch mode that still owe their CQE, and parked the
+	// FETCH and COMMIT_AND_FETCH commands that still owe theirs (each
+	// one's CQE is a new request, or its tag's end), over every queue.
+	backing, serving, batchCmds, parked int
+	fetchers                            int // batch-mode queues with their FETCH armed
+	// held are the queues holding requests for their rate limits,
+	// commits the batch-mode queues with results to send this round,
+	// tails the copy-mode queues whose buffer tails await a reclaim, and
+	// ending the queues that may have nothing left to do.
+	held, commits, tails, ending []*queueState
+	// wakeDisarmed: the poll on the thread's eventfd is not in the ring
+	// (no SQE was free when its last CQE came), so wakes (mail, Nudge,
+	// Close) go unnoticed until armWaker succeeds.
+	wakeDisarmed bool
+	// round counts the loop's rounds; roundAt is when (monoNow) this one
+	// began.
+	round   uint64
+	roundAt int64
+	// gapNs is a moving average of how long the thread waits, after a
+	// round, for the next completion; it sizes the poll, at most poll
+	// (see next).
+	gapNs int64
+	poll  time.Duration
+	// offeredAt is when (monoNow) the thread last offered itself to the
+	// Go scheduler (see next and uring.OfferInterval).
+	offeredAt int64
+	// reclaimRetryAt is when (monoNow) the idle reclaim may be tried
+	// again after the ring was too busy for it.
+	reclaimRetryAt int64
+}
+
+// serve is the event loop: one io_uring_enter per round submits every ready
+// SQE of every queue and waits for completions; every CQE is reaped and
+// the head advanced once; each CQE turns into at most one new SQE.
+func (s *threadLoop) serve() error {
+	n := 0
+	for {
+		if s.wakeDisarmed {
+			s.armWaker()
+		}
+		if s.t.closing.Load() {
+			return ErrQueueStopped
+		}
+		if s.t.hasMail.Load() {
+			for _, l := range s.t.takeMail() {
+				l.started <- s.attach(l)
+			}
+		}
+		s.round++
+		s.t.stats.rounds.Add(1)
+		runRoundHook(s)
+		if len(s.held) > 0 {
+			s.releaseHeld(monoNow())
+		}
+		for _, l := range s.commits {
+			l.inCommits = false
+			if err := l.commitBatch(); err != nil {
+				l.fail(err)
+			}
+		}
+		s.commits = s.commits[:0]
+		var err error
+		if n, err = s.next(n > 0); err != nil {
+			return err
+		}
+		s.roundAt = monoNow()
+		s.dispatch(n)
+		if len(s.tails) > 0 {
+			s.reclaimIdle()
+		}
+		s.settle()
+	}
+}
+
+// dispatch handles the round's CQEs, s.cqes[:n]. A panic while one queue
+// handles its completion fails that queue (its device reports it, its I/O
+// is held) and the thread goes on with the other CQEs: a bug reached by one
+// device's requests must not stop every device of the thread. A panic
+// outside a queue's handling ends the thread (run).
+func (s *threadLoop) dispatch(n int) {
+	if s.ab.lightFirst() {
+		s.lightFirst(n)
+	}
+	for i := 0; i < n; {
+		i = s.dispatchFrom(i, n)
+	}
+}
+
+// dispatchFrom handles s.cqes[i:n] and returns n, or the index after the
+// CQE whose handling panicked.
+func (s *threadLoop) dispatchFrom(i, n int) (next int) {
+	defer func() {
+		if r := recover(); r != nil {
+			l := s.cur
+			s.cur = nil
+			if l == nil {
+				panic(r)
+			}
+			l.fail(fmt.Errorf("%w: %v", errQueuePanic, r))
+			next = i + 1
+		}
+	}()
+	for ; i < n; i++ {
+		s.handle(&s.cqes[i])
+		if s.ab.submitEach() {
+			s.submitEach()
+		}
+	}
+	s.cur = nil
+	return n
+}
+
+// lightBacking is the most backing operations a queue may have in flight
+// and still count as light (Ablation LightFirst).
+const lightBacking = 2
+
+// lightFirst orders the round's CQEs, s.cqes[:n], so that those of light
+// queues (few backing operations in flight: a device at a low queue depth
+// beside busy ones) come first, each side in ring order: their SQEs then
+// go first into the submission queue, and the kernel issues them before
+// the busy devices' (Ablation LightFirst, a design of fairness measured
+// against the default).
+func (s *threadLoop) lightFirst(n int) {
+	if cap(s.spare) < n {
+		s.spare = make([]uring.CQE, 0, len(s.cqes))
+	}
+	heavy := s.spare[:0]
+	light := 0
+	for i := range n {
+		_, slot, _ := decodeUD(s.cqes[i].UserData)
+		if l := s.queue(slot); l == nil || l.backing <= lightBacking {
+			s.cqes[light] = s.cqes[i]
+			light++
+			continue
+		}
+		heavy = append(heavy, s.cqes[i])
+	}
+	copy(s.cqes[light:n], heavy)
+}
+
+// errQueuePanic is the class of a queue failed by a panic in its handling.
+var errQueuePanic = errors.New("panic serving the queue")
+
+// handle dispatches one CQE to its queue by the slot in its user_data.
+func (s *threadLoop) handle(c *uring.CQE) {
+	kind, slot, tag := decodeUD(c.UserData)
+	if kind == udWake {
+		s.t.waker.Drain()
+		s.armWaker()
+		return
+	}
+	if int(slot) >= len(s.slots) || s.slots[slot] == nil {
+		// Not a queue of ours: a stale CQE can only be a bug, and
+		// must not take the other queues down; it is counted.
+		s.t.stats.stray.Add(1)
+		return
+	}
+	l := s.slots[slot]
+	s.cur = l
+	var err error
+	switch kind {
+	case udCmd:
+		err = l.onCmd(tag, c.Res)
+	case udBacking:
+		err = l.onBacking(tag, c.Res)
+	case udFetch:
+		err = l.onFetch(c)
+	default:
+		err = fmt.Errorf("cqe with unknown user data %#x", c.UserData)
+	}
+	if err != nil {
+		l.fail(err)
+	}
+}
+
+// armWaker polls the thread's eventfd again. With no SQE free (the
+// submission and pending queues full within a round) it is tried again at
+// the start of every round, and waits stay short meanwhile (wakeRetry): a
+// wake that found no poll armed leaves the eventfd readable, so the poll
+// fires as soon as it is in the ring, and mail, a Nudge or a Close is late,
+// never lost.
+func (s *threadLoop) armWaker() {
+	sqe := s.ring.GetSQE()
+	s.wakeDisarmed = sqe == nil
+	if sqe != nil {
+		s.t.waker.PrepPoll(sqe, encodeUD(udWake, 0, 0))
+	}
+}
