@@ -129,8 +129,8 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	// and the next plugin adopts them, exactly as after a crash. Closing
 	// the ublk server first (its live threads' rings, then each device)
 	// now and then left the next plugin's START_USER_RECOVERY hanging on
-	// Linux 6.12 (4 of about 70 SIGTERM restarts under I/O in
-	// TestUpgradeStall), where exiting as a crash does never has
+	// Linux 6.12 (TestUpgradeStall; how often: docs/benchmark-studies.md,
+	// "Figures behind code comments"), where exiting as a crash never has
 	// (TestCrashStall and the kill -9 recovery tests); docs/upgrades.md.
 	var startup metrics.Startup
 	if fallback != nil {

@@ -97,8 +97,8 @@ func (d *Device) Err() error {
 }
 
 // CreateDevice adds, configures and starts a device: ADD_DEV, Persist,
-// open /dev/ublkcN, SET_PARAMS, one queue per hardware queue pinned to a
-// CPU of its affinity, START_DEV, then waits for /dev/ublkbN. On failure
+// open /dev/ublkcN, SET_PARAMS, one queue per hardware queue on the server
+// threads (cfg.Threads), START_DEV, then waits for /dev/ublkbN. On failure
 // everything it made is removed again.
 func CreateDevice(ctx context.Context, ctl *Control, cfg DeviceConfig) (*Device, error) {
 	if cfg.SizeBytes <= 0 || cfg.SizeBytes%4096 != 0 {

@@ -30,7 +30,7 @@ type ServerConfig struct {
 	ZeroCopy Mode
 	// BatchIO chooses between batch commands (UBLK_F_BATCH_IO, Linux
 	// 7.0+: requests fetched and committed in batches) and one command per
-	// request ("" = off: in the VM it measured no faster, see
+	// request ("" = off: it measured no faster, see the data plane's
 	// queue_batch_linux.go). It applies to new devices; a re-adopted one
 	// keeps the mode it was created with.
 	BatchIO Mode

@@ -18,9 +18,9 @@ const (
 	ZeroCopyMaxIOBytes = 1 << 20
 	// DefaultMemoryBudget is the copy-mode buffer budget of one volume:
 	// on 2 CPUs it keeps 2 queues at depth 64 (8 MiB halved the depth to
-	// 32, and two fio jobs at queue depth 32 then ran short of tags: 4k
-	// random reads ×1.20-1.40 with depth 64 in the 6.12 VM, sequential
-	// ×1.0-1.2). Buffers are touched lazily and given back when idle, so
+	// 32, and two fio jobs at queue depth 32 then ran short of tags; the
+	// figures are in docs/benchmark-studies.md, "Figures behind code
+	// comments"). Buffers are touched lazily and given back when idle, so
 	// the budget is resident only during large I/O; what stays is the
 	// registered heads, as much as the requests used: up to 16 KiB per
 	// tag, 2 MiB per volume of 2 queues x 64 (512 KiB with 4 KiB I/O).
@@ -39,8 +39,7 @@ const (
 // ThreadsPerQueue is how many OS threads one ublk queue costs the process:
 // the queue's own locked thread, and the idle thread the Go runtime keeps
 // for the processor the queue thread hands off while it waits in the
-// kernel. Measured in the VM: 64 attached volumes of 2 queues each added
-// 254-258 threads.
+// kernel (docs/benchmark-studies.md, "Figures behind code comments").
 const ThreadsPerQueue = 2
 
 // DefaultQueues is the queue count the policy chooses with cpus CPUs.

@@ -12,10 +12,9 @@ import "time"
 // A locked goroutine that never reschedules outlives every slice, so the
 // runtime's monitor thread (sysmon) takes its P away in the middle of each
 // sleeping wait, and after every such take it checks again every 20 µs for
-// a millisecond. Measured with 4k I/O at queue depth 32: in the 6.12 VM the
-// monitor used 12% of a vCPU without the offer and 4-6% with it, and the
-// ublk server's CPU per I/O fell by about 10%; on the host, two bench jobs
-// on two CPUs made a third of the context switches with it.
+// a millisecond. The offer saves the monitor's CPU time, the ublk server's
+// CPU per I/O and context switches (figures in
+// docs/benchmark-studies.md, "Figures behind code comments").
 const OfferInterval = 9 * time.Millisecond
 
 // OfferDue reports whether a ring thread whose last offer to the scheduler

@@ -33,8 +33,9 @@ type Config struct {
 	SubmitBatch int
 	// Poll, when positive, checks the rings for completions this long
 	// before each wait sleeps in io_uring_enter (the command's default is
-	// 100us: a sleep and wake-up per batch cost 10-15% of 4k random-write
-	// IOPS on a disk fast enough that fio never sleeps).
+	// 100us: a sleep and wake-up per batch cost a noticeable share of 4k
+	// random-write IOPS on a disk fast enough that fio never sleeps;
+	// docs/benchmark-studies.md, "Figures behind code comments").
 	Poll time.Duration
 	// NoFixed disables registered files and buffers (plain READ/WRITE).
 	NoFixed bool

@@ -4,7 +4,8 @@ package bench
 // once per pass and a new order every pass, as fio's default random map
 // does for random I/O: within a pass no block is written twice. (Uniform
 // draws repeat blocks, and on a disk that serialises overlapping writes
-// that alone cost 6-20% of fio's 4k random-write IOPS.)
+// that alone cost a visible share of the IOPS fio measures there; see
+// docs/benchmark-studies.md, "Figures behind code comments".)
 //
 // The order is a 4-round Feistel network over the smallest even number of
 // bits that covers n; indices that map past n are skipped (cycle walking),

@@ -95,8 +95,9 @@ func mapBuffers(depth uint16, size uint32) (*bufArea, error) {
 		return nil, fmt.Errorf("mmap %d i/o buffers of %d bytes: %w", depth, sz, err)
 	}
 	// Without this, transparent huge pages make the first 4 KiB request
-	// on a tag fault in 2 MiB: measured in the VM, 4k random I/O made all
-	// 8 MiB of a 2×32×128 KiB device resident instead of ~256 KiB.
+	// on a tag fault in 2 MiB, and 4k random I/O makes all of a device's
+	// buffers resident instead of the pages it touches
+	// (docs/benchmark-studies.md, "Figures behind code comments").
 	if err := unix.Madvise(mem, unix.MADV_NOHUGEPAGE); err != nil && !errors.Is(err, unix.EINVAL) {
 		unix.Munmap(mem)
 		return nil, fmt.Errorf("madvise i/o buffers: %w", err)

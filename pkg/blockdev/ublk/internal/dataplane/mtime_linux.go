@@ -62,7 +62,7 @@ func (m *MtimeToucher) request(tick int64) bool {
 	return true
 }
 
-// close ends the updates once no queue asks any more. Idempotent.
+// Close ends the updates once no queue asks any more. Idempotent.
 func (m *MtimeToucher) Close() {
 	if m != nil {
 		m.once.Do(func() { close(m.ask) })

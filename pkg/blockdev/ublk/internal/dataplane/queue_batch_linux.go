@@ -19,10 +19,9 @@
 // FETCH end anyway (-ENOBUFS: the CQ ring was full), it is armed again.
 //
 // Servers use it only when asked (ServerConfig.BatchIO): in the emulated
-// VM (7.3, zero copy) it was no faster than one command per request, 4k
-// IOPS at queue depth 32 ×0.94–1.00 and queue-depth-1 latency ×1.10
-// (medians of 5-6 paired repetitions), while costing the kernel's newest
-// ublk code path.
+// VM it was no faster than one command per request (figures in
+// docs/benchmark-studies.md, "Figures behind code comments"), while
+// costing the kernel's newest ublk code path.
 
 package dataplane
 

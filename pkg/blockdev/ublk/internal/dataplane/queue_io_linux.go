@@ -207,9 +207,9 @@ func (l *queueState) onBacking(tag uint16, res int32) error {
 // write in each tick of the coarse clock file timestamps use) cannot go
 // without blocking on newer kernels (ext4 in 7.3 refuses it; 6.12's updated
 // the time inline), and io_uring would hand it, and every other write
-// submitted before the update is done, to its io-wq worker threads:
-// measured under emulation on 7.3, one write in seven, each a hand-off to
-// another thread and back. So the server thread updates the mtime itself,
+// submitted before the update is done, to its io-wq worker threads: a
+// good share of the writes, each a hand-off to another thread and back
+// (docs/benchmark-studies.md, "Figures behind code comments"). So the server thread updates the mtime itself,
 // once per tick for the whole device, before the round's first write
 // (freshenMtime), and sends its writes with RWF_NOWAIT: the kernel refuses
 // the few that still meet a stale mtime (the tick turned) or the inode

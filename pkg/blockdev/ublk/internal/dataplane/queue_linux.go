@@ -58,8 +58,8 @@ type QueueOptions struct {
 	// FixedBuffers registers up to the first FixedHeadBytes of each
 	// copy-mode buffer with the ring and uses READ_FIXED/WRITE_FIXED for
 	// backing I/O that fits there: small requests skip pinning their pages
-	// every time (6.12 VM, 4k at queue depth 32: 7-15% less server CPU per
-	// I/O). Registering pins, so a tag's head is registered when a request
+	// every time, which saves server CPU per I/O (docs/benchmark-studies.md,
+	// "Figures behind code comments"). Registering pins, so a tag's head is registered when a request
 	// first needs it, as far as the request reaches (4 KiB I/O pins 4 KiB
 	// per tag used); larger requests pin per request, a small cost next to
 	// their copy, and fault in the rest of a buffer on first use. Ignored
@@ -77,15 +77,15 @@ type QueueOptions struct {
 	// gives the pages of those buffer tails back (queue_reclaim_linux.go).
 	// 0 never reclaims.
 	IdleReclaim time.Duration
-	// NowaitWrites keeps the backing file's mtime current from the queue
+	// NowaitWrites keeps the backing file's mtime current from the server
 	// thread and sends writes with RWF_NOWAIT, so that io_uring does not
 	// hand the writes the kernel cannot issue inline over a stale mtime to
 	// an io-wq worker (see nowaitTries). It pays where the filesystem
-	// refuses such writes (ext4 in 7.3: random writes ×1.07–1.32 in the
-	// VM) and costs a little where it does not (writes into a sparse
-	// volume's holes, refused whatever the mtime: ×0.97 in 6.12 and 7.3),
-	// so the Server turns it on where a probe finds the refusal
-	// (ServerConfig.NowaitWrites).
+	// refuses such writes (ext4 in 7.3) and costs a little where it does
+	// not (writes into a sparse volume's holes, refused whatever the
+	// mtime; figures in docs/benchmark-studies.md, "Figures behind code
+	// comments"), so the Server turns it on where a probe finds the
+	// refusal (ServerConfig.NowaitWrites).
 	NowaitWrites bool
 }
 

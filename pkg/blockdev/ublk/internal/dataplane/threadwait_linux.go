@@ -21,8 +21,8 @@ const wakeRetry = time.Millisecond
 // pollMaxInFlight is the most requests a thread may be serving and still
 // poll: with more, the next completion is never far, a sleeping wait
 // gathers them in batches, and polling only takes CPU from the submitters
-// (measured: -10 to -30% IOPS with two fio jobs at queue depth 32 on two
-// CPUs).
+// (it lost IOPS with two fio jobs at queue depth 32 on two CPUs;
+// docs/benchmark-studies.md, "Figures behind code comments").
 const pollMaxInFlight = 4
 
 // next submits the round's SQEs and returns the next batch of CQEs in
