@@ -14,6 +14,7 @@ import (
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/filelock"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/quiesce"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
@@ -195,7 +196,7 @@ func lockEndpoint(endpoint string) (release func(), err error) {
 	if err := os.MkdirAll(filepath.Dir(lock), 0o750); err != nil {
 		return nil, fmt.Errorf("lock endpoint: %w", err)
 	}
-	release, err = store.LockFile(lock)
+	release, err = filelock.Lock(lock)
 	if errors.Is(err, blockdev.ErrBusy) {
 		return nil, fmt.Errorf("endpoint %s is served by another csi-fastblk (it holds %s): one plugin per node "+
 			"(with node groups, a node must match only one group's nodeSelector)", endpoint, lock)

@@ -19,7 +19,9 @@
 //	            filesystem freeze with records that survive a crash, flush
 //	owner       the data directory's owner token, carried by its devices
 //	filecopy    reflink, sparse-aware copy and resync of volume files
-//	ublk, loop  the devices themselves; uring the io_uring engine
+//	ublk, loop  the devices themselves; uring the io_uring engine (ublk's
+//	            data plane and UAPI: ublk/internal/dataplane, internal/uapi)
+//	filelock    the plugin's lock on its CSI socket's path
 //	mountinfo, cgroup, blkdev, fsstat, kernel
 //	            facts about the node: the mount table, the pids limit,
 //	            block devices (numbers, size, disk counters), filesystem
@@ -36,8 +38,8 @@
 // issues one WRITE on the volume file, <data dir>/volumes/<id>.img (opened
 // with O_DIRECT, registered with the ring), and on its completion commits
 // the result and fetches the tag's next request in one command, batched into
-// the same io_uring_enter as every other device that thread serves (package
-// ublk's doc names the files). Nothing in this package, the store or the
+// the same io_uring_enter as every other device that thread serves (the
+// data plane, ublk/internal/dataplane; its doc names the files). Nothing in this package, the store or the
 // driver is on that path. With the loop backend (backend/loop.go) the
 // kernel's loop driver does the same with direct I/O on the same file.
 //

@@ -9,33 +9,17 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
-// DirStats describes the filesystem holding a directory.
-type DirStats struct {
-	TotalBytes     int64
-	AvailableBytes int64 // to unprivileged users, as the Store counts
-	ReadOnly       bool  // mounted (or remounted after errors) read-only
-}
+// DirStats is Stats, under the name the data directory's callers (the
+// store's Capacity, the driver's health) use.
+type DirStats = Stats
 
-// StatDir reads the size, free space and read-only flag of the filesystem
-// holding dir (statfs(2); ST_RDONLY covers both the mount and the
-// filesystem being read-only).
-func StatDir(dir string) (DirStats, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		return DirStats{}, fmt.Errorf("statfs %s: %w", dir, err)
-	}
-	return DirStats{
-		TotalBytes:     mulSat(int64(st.Blocks), st.Bsize),
-		AvailableBytes: mulSat(int64(st.Bavail), st.Bsize),
-		ReadOnly:       st.Flags&unix.ST_RDONLY != 0,
-	}, nil
-}
+// StatDir is Stat of the data directory; its callers, in packages edited
+// on another branch at the time of the merge of the two, move to Stat.
+func StatDir(dir string) (Stats, error) { return Stat(dir) }
 
 // probePrefix names write-probe files. Each probe has its own random name,
 // so concurrent probes never touch each other's file; a crash between

@@ -1,5 +1,6 @@
-// Package fsstat reports on filesystems: usage through statfs (of a mounted
-// volume, Stat; of the data directory, StatDir), a volume file's allocated
-// bytes, whether a directory still takes durable writes (ProbeWrite), and
-// ext4's own record of the errors it hit (Ext4Errors).
+// Package fsstat reports on filesystems: usage and the read-only flag
+// through statfs (Stat, of a mounted volume or the data directory), a
+// volume file's allocated bytes, whether a directory still takes durable
+// writes (ProbeWrite), and ext4's own record of the errors it hit
+// (Ext4Errors).
 package fsstat

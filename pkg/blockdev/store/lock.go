@@ -98,22 +98,3 @@ func linked(f *os.File) bool {
 	var st unix.Stat_t
 	return unix.Fstat(int(f.Fd()), &st) == nil && st.Nlink > 0
 }
-
-// LockFile takes an exclusive lock on path (created if missing) for as long
-// as the process lives or until release; a lock another open file holds
-// fails with ErrBusy. The plugin locks its CSI socket's path with it, so
-// that a second plugin on one node stops instead of taking the socket.
-func LockFile(path string) (release func(), err error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
-		f.Close()
-		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, fmt.Errorf("lock %s: held by another process: %w", path, blockdev.ErrBusy)
-		}
-		return nil, fmt.Errorf("lock %s: %w", path, err)
-	}
-	return func() { f.Close() }, nil
-}
