@@ -25,7 +25,7 @@
 // every queue it served with its error, which the devices report
 // (Device.Err), and closes its ring, so that devices with user recovery
 // are quiesced, their I/O held, not lost; the Server's Health fails while
-// they are (health_linux.go).
+// they are (ublk's health_linux.go).
 
 package dataplane
 
