@@ -95,7 +95,7 @@ var ErrQueueStopped = errors.New("queue stopped")
 
 // Queue serves one ublk hardware queue on a server thread. Its methods are
 // safe for concurrent use; the serving state lives on the thread only (see
-// queue_loop_linux.go).
+// queue_state_linux.go).
 type Queue struct {
 	cfg     QueueConfig
 	stats   queueStats
