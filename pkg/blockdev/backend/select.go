@@ -36,7 +36,7 @@ type Config struct {
 	DevDir string
 	// Default tuning when a volume does not ask for its own (zero = auto).
 	Tuning blockdev.Tuning
-	// Poll (ublk only) bounds how long a queue thread polls for
+	// Poll (ublk only) bounds how long a server thread polls for
 	// completions after a busy round before it sleeps (see
 	// ublk.QueueOptions.Poll). It trades CPU time for latency; 0 never
 	// polls.

@@ -218,7 +218,7 @@ func (b *ublkBackend) SetLimits(ctx context.Context, volumeID string, lim qos.Li
 	return ublkErr("set limits of "+volumeID, b.srv.SetLimits(volumeID, lim))
 }
 
-// IOStats sums the counters the device's queue threads keep: errors,
+// IOStats sums the counters the device's queues keep: errors,
 // requests in flight and the latency histogram (arrival to commit).
 // Recoveries is 1 when this process re-adopted the device from an earlier
 // one.
