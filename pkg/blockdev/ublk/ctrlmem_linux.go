@@ -48,6 +48,8 @@ func (p *payload) putParams(pr params) uint16 {
 	return uint16(unsafe.Sizeof(pr))
 }
 
+func (p *payload) params() params { return *(*params)(unsafe.Pointer(&p.mem[0])) }
+
 // bytes returns the first n bytes (cpumask, features).
 func (p *payload) bytes(n int) []byte { return p.mem[:n] }
 
