@@ -125,7 +125,15 @@ func healState(spec AttachSpec, owner uint64, mine []string, devs []kernelDevice
 // the volume's record and the kernel agree (healState); it then writes a
 // good state file and marks the set-aside one healed. Where they disagree
 // the device is left alone, its I/O held, and Held reports why.
-func (s *Server) heal(ctx context.Context, spec AttachSpec, scan stateScan, cause error) (Served, error) {
+func (s *Server) heal(ctx context.Context, spec AttachSpec, cause error) (Served, error) {
+	s.healMu.Lock()
+	defer s.healMu.Unlock()
+	// Read again under the lock: a device another heal re-adopted since is
+	// recorded now, no longer unaccounted for.
+	scan, err := loadStates(s.cfg.StateDir, false)
+	if err != nil {
+		return Served{}, fmt.Errorf("attach %w: %w", cause, err)
+	}
 	infos, err := s.unrecorded(scan.states)
 	if err != nil {
 		return Served{}, fmt.Errorf("attach %w: %w", cause, err)

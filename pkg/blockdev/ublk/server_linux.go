@@ -115,6 +115,9 @@ type Server struct {
 	// held are the devices kept but not served because their state is
 	// lost and the volume's record disagrees with the kernel (Held).
 	held map[string]error
+	// healMu serialises heal: two volumes whose records name one device
+	// must not both re-adopt it.
+	healMu sync.Mutex
 
 	probeMu sync.Mutex
 	nowait  map[uint64]bool // StaleMtimeRefusesNowait by filesystem (st_dev)
@@ -278,7 +281,7 @@ func (s *Server) adoptRecorded(ctx context.Context, spec AttachSpec) (Served, bo
 		return Served{}, false, fmt.Errorf("attach %s: %w", spec.VolumeID, err)
 	}
 	if err := s.checkUnreadable(spec.VolumeID, scan); err != nil {
-		sv, err := s.heal(ctx, spec, scan, err)
+		sv, err := s.heal(ctx, spec, err)
 		if err != nil {
 			return Served{}, false, err
 		}
