@@ -6,11 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -195,6 +197,12 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 		fmt.Fprintf(w, "QUARANTINED: %d unreadable record(s) set aside; their volumes are out of service until restored or removed:\n", len(st.Quarantined))
 		for _, p := range st.Quarantined {
 			fmt.Fprintf(w, "  %s\n", p)
+		}
+	}
+	if len(st.Held) > 0 {
+		fmt.Fprintf(w, "HELD: %d volume(s) whose device is kept, its I/O held, but not served; check each device against its volume:\n", len(st.Held))
+		for _, id := range slices.Sorted(maps.Keys(st.Held)) {
+			fmt.Fprintf(w, "  %s: %s\n", id, st.Held[id])
 		}
 	}
 	fmt.Fprintln(w)

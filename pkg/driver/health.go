@@ -41,6 +41,7 @@ const (
 	reasonBackendDown     = "BackendUnavailable"
 	reasonDeviceMissing   = "DeviceMissing"
 	reasonDeviceState     = "DeviceNotLive"
+	reasonDeviceHeld      = "DeviceHeld"
 	reasonLinkBroken      = "DeviceLinkBroken"
 	reasonStagingUnmount  = "StagingNotMounted"
 	reasonStagingWrongDev = "StagingWrongDevice"
@@ -118,6 +119,7 @@ type nodeFacts struct {
 	devNum      string           // device's major:minor, "" when unknown
 	state       string           // the backend's own view of the device, "" when it has none
 	stateReason string           // why, when it is not live
+	held        error            // why the backend keeps the volume's device unserved (blockdev.HeldReporter)
 	link        string           // where the recorded device path leads, or linkErr
 	linkErr     error
 	// mounts maps the staging path and each target to the topmost mount
@@ -163,6 +165,10 @@ func deviceHealth(ns blockdev.NodeState, f nodeFacts) []*volumeEntry {
 	case f.listErr != nil:
 		return volEntry(inaccessible, reasonBackendDown,
 			"volume is staged at %s but the %s backend cannot list devices: %v", ns.StagingPath, f.backend, f.listErr)
+	case f.device == nil && f.held != nil:
+		return volEntry(inaccessible, reasonDeviceHeld,
+			"volume is staged at %s; the %s backend keeps its device with its I/O held and does not serve it: %v; "+
+				"an operator must check the device against the volume (csi-fastblk status)", ns.StagingPath, f.backend, f.held)
 	case f.device == nil:
 		return volEntry(inaccessible, reasonDeviceMissing,
 			"volume is staged at %s but the %s backend has no device for it (recorded device %s); unstage and stage it again",
@@ -258,6 +264,9 @@ func (d *Driver) nodeFacts(ctx context.Context, v blockdev.Volume, staging, targ
 	}
 	f.device, f.listErr = d.findDevice(ctx, v.ID)
 	if f.device == nil {
+		if h, ok := d.backend.(blockdev.HeldReporter); ok {
+			f.held = h.Held()[v.ID]
+		}
 		return f, nil
 	}
 	if major, minor, err := blkdev.Number(f.device.Path); err == nil {

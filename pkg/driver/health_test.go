@@ -127,6 +127,10 @@ func TestNodeVolumeHealth(t *testing.T) {
 			want: []want{{hDegraded, reasonSizeMismatch, []string{hFile, "2097152", "1048576"}}}},
 		{name: "backend does not list", facts: func(f *nodeFacts) { f.device, f.listErr = nil, errors.New("server gone") },
 			want: []want{{hInacc, reasonBackendDown, []string{"loop", "server gone"}}}},
+		{name: "device held: its state lost, record and kernel disagree", facts: func(f *nodeFacts) {
+			f.device, f.held = nil, errors.New("volume v1: device 3 has 2097152 bytes, the volume 1048576: the volume's record and its device disagree")
+		},
+			want: []want{{hInacc, reasonDeviceHeld, []string{hStaging, "held", "device 3 has 2097152 bytes", "operator"}}}},
 		{name: "device gone", facts: func(f *nodeFacts) { f.device = nil },
 			want: []want{{hInacc, reasonDeviceMissing, []string{hStaging, hLink}}}},
 		{name: "device recovering", facts: func(f *nodeFacts) { f.state = "recovering" },

@@ -41,6 +41,10 @@ type NodeStatus struct {
 	// set aside because they could not be read (blockdev.Quarantiner):
 	// their objects are out of service until an operator acts.
 	Quarantined []string `json:"quarantined,omitempty"`
+	// Held maps each volume whose device the backend keeps but does not
+	// serve (blockdev.HeldReporter) to why. The plugin stays healthy
+	// (a restart would not resolve it); an operator must act.
+	Held map[string]string `json:"held,omitempty"`
 }
 
 // VolumeStatus describes one volume and, when attached, its device.
@@ -93,6 +97,14 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	st.Quarantined = d.store.Quarantined()
 	if q, ok := d.backend.(blockdev.Quarantiner); ok {
 		st.Quarantined = append(st.Quarantined, q.Quarantined()...)
+	}
+	if h, ok := d.backend.(blockdev.HeldReporter); ok {
+		for id, err := range h.Held() {
+			if st.Held == nil {
+				st.Held = map[string]string{}
+			}
+			st.Held[id] = err.Error()
+		}
 	}
 	if room, err := cgroup.PidsHeadroom(os.Getpid()); err == nil && room >= 0 {
 		st.PidsHeadroom = &room

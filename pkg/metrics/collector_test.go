@@ -136,3 +136,18 @@ fastblk_backend_fallback{reason="io_uring_refused"} 1
 		t.Errorf("/healthz after a fallback = %d %q", rec.Code, body)
 	}
 }
+
+// TestHealthzNamesHeldVolumes: a volume whose device is held (its state
+// lost, its record disagreeing with the kernel) keeps /healthz at 200,
+// since a restart would hold it again, and is named there without its
+// reason, which names host paths.
+func TestHealthzNamesHeldVolumes(t *testing.T) {
+	held := attached
+	held.Held = map[string]string{"v2": "volume v2: backing file /var/lib/x/v2.img: no such file", "v1": "volume v1: no device is recorded"}
+	rec := httptest.NewRecorder()
+	Handler(fixedStatus(held), Startup{}, false).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	want := "ok\nvolume v1: device held, not served (see /status)\nvolume v2: device held, not served (see /status)\n"
+	if body := rec.Body.String(); rec.Code != http.StatusOK || body != want {
+		t.Errorf("/healthz with held volumes = %d %q, want 200 %q", rec.Code, body, want)
+	}
+}

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -56,6 +58,12 @@ func healthz(status StatusFunc, startup Startup) http.Handler {
 			fmt.Fprintln(w, "ok")
 			if r := startup.BackendFallback; r != "" {
 				fmt.Fprintf(w, "backend %s: fell back from ublk: %s\n", st.Backend, r)
+			}
+			// A held device does not fail liveness: a restart would
+			// hold it again (see ublk.Server.Held). Its reason may name
+			// host paths, so only the volume is told here.
+			for _, id := range slices.Sorted(maps.Keys(st.Held)) {
+				fmt.Fprintf(w, "volume %s: device held, not served (see /status)\n", id)
 			}
 		}
 	})

@@ -117,8 +117,13 @@ func (b *ublkBackend) Attach(ctx context.Context, req blockdev.AttachRequest) (b
 		return blockdev.Device{}, fmt.Errorf("attach %s: max i/o bytes %d not in 0..%d: %w",
 			req.VolumeID, t.MaxIOBytes, MaxIOBytesLimit, blockdev.ErrInvalid)
 	}
+	// The link is the device recorded with the volume: where the last
+	// Attach put it. It outlives the process, so it names the device to
+	// re-adopt if the volume's state file is lost (ublk heal).
+	recorded, _ := os.Readlink(filepath.Join(b.cfg.DevDir, req.VolumeID))
 	s, err := b.srv.Attach(ctx, ublk.AttachSpec{VolumeID: req.VolumeID, File: req.File, SizeBytes: req.SizeBytes,
-		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes), Limits: req.Limits})
+		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes), Limits: req.Limits,
+		RecordedDev: recorded})
 	if err != nil {
 		return blockdev.Device{}, ublkErr("attach "+req.VolumeID, err)
 	}
@@ -267,6 +272,14 @@ func (b *ublkBackend) Health() error {
 	}
 	return nil
 }
+
+var _ blockdev.HeldReporter = (*ublkBackend)(nil)
+
+// Held returns, by volume, why a device kept for it is not served (its
+// state file lost, the volume's record and the kernel disagreeing: see
+// ublk.Server.Held). Unlike Health, it does not fail the plugin's
+// liveness: a restart cannot resolve it.
+func (b *ublkBackend) Held() map[string]error { return b.srv.Held() }
 
 var _ blockdev.IOHolder = (*ublkBackend)(nil)
 

@@ -37,6 +37,9 @@ func (s *Server) Attach(ctx context.Context, spec AttachSpec) (Served, error) {
 		return s.get(spec.VolumeID).info(), nil
 	}
 	if sv, ok, err := s.adoptRecorded(ctx, spec); ok || err != nil {
+		if err == nil {
+			s.setHeld(spec.VolumeID, nil)
+		}
 		return sv, err
 	}
 	file, size, dio, err := openBacking(spec)

@@ -255,6 +255,23 @@ func (c *Control) setParams(devID uint32, p uapi.Params) error {
 	return err
 }
 
+// getParams sends GET_PARAMS: the parameters the kernel keeps for the
+// device (set by SET_PARAMS, size updated by UPDATE_SIZE). The kernel reads
+// the header's len first, so the page carries it in.
+func (c *Control) getParams(devID uint32) (uapi.Params, error) {
+	ch, err := c.get()
+	if err != nil {
+		return uapi.Params{}, err
+	}
+	defer c.put(ch)
+	n := ch.page.putParams(uapi.Params{Len: uapi.SizeofParams})
+	h := uapi.CtrlCmd{DevID: devID, QueueID: noQueue, Len: n, Addr: ch.page.addr()}
+	if _, err := ch.submit("get params", uapi.CmdGetParams, h, cmdTimeout); err != nil {
+		return uapi.Params{}, err
+	}
+	return ch.page.params(), nil
+}
+
 // QueueAffinity returns the CPUs the kernel maps to queue qid.
 func (c *Control) QueueAffinity(devID uint32, qid uint16) ([]int, error) {
 	ch, err := c.get()

@@ -50,6 +50,8 @@ func (p *payload) putParams(pr uapi.Params) uint16 {
 	return uint16(unsafe.Sizeof(pr))
 }
 
+func (p *payload) params() uapi.Params { return *(*uapi.Params)(unsafe.Pointer(&p.mem[0])) }
+
 // bytes returns the first n bytes (cpumask, features).
 func (p *payload) bytes(n int) []byte { return p.mem[:n] }
 

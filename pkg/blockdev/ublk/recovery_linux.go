@@ -228,12 +228,7 @@ func (s *Server) unrecorded(sts []State) ([]DevInfo, error) {
 // is not accounted for by a readable state: that device may serve the
 // volume, so neither a new device nor "no device" would be safe.
 func (s *Server) checkUnreadable(id string, scan stateScan) error {
-	var mine []string
-	for _, name := range scan.unreadable {
-		if name == id+stateSuffix || strings.HasPrefix(name, id+stateSuffix+corruptMark) {
-			mine = append(mine, name)
-		}
-	}
+	mine := scan.mine(id)
 	if len(mine) == 0 {
 		return nil
 	}

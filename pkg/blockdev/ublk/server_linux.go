@@ -77,6 +77,10 @@ type AttachSpec struct {
 	Limits qos.Limits
 	// Null serves a null target instead of File (benchmarks only).
 	Null bool
+	// RecordedDev is the block device the volume's record names (where
+	// its stable link leads), "" for none: with the volume's state file
+	// unreadable, the device to re-adopt if the kernel agrees (heal).
+	RecordedDev string
 }
 
 // Served describes a device the Server serves.
@@ -103,6 +107,12 @@ type Server struct {
 	// neither finish nor let go of (their queues live on the shared
 	// threads): they hold their I/O until the process restarts (Health).
 	stuck map[string]*stuck
+	// held are the devices kept but not served because their state is
+	// lost and the volume's record disagrees with the kernel (Held).
+	held map[string]error
+	// healMu serialises heal: two volumes whose records name one device
+	// must not both re-adopt it.
+	healMu sync.Mutex
 
 	probeMu sync.Mutex
 	nowait  map[uint64]bool // StaleMtimeRefusesNowait by filesystem (st_dev)
@@ -206,7 +216,14 @@ func (s *Server) adoptRecorded(ctx context.Context, spec AttachSpec) (Served, bo
 		return Served{}, false, fmt.Errorf("attach %s: %w", spec.VolumeID, err)
 	}
 	if err := s.checkUnreadable(spec.VolumeID, scan); err != nil {
-		return Served{}, false, fmt.Errorf("attach %w", err)
+		sv, err := s.heal(ctx, spec, err)
+		if err != nil {
+			return Served{}, false, err
+		}
+		if err := s.SetLimits(spec.VolumeID, spec.Limits); err != nil {
+			return Served{}, false, err
+		}
+		return sv, true, nil
 	}
 	for _, st := range scan.states {
 		if st.VolumeID != spec.VolumeID {

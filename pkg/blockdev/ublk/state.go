@@ -167,7 +167,7 @@ func loadStates(dir string, setAside bool) (stateScan, error) {
 	}
 	for _, e := range ents {
 		name := e.Name()
-		if strings.Contains(name, stateSuffix+corruptMark) {
+		if isSetAside(name) {
 			scan.unreadable = append(scan.unreadable, name)
 			continue
 		}
@@ -267,6 +267,30 @@ func quarantine(dir, name string, cause error) (string, error) {
 	return set, fmt.Errorf("%w; set aside as %s: its device, if any, is left alone", cause, set)
 }
 
+// healedMark ends the name of a set-aside state file whose device was
+// re-adopted from the volume's record (heal): it is kept, for the
+// operator, but no longer counts as unreadable.
+const healedMark = ".healed"
+
+// mine returns the volume's entries among the unreadable state files.
+func (scan stateScan) mine(id string) []string {
+	var out []string
+	for _, name := range scan.unreadable {
+		if name == id+stateSuffix || strings.HasPrefix(name, id+stateSuffix+corruptMark) {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// isSetAside reports whether name is a state file set aside (quarantine)
+// and not healed since (see heal): one that may name any device. A healed
+// one is kept for the operator but names no device the server does not
+// know.
+func isSetAside(name string) bool {
+	return strings.Contains(name, stateSuffix+corruptMark) && !strings.HasSuffix(name, healedMark)
+}
+
 // States returns the device records in a state directory; the error joins
 // what went wrong per file. It changes nothing (the Server sets aside what
 // does not decode when it starts).
@@ -286,7 +310,7 @@ func Quarantined(dir string) ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
-		if strings.Contains(e.Name(), stateSuffix+corruptMark) {
+		if isSetAside(e.Name()) {
 			out = append(out, e.Name())
 		}
 	}
