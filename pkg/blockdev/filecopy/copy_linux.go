@@ -63,6 +63,54 @@ func GrowFile(file string, size int64) error {
 	return nil
 }
 
+// Allocate gives file disk blocks for [from, to) with fallocate mode 0 and
+// syncs it; the file grows to at least to bytes. The blocks read as zeros
+// and no other writer can take them: the filesystem records them as
+// allocated but unwritten (ext4, xfs), so a first write into them still
+// converts the extent, but never allocates. A failure (ENOSPC) gives back
+// what it allocated beyond the file's old size, since the filesystem may
+// keep part of the range.
+func Allocate(file string, from, to int64) error {
+	fd, err := unix.Open(file, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("allocate %s: %w", file, err)
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("allocate %s: %w", file, err)
+	}
+	if to <= from {
+		return nil
+	}
+	if err := fallocate(fd, 0, from, to-from); err != nil {
+		if to > st.Size {
+			// Back to the old size, through a byte more: only a
+			// truncate that shrinks the file is sure to free the
+			// blocks past its end (one to the same size may keep
+			// them). Blocks got below the old size stay, inside
+			// the file, where they do no harm.
+			_ = unix.Ftruncate(fd, st.Size+1)
+			_ = unix.Ftruncate(fd, st.Size)
+		}
+		return fmt.Errorf("allocate %s [%d, %d): %w", file, from, to, err)
+	}
+	if err := unix.Fsync(fd); err != nil {
+		return fmt.Errorf("allocate %s: %w", file, err)
+	}
+	return nil
+}
+
+// fallocate retries EINTR, which a long allocation may see.
+func fallocate(fd int, mode uint32, off, n int64) error {
+	for {
+		err := unix.Fallocate(fd, mode, off, n)
+		if err != unix.EINTR {
+			return err
+		}
+	}
+}
+
 // cloneFile fills the empty file out with src's contents. It first asks for
 // a reflink (FICLONE: the files share extents, nothing is copied; xfs with
 // reflink=1, btrfs). Filesystems that cannot reflink get a sparse-aware

@@ -2,6 +2,7 @@ package filecopy
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
@@ -77,4 +78,56 @@ func TestRWCopyKeepsZeroBlocksSparse(t *testing.T) {
 	if a := testfs.Allocated(t, dst); a > 64<<10 {
 		t.Fatalf("copy of zeros allocates %d bytes", a)
 	}
+}
+
+// TestAllocateDiskFull grows a file by more than its filesystem holds, on
+// tmpfs and on ext4 (which keeps what a failed fallocate got): Allocate
+// fails with ENOSPC and leaves the file as it was, its size, its data and
+// its blocks, and the filesystem's free space with it.
+func TestAllocateDiskFull(t *testing.T) {
+	for name, mount := range map[string]func(t *testing.T) string{
+		"tmpfs": func(t *testing.T) string { return testfs.MountTmpfs(t, 16<<20) },
+		"ext4":  func(t *testing.T) string { return testfs.MountImage(t, 32<<20, "mkfs.ext4", "-q", "-F", "-m", "0") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := mount(t)
+			file := filepath.Join(dir, "vol")
+			if err := MakeFile(context.Background(), file, "", 1<<20); err != nil {
+				t.Fatal(err)
+			}
+			if err := Allocate(file, 0, 1<<20); err != nil {
+				t.Fatal(err)
+			}
+			testfs.WriteAt(t, file, 0, 1<<20, 4)
+			blocks, free := testfs.Allocated(t, file), freeBytes(t, dir)
+			err := Allocate(file, 1<<20, 64<<20)
+			if !errors.Is(err, unix.ENOSPC) {
+				t.Fatalf("Allocate beyond the filesystem = %v, want ENOSPC", err)
+			}
+			if st, err := os.Stat(file); err != nil || st.Size() != 1<<20 {
+				t.Fatalf("after the failed allocation: %v, %v; want 1 MiB", st, err)
+			}
+			// A block or two of extent tree may stay (ext4).
+			const slack = 64 << 10
+			if got := testfs.Allocated(t, file); got-blocks > slack {
+				t.Fatalf("%d bytes allocated after the failed allocation, %d before", got, blocks)
+			}
+			if got := freeBytes(t, dir); free-got > slack {
+				t.Fatalf("filesystem free %d after the failed allocation, %d before", got, free)
+			}
+			data, err := os.ReadFile(file)
+			if err != nil || len(data) != 1<<20 || data[0] != 4 || data[len(data)-1] != 4+byte((1<<20-1)%251) {
+				t.Fatalf("data after the failed allocation: %d bytes, %v", len(data), err)
+			}
+		})
+	}
+}
+
+func freeBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bfree) * st.Bsize
 }
