@@ -24,6 +24,11 @@ type Volume struct {
 	SourceSnapshotID string    `json:"sourceSnapshotID,omitempty"`
 	SourceVolumeID   string    `json:"sourceVolumeID,omitempty"`
 	CreatedAt        time.Time `json:"createdAt"`
+	// Preallocated volumes have disk blocks for every byte of their
+	// backing file, taken at create and at each expansion, so that
+	// first writes allocate nothing and the space is theirs (see
+	// store.VolumeSpec.Preallocate).
+	Preallocated bool `json:"preallocated,omitempty"`
 
 	// Node-side state, persisted so that a restarted plugin knows what
 	// it staged and published.
