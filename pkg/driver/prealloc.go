@@ -13,7 +13,7 @@ import (
 // its blocks back. A kernel that refuses is logged, not fatal: the volume
 // still serves, and mkfs is told not to discard (formatOptions).
 func keepAllocated(v blockdev.Volume, dev blockdev.Device) {
-	if !v.Preallocated {
+	if !v.Preallocated() {
 		return
 	}
 	if err := blkdev.DisableDiscard(dev.Path); err != nil {
@@ -29,7 +29,7 @@ func keepAllocated(v blockdev.Volume, dev blockdev.Device) {
 // stops discards at the device as well; this holds where a kernel refuses
 // that.)
 func formatOptions(v blockdev.Volume, fsType string) []string {
-	if !v.Preallocated {
+	if !v.Preallocated() {
 		return nil
 	}
 	switch fsType {

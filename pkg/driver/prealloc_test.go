@@ -13,22 +13,27 @@ import (
 
 	"github.com/fastblk/csi-fastblk/internal/testfs"
 	"github.com/fastblk/csi-fastblk/internal/testgate"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
-// TestPreallocateParameter pins the parameter's values: exactly true or
-// false; anything else is refused with a message that names it.
-func TestPreallocateParameter(t *testing.T) {
-	for in, want := range map[string]bool{"true": true, "false": false} {
-		got, err := preallocateFromParams(map[string]string{ParamPreallocate: in})
+// TestPreallocationParameter pins the parameter's values: exactly off,
+// falloc or full; anything else is refused with a message that names it.
+func TestPreallocationParameter(t *testing.T) {
+	for in, want := range map[string]blockdev.Preallocation{"off": blockdev.PreallocOff,
+		"falloc": blockdev.PreallocFalloc, "full": blockdev.PreallocFull} {
+		got, err := preallocationFromParams(map[string]string{ParamPreallocation: in})
 		if err != nil || got != want {
-			t.Errorf("%s=%q: %v, %v; want %v", ParamPreallocate, in, got, err, want)
+			t.Errorf("%s=%q: %q, %v; want %q", ParamPreallocation, in, got, err, want)
 		}
 	}
-	for _, in := range []string{"", "yes", "True", "1", "on", "falloc"} {
-		err := checkParams(map[string]string{ParamPreallocate: in})
-		if err == nil || !strings.Contains(err.Error(), ParamPreallocate) {
-			t.Errorf("checkParams(%s=%q) = %v, want an error naming the parameter", ParamPreallocate, in, err)
+	if got, err := preallocationFromParams(nil); err != nil || got != blockdev.PreallocOff {
+		t.Errorf("no %s: %q, %v; want off", ParamPreallocation, got, err)
+	}
+	for _, in := range []string{"", "true", "yes", "Full", "1", "on", "metadata"} {
+		err := checkParams(map[string]string{ParamPreallocation: in})
+		if err == nil || !strings.Contains(err.Error(), ParamPreallocation) {
+			t.Errorf("checkParams(%s=%q) = %v, want an error naming the parameter", ParamPreallocation, in, err)
 		}
 	}
 }
@@ -48,14 +53,14 @@ func TestPreallocatedVolume(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	n := newTestNode(t, dir)
-	pre := map[string]string{ParamPreallocate: "true"}
+	pre := map[string]string{ParamPreallocation: "full"}
 	req := func(name string, params map[string]string) *csi.CreateVolumeRequest {
 		return &csi.CreateVolumeRequest{Name: name, CapacityRange: &csi.CapacityRange{RequiredBytes: 16 << 20},
 			VolumeCapabilities: []*csi.VolumeCapability{mountCap("ext4", snw)}, Parameters: params}
 	}
-	_, err := n.ctrl.CreateVolume(ctx, req("bad", map[string]string{ParamPreallocate: "yes"}))
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), ParamPreallocate) {
-		t.Fatalf("CreateVolume with %s=yes = %v, want InvalidArgument naming it", ParamPreallocate, err)
+	_, err := n.ctrl.CreateVolume(ctx, req("bad", map[string]string{ParamPreallocation: "yes"}))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), ParamPreallocation) {
+		t.Fatalf("CreateVolume with %s=yes = %v, want InvalidArgument naming it", ParamPreallocation, err)
 	}
 	resp, err := n.ctrl.CreateVolume(ctx, req("pre", pre))
 	if err != nil {
@@ -121,8 +126,8 @@ func TestPreallocatedVolume(t *testing.T) {
 	if thick == 0 || thick > thin/2 || thick > want+slackBytes || thick < want-slackBytes {
 		t.Fatalf("GetCapacity: %d for a sparse class, %d for a preallocating one; want about %d, a quarter", thin, thick, want)
 	}
-	if got := capFor(map[string]string{ParamPreallocate: "maybe"}); got != 0 {
-		t.Fatalf("GetCapacity for a class with %s=maybe = %d, want none", ParamPreallocate, got)
+	if got := capFor(map[string]string{ParamPreallocation: "maybe"}); got != 0 {
+		t.Fatalf("GetCapacity for a class with %s=maybe = %d, want none", ParamPreallocation, got)
 	}
 }
 

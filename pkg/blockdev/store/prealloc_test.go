@@ -14,19 +14,37 @@ import (
 )
 
 // allocatedAll fails unless the volume's file has disk blocks for all of
-// its size.
-func allocatedAll(t *testing.T, s *Store, v blockdev.Volume) {
+// its size, written ones (data, to SEEK_HOLE) with full preallocation and
+// unwritten ones (holes, to SEEK_DATA, as ext4 and xfs report them) with
+// falloc, where nothing was written.
+func allocatedAll(t *testing.T, s *Store, v blockdev.Volume, data bool) {
 	t.Helper()
-	if got := testfs.Allocated(t, s.VolumeFile(v.ID)); got < v.SizeBytes {
+	file := s.VolumeFile(v.ID)
+	if got := testfs.Allocated(t, file); got < v.SizeBytes {
 		t.Fatalf("volume %s: %d bytes allocated of %d", v.Name, got, v.SizeBytes)
+	}
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	switch v.Preallocation {
+	case blockdev.PreallocFull:
+		if hole, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE); err != nil || hole != v.SizeBytes {
+			t.Fatalf("volume %s (full): first hole or unwritten extent at %d (%v), want none before the end %d", v.Name, hole, err, v.SizeBytes)
+		}
+	case blockdev.PreallocFalloc:
+		if off, err := unix.Seek(int(f.Fd()), 0, unix.SEEK_DATA); !data && err != unix.ENXIO {
+			t.Fatalf("volume %s (falloc): written data at %d (%v), want only unwritten extents", v.Name, off, err)
+		}
 	}
 }
 
-// TestPreallocate checks, on real ext4 and xfs filesystems, that a
-// preallocated volume's file has blocks for its whole size when it is
-// created, restored from a snapshot, cloned and expanded, also after the
-// store is opened again (a plugin restart), while a sparse volume's has
-// none.
+// TestPreallocate checks, on real ext4 and xfs filesystems and for both
+// modes, that a preallocated volume's file has blocks for its whole size
+// when it is created, restored from a snapshot, cloned and expanded, also
+// after the store is opened again (a plugin restart), while a sparse
+// volume's has none.
 func TestPreallocate(t *testing.T) {
 	for _, fs := range []struct {
 		name string
@@ -36,53 +54,57 @@ func TestPreallocate(t *testing.T) {
 		{"ext4", 128 << 20, []string{"mkfs.ext4", "-q", "-F", "-m", "0"}},
 		{"xfs", 320 << 20, []string{"mkfs.xfs", "-q", "-f"}},
 	} {
-		t.Run(fs.name, func(t *testing.T) {
-			ctx := context.Background()
-			dir := testfs.MountImage(t, fs.size, fs.mkfs[0], fs.mkfs[1:]...)
-			s := openStore(t, dir)
-			sparse := mustCreate(t, s, VolumeSpec{Name: "sparse", SizeBytes: 8 << 20})
-			if got := testfs.Allocated(t, s.VolumeFile(sparse.ID)); got > slack {
-				t.Fatalf("sparse volume: %d bytes allocated", got)
-			}
-			v := mustCreate(t, s, VolumeSpec{Name: "pre", SizeBytes: 8 << 20, Preallocate: true})
-			if !v.Preallocated {
-				t.Fatal("created volume not marked preallocated")
-			}
-			allocatedAll(t, s, v)
+		for _, mode := range []blockdev.Preallocation{blockdev.PreallocFalloc, blockdev.PreallocFull} {
+			t.Run(fs.name+"-"+string(mode), func(t *testing.T) {
+				dir := testfs.MountImage(t, fs.size, fs.mkfs[0], fs.mkfs[1:]...)
+				testPreallocate(t, dir, mode)
+			})
+		}
+	}
+}
 
-			// The record keeps the choice: a restarted plugin's
-			// expansion allocates the new range.
-			s.Close()
-			s = openStore(t, dir)
-			if got, err := s.Volume(v.ID); err != nil || !got.Preallocated {
-				t.Fatalf("after reopening: %+v, %v; want preallocated", got, err)
-			}
-			if v, err := s.ExpandVolume(ctx, v.ID, 20<<20); err != nil || v.SizeBytes != 20<<20 {
-				t.Fatalf("ExpandVolume = %d, %v", v.SizeBytes, err)
-			} else {
-				allocatedAll(t, s, v)
-			}
-			if v, err := s.ExpandVolume(ctx, sparse.ID, 20<<20); err != nil {
-				t.Fatal(err)
-			} else if got := testfs.Allocated(t, s.VolumeFile(v.ID)); got > slack {
-				t.Fatalf("expanded sparse volume: %d bytes allocated", got)
-			}
+func testPreallocate(t *testing.T, dir string, mode blockdev.Preallocation) {
+	ctx := context.Background()
+	s := openStore(t, dir)
+	sparse := mustCreate(t, s, VolumeSpec{Name: "sparse", SizeBytes: 8 << 20})
+	if got := testfs.Allocated(t, s.VolumeFile(sparse.ID)); got > slack {
+		t.Fatalf("sparse volume: %d bytes allocated", got)
+	}
+	v := mustCreate(t, s, VolumeSpec{Name: "pre", SizeBytes: 8 << 20, Preallocation: mode})
+	if v.Preallocation != mode {
+		t.Fatalf("created volume's preallocation %q, want %q", v.Preallocation, mode)
+	}
+	allocatedAll(t, s, v, false)
 
-			// A restore or clone into a preallocating class ends fully
-			// allocated, with the source's data; a sparse clone of a
-			// preallocated volume stays sparse where nothing was
-			// written.
-			testfs.WriteAt(t, s.VolumeFile(sparse.ID), 1<<20, 1<<20, 5)
-			snap := mustSnapshot(t, s, "snap", sparse.ID)
-			for _, spec := range []VolumeSpec{
-				{Name: "restored", SizeBytes: 24 << 20, SourceSnapshotID: snap.ID, Preallocate: true},
-				{Name: "cloned", SourceVolumeID: sparse.ID, Preallocate: true},
-			} {
-				c := mustCreate(t, s, spec)
-				allocatedAll(t, s, c)
-				testfs.SamePrefix(t, s.VolumeFile(sparse.ID), s.VolumeFile(c.ID))
-			}
-		})
+	// The record keeps the choice: a restarted plugin's expansion
+	// allocates the new range.
+	s.Close()
+	s = openStore(t, dir)
+	if got, err := s.Volume(v.ID); err != nil || got.Preallocation != mode {
+		t.Fatalf("after reopening: %+v, %v; want preallocation %q", got, err, mode)
+	}
+	if v, err := s.ExpandVolume(ctx, v.ID, 20<<20); err != nil || v.SizeBytes != 20<<20 {
+		t.Fatalf("ExpandVolume = %d, %v", v.SizeBytes, err)
+	} else {
+		allocatedAll(t, s, v, false)
+	}
+	if v, err := s.ExpandVolume(ctx, sparse.ID, 20<<20); err != nil {
+		t.Fatal(err)
+	} else if got := testfs.Allocated(t, s.VolumeFile(v.ID)); got > slack {
+		t.Fatalf("expanded sparse volume: %d bytes allocated", got)
+	}
+
+	// A restore or clone into a preallocating class ends fully
+	// allocated, with the source's data.
+	testfs.WriteAt(t, s.VolumeFile(sparse.ID), 1<<20, 1<<20, 5)
+	snap := mustSnapshot(t, s, "snap", sparse.ID)
+	for _, spec := range []VolumeSpec{
+		{Name: "restored", SizeBytes: 24 << 20, SourceSnapshotID: snap.ID, Preallocation: mode},
+		{Name: "cloned", SourceVolumeID: sparse.ID, Preallocation: mode},
+	} {
+		c := mustCreate(t, s, spec)
+		allocatedAll(t, s, c, true)
+		testfs.SamePrefix(t, s.VolumeFile(sparse.ID), s.VolumeFile(c.ID))
 	}
 }
 
@@ -94,7 +116,7 @@ func TestPreallocatedCapacity(t *testing.T) {
 	dir := testfs.MountTmpfs(t, 64<<20)
 	s := openStore(t, dir)
 	avail0 := capacity(t, s)
-	v := mustCreate(t, s, VolumeSpec{Name: "pre", SizeBytes: 16 << 20, Preallocate: true})
+	v := mustCreate(t, s, VolumeSpec{Name: "pre", SizeBytes: 16 << 20, Preallocation: blockdev.PreallocFalloc})
 	if got := capacity(t, s); !near(got, avail0-16<<20) {
 		t.Fatalf("available %d after a 16 MiB preallocated volume, want about %d", got, avail0-16<<20)
 	}
@@ -122,7 +144,7 @@ func TestPreallocatedCapacity(t *testing.T) {
 		t.Fatalf("ratio 2: PreallocatedCapacity %d (%v), Capacity %d; want about %d and %d", pre, err, capacity(t, o), free, 2*free)
 	}
 	big := (free + 8<<20) &^ (blockdev.SizeAlign - 1)
-	if _, err := o.CreateVolume(ctx, VolumeSpec{Name: "big-pre", SizeBytes: big, Preallocate: true}); !errors.Is(err, blockdev.ErrNoSpace) {
+	if _, err := o.CreateVolume(ctx, VolumeSpec{Name: "big-pre", SizeBytes: big, Preallocation: blockdev.PreallocFalloc}); !errors.Is(err, blockdev.ErrNoSpace) {
 		t.Fatalf("preallocated create beyond the free space = %v, want ErrNoSpace", err)
 	}
 	if _, err := o.ExpandVolume(ctx, v.ID, v.SizeBytes+big); !errors.Is(err, blockdev.ErrNoSpace) {
@@ -159,7 +181,7 @@ func TestPreallocateDiskFull(t *testing.T) {
 		return func() error { return nil }, nil
 	}
 	before := capacity(t, s)
-	spec := VolumeSpec{Name: "pre", SizeBytes: 32 << 20, SourceVolumeID: src.ID, Preallocate: true, Hold: fill}
+	spec := VolumeSpec{Name: "pre", SizeBytes: 32 << 20, SourceVolumeID: src.ID, Preallocation: blockdev.PreallocFalloc, Hold: fill}
 	if _, err := s.CreateVolume(ctx, spec); !errors.Is(err, blockdev.ErrNoSpace) {
 		t.Fatalf("CreateVolume on a full disk = %v, want ErrNoSpace", err)
 	}
@@ -183,7 +205,7 @@ func TestPreallocateDiskFull(t *testing.T) {
 	}
 	spec.Hold = nil
 	v := mustCreate(t, s, spec)
-	allocatedAll(t, s, v)
+	allocatedAll(t, s, v, true)
 	testfs.SamePrefix(t, s.VolumeFile(src.ID), s.VolumeFile(v.ID))
 }
 
@@ -193,17 +215,21 @@ func TestPreallocateDiskFull(t *testing.T) {
 func TestPreallocateIdempotent(t *testing.T) {
 	ctx := context.Background()
 	s := openStore(t, t.TempDir())
-	spec := VolumeSpec{Name: "pre", SizeBytes: 4 << 20, Preallocate: true}
+	spec := VolumeSpec{Name: "pre", SizeBytes: 4 << 20, Preallocation: blockdev.PreallocFalloc}
 	v := mustCreate(t, s, spec)
-	if again, err := s.CreateVolume(ctx, spec); err != nil || again.ID != v.ID || !again.Preallocated {
+	if again, err := s.CreateVolume(ctx, spec); err != nil || again.ID != v.ID || again.Preallocation != v.Preallocation {
 		t.Fatalf("repeated create = %+v, %v; want the same preallocated volume", again, err)
 	}
-	spec.Preallocate = false
+	spec.Preallocation = blockdev.PreallocFull
+	if _, err := s.CreateVolume(ctx, spec); !errors.Is(err, blockdev.ErrConflict) {
+		t.Fatalf("create of the name with full preallocation = %v, want ErrConflict", err)
+	}
+	spec.Preallocation = blockdev.PreallocOff
 	if _, err := s.CreateVolume(ctx, spec); !errors.Is(err, blockdev.ErrConflict) {
 		t.Fatalf("create of the name without preallocation = %v, want ErrConflict", err)
 	}
 	sparse := mustCreate(t, s, VolumeSpec{Name: "sparse", SizeBytes: 4 << 20})
-	if _, err := s.CreateVolume(ctx, VolumeSpec{Name: "sparse", SizeBytes: 4 << 20, Preallocate: true}); !errors.Is(err, blockdev.ErrConflict) {
+	if _, err := s.CreateVolume(ctx, VolumeSpec{Name: "sparse", SizeBytes: 4 << 20, Preallocation: blockdev.PreallocFalloc}); !errors.Is(err, blockdev.ErrConflict) {
 		t.Fatalf("create of sparse %s with preallocation = %v, want ErrConflict", sparse.ID, err)
 	}
 }

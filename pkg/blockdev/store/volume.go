@@ -16,7 +16,7 @@ import (
 )
 
 // CreateVolume creates a sparse volume file (or a copy of the source),
-// allocated when spec.Preallocate says so, and its metadata. Idempotent by name: the same spec returns the existing volume;
+// allocated as spec.Preallocation says, and its metadata. Idempotent by name: the same spec returns the existing volume;
 // a different size, params or source returns ErrConflict.
 //
 // SizeBytes is rounded up to SizeAlign; the returned Volume carries the
@@ -51,14 +51,14 @@ func (s *Store) CreateVolume(ctx context.Context, spec VolumeSpec) (blockdev.Vol
 	if size < srcSize {
 		return blockdev.Volume{}, fmt.Errorf("size %d below the source's %d: %w", size, srcSize, blockdev.ErrOutOfRange)
 	}
-	if err := s.reserve(id, size, spec.Preallocate); err != nil {
+	if err := s.reserve(id, size, spec.Preallocation != blockdev.PreallocOff); err != nil {
 		return blockdev.Volume{}, err
 	}
 	defer s.unreserve(id)
 	v := blockdev.Volume{
 		ID: id, Name: spec.Name, SizeBytes: size, Params: maps.Clone(spec.Params), MutableParams: maps.Clone(spec.MutableParams),
 		SourceSnapshotID: spec.SourceSnapshotID, SourceVolumeID: spec.SourceVolumeID,
-		CreatedAt: time.Now().UTC(), Preallocated: spec.Preallocate,
+		CreatedAt: time.Now().UTC(), Preallocation: spec.Preallocation,
 	}
 	hold := spec.Hold
 	if spec.SourceVolumeID == "" {
@@ -107,8 +107,8 @@ func sameVolume(v blockdev.Volume, spec VolumeSpec, size int64) error {
 		return fmt.Errorf("volume %q exists with other parameters: %w", v.Name, blockdev.ErrConflict)
 	case v.SourceSnapshotID != spec.SourceSnapshotID || v.SourceVolumeID != spec.SourceVolumeID:
 		return fmt.Errorf("volume %q exists with another source: %w", v.Name, blockdev.ErrConflict)
-	case v.Preallocated != spec.Preallocate:
-		return fmt.Errorf("volume %q exists with preallocation %t, not %t: %w", v.Name, v.Preallocated, spec.Preallocate, blockdev.ErrConflict)
+	case v.Preallocation != spec.Preallocation:
+		return fmt.Errorf("volume %q exists with preallocation %q, not %q: %w", v.Name, v.Preallocation, spec.Preallocation, blockdev.ErrConflict)
 	}
 	return nil
 }
@@ -156,9 +156,9 @@ func (s *Store) source(id string) (file string, size int64, err error) {
 func (s *Store) commitFile(ctx context.Context, id, src string, size int64, hold Hold, r record) error {
 	file := s.dataFile(id)
 	err := copyHeld(ctx, file, src, size, hold)
-	if err == nil && r.Volume != nil && r.Volume.Preallocated {
+	if err == nil && r.Volume != nil && r.Volume.Preallocated() {
 		// After the copy: its resync punches the holes of the source.
-		err = filecopy.Allocate(file, 0, size)
+		err = filecopy.Allocate(file, 0, size, r.Volume.Preallocation == blockdev.PreallocFull)
 	}
 	if err == nil {
 		err = s.writeRecord(id, r)
@@ -262,16 +262,18 @@ func (s *Store) ExpandVolume(ctx context.Context, id string, sizeBytes int64) (b
 		if size <= v.SizeBytes {
 			return nil
 		}
-		if err := s.reserve(id, size-v.SizeBytes, v.Preallocated); err != nil {
+		if err := s.reserve(id, size-v.SizeBytes, v.Preallocated()); err != nil {
 			return err
 		}
 		defer s.unreserve(id)
 		grow := filecopy.GrowFile
-		if v.Preallocated {
+		if v.Preallocated() {
 			// From the recorded size: a crash after an earlier
 			// attempt may have left the file longer than that,
 			// with or without its blocks.
-			grow = func(file string, size int64) error { return filecopy.Allocate(file, v.SizeBytes, size) }
+			grow = func(file string, size int64) error {
+				return filecopy.Allocate(file, v.SizeBytes, size, v.Preallocation == blockdev.PreallocFull)
+			}
 		}
 		if err := grow(s.dataFile(id), size); err != nil {
 			return classify(fmt.Errorf("expand volume %s: %w", id, err))
