@@ -43,16 +43,12 @@ func MakeFile(ctx context.Context, file, src string, size int64) error {
 
 // GrowFile extends file to size bytes (never shrinks) and syncs it.
 func GrowFile(file string, size int64) error {
-	fd, err := unix.Open(file, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	fd, old, err := openWrite(file)
 	if err != nil {
 		return fmt.Errorf("grow %s: %w", file, err)
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("grow %s: %w", file, err)
-	}
-	if st.Size < size {
+	if old < size {
 		if err := unix.Ftruncate(fd, size); err != nil {
 			return fmt.Errorf("grow %s: %w", file, err)
 		}
@@ -69,23 +65,19 @@ func GrowFile(file string, size int64) error {
 // unwritten (ext4, xfs), so a first write into one still converts its
 // extent. With written, zeros are then written over what were holes of the
 // range (see writeZeros), never over data (a clone's), so that a first
-// write is a plain overwrite. A failure
-// (ENOSPC) gives back what it allocated beyond the file's old size, since
-// the filesystem may keep part of the range.
+// write is a plain overwrite. A failure (ENOSPC) gives back what it
+// allocated beyond the file's old size, since the filesystem may keep part
+// of the range.
 //
 // It takes no context: writing zeros over a large volume outlasts a CSI
 // call's deadline, and the retried call should find the work done (it
 // waits for the volume's guard), not begun again.
 func Allocate(file string, from, to int64, written bool) error {
-	fd, err := unix.Open(file, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	fd, old, err := openWrite(file)
 	if err != nil {
 		return fmt.Errorf("allocate %s: %w", file, err)
 	}
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return fmt.Errorf("allocate %s: %w", file, err)
-	}
 	if to <= from {
 		return nil
 	}
@@ -102,14 +94,14 @@ func Allocate(file string, from, to int64, written bool) error {
 		err = writeZeros(fd, file, holes)
 	}
 	if err != nil {
-		if to > st.Size {
+		if to > old {
 			// Back to the old size, through a byte more: only a
 			// truncate that shrinks the file is sure to free the
 			// blocks past its end (one to the same size may keep
 			// them). Blocks got below the old size stay, inside
 			// the file, where they do no harm.
-			_ = unix.Ftruncate(fd, st.Size+1)
-			_ = unix.Ftruncate(fd, st.Size)
+			_ = unix.Ftruncate(fd, old+1)
+			_ = unix.Ftruncate(fd, old)
 		}
 		return fmt.Errorf("allocate %s [%d, %d): %w", file, from, to, err)
 	}
@@ -117,6 +109,20 @@ func Allocate(file string, from, to int64, written bool) error {
 		return fmt.Errorf("allocate %s: %w", file, err)
 	}
 	return nil
+}
+
+// openWrite opens file for writing and returns its size.
+func openWrite(file string) (fd int, size int64, err error) {
+	fd, err = unix.Open(file, unix.O_WRONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return -1, 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	return fd, st.Size, nil
 }
 
 // zeroChunk is the size of each write of zeros.

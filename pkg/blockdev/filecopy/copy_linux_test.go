@@ -106,7 +106,7 @@ func testAllocateDiskFull(t *testing.T, dir string, written bool) {
 		t.Fatal(err)
 	}
 	testfs.WriteAt(t, file, 0, 1<<20, 4)
-	blocks, free := testfs.Allocated(t, file), freeBytes(t, dir)
+	blocks, free := testfs.Allocated(t, file), testfs.Free(t, dir)
 	err := Allocate(file, 1<<20, 64<<20, written)
 	if !errors.Is(err, unix.ENOSPC) {
 		t.Fatalf("Allocate beyond the filesystem = %v, want ENOSPC", err)
@@ -119,7 +119,7 @@ func testAllocateDiskFull(t *testing.T, dir string, written bool) {
 	if got := testfs.Allocated(t, file); got-blocks > slack {
 		t.Fatalf("%d bytes allocated after the failed allocation, %d before", got, blocks)
 	}
-	if got := freeBytes(t, dir); free-got > slack {
+	if got := testfs.Free(t, dir); free-got > slack {
 		t.Fatalf("filesystem free %d after the failed allocation, %d before", got, free)
 	}
 	data, err := os.ReadFile(file)
@@ -170,13 +170,4 @@ func TestAllocateWritten(t *testing.T) {
 			}
 		})
 	}
-}
-
-func freeBytes(t *testing.T, dir string) int64 {
-	t.Helper()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	return int64(st.Bfree) * st.Bsize
 }

@@ -134,11 +134,7 @@ func TestPreallocatedCapacity(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer o.Close()
-	var st unix.Statfs_t
-	if err := unix.Statfs(dir, &st); err != nil {
-		t.Fatal(err)
-	}
-	free := int64(st.Bavail) * st.Bsize
+	free := testfs.Free(t, dir)
 	pre, err := o.PreallocatedCapacity()
 	if err != nil || !near(pre, free) || !near(capacity(t, o), 2*free) {
 		t.Fatalf("ratio 2: PreallocatedCapacity %d (%v), Capacity %d; want about %d and %d", pre, err, capacity(t, o), free, 2*free)
