@@ -16,8 +16,9 @@ import (
 )
 
 // CreateVolume creates a sparse volume file (or a copy of the source),
-// allocated as spec.Preallocation says, and its metadata. Idempotent by name: the same spec returns the existing volume;
-// a different size, params or source returns ErrConflict.
+// allocated as spec.Preallocation says, and its metadata. Idempotent by
+// name: the same spec returns the existing volume; a different size,
+// params, source or preallocation returns ErrConflict.
 //
 // SizeBytes is rounded up to SizeAlign; the returned Volume carries the
 // rounded size. With a source, SizeBytes 0 means the source's size, a size
