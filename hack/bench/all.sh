@@ -5,7 +5,8 @@
 # measured in the same run): the engine against fio on this machine
 # (hack/bench/engine.sh), one ublk volume against the kernel loop device in
 # the VM on each kernel (hack/vm/bench.sh), first writes into a fresh sparse
-# volume against loop on a fresh sparse file (bench.sh --sparse), and 1, 8,
+# volume against loop on a fresh sparse file, with and without preallocation
+# (bench.sh --sparse --prealloc), and 1, 8,
 # 16 and 64 volumes at once against as many loop devices
 # (hack/vm/bench-scale.sh), and noisy neighbours: one quiet volume at 4k
 # randread iodepth 1 beside 15 busy ones against the same on 16 loop devices
@@ -78,7 +79,7 @@ for b in $only; do
 	case $b in
 	engine) section "Engine against fio (this machine)" env REPS="$reps" RUNTIME="$runtime" hack/bench/engine.sh ;;
 	vm) section "One ublk volume against the kernel loop device (VM)" hack/vm/bench.sh --reps "$reps" --runtime "$runtime" ;;
-	sparse) section "First writes into a fresh sparse volume (VM)" hack/vm/bench.sh --sparse \
+	sparse) section "First writes into a fresh sparse volume (VM)" hack/vm/bench.sh --sparse --prealloc 'falloc zero' \
 		--only 'randwrite-qd32-j1 randwrite-qd32-j2' --reps "$reps" --runtime "$runtime" ;;
 	scale)
 		# shellcheck disable=SC2086 # flags, split on purpose

@@ -33,7 +33,7 @@ declare -A sets=(
 	[distributed-in-cluster]="--set snapshotController.distributedInCluster=true --api-versions snapshot.storage.k8s.io/v1"
 	[node-groups]="--set nodeGroups[0].name=nvme,nodeGroups[0].nodeSelector.disk=nvme,nodeGroups[0].dataDir=/mnt/fastblk,nodeGroups[0].reserve=10Gi"
 	[admission]="--set namespace.create=true,namespace.name=fastblk-system,priorityClass.create=true"
-	[classes]="--set storageClasses[0].name=fastblk-xfs,storageClasses[0].fsType=xfs,storageClasses[1].name=capped,storageClasses[1].maxIOPS=1000"
+	[classes]="--set storageClasses[0].name=fastblk-xfs,storageClasses[0].fsType=xfs,storageClasses[1].name=capped,storageClasses[1].maxIOPS=1000,storageClasses[2].name=thick,storageClasses[2].preallocation=falloc"
 	[monitoring]="--set metrics.monitor.enabled=true --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true"
 	[service-monitor]="--set metrics.monitor.enabled=true --set metrics.monitor.kind=ServiceMonitor --set uninstallCheck.allowWithVolumes=true"
 )

@@ -9,7 +9,7 @@
 #
 # Usage: hack/vm/bench.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                         [--size SIZE] [--only 'WORKLOAD...'] [--ublk-args 'ARGS']
-#                         [--compare 'ARGS'] [--sparse]
+#                         [--compare 'ARGS'] [--sparse [--prealloc 'MODES']]
 #   --runtime S     seconds per fio run (default 10, plus 2 s ramp)
 #   --reps N        repetitions, alternating ublk/loop order (default 3)
 #   --size SIZE     backing file size (default 2G)
@@ -22,13 +22,18 @@
 #   --sparse        leave the backing file all holes and punch it again before
 #                   each write run, so every run's writes allocate blocks (the
 #                   worst case of a fresh volume; meant with --only write loads)
+#   --prealloc MODES with --sparse, also measure the fresh file preallocated,
+#                   as devices ublk+MODE and loop+MODE in the same rotation:
+#                   falloc (fallocate mode 0: what the StorageClass parameter
+#                   preallocation=falloc leaves) and/or zero (zeros written
+#                   over the file: what preallocation=full leaves)
 # Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
 #   (default bin/vm).
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args="" compare="" sparse=0
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args="" compare="" sparse=0 prealloc=""
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -39,10 +44,13 @@ while (($#)); do
 	--ublk-args) ublk_args=${2:?}; shift 2 ;;
 	--compare) compare=${2:?}; shift 2 ;;
 	--sparse) sparse=1; shift ;;
+	--prealloc) prealloc=${2:?}; shift 2 ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
 [[ $runtime =~ ^[0-9]+$ && $reps =~ ^[0-9]+$ ]] || die "--runtime and --reps take whole numbers"
+[[ -z $prealloc || $sparse == 1 ]] || die "--prealloc needs --sparse"
+for m in $prealloc; do [[ $m == falloc || $m == zero ]] || die "--prealloc: unknown mode $m (falloc, zero)"; done
 logdir=${BENCH_VM_LOGDIR:-$REPO_ROOT/bin/vm}
 mkdir -p "$logdir"
 
@@ -55,43 +63,59 @@ nwl=$(wc -w <<<"${only:-a b c d e f g}")
 # Each fio run takes runtime + 2 s ramp + a few seconds of start-up under TCG.
 ndev=2
 [[ -z $compare ]] || ndev=3
+nmodes=$(wc -w <<<"$prealloc")
+ndev=$((ndev + 2 * nmodes))
 timeout=$((nwl * ndev * reps * (runtime + 8) + 600))
+# Writing zeros over the whole file before each of those runs takes longer.
+[[ $prealloc != *zero* ]] || timeout=$((timeout + nwl * 2 * reps * 60))
 guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SIZE=$size"
 [[ -z $only ]] || guest+=" BENCH_ONLY='$only'"
 [[ -z $ublk_args ]] || guest+=" BENCH_UBLK_ARGS='$ublk_args'"
 [[ -z $compare ]] || guest+=" BENCH_UBLK2_ARGS='$compare'"
 ((sparse == 0)) || guest+=" BENCH_SPARSE=1"
+[[ -z $prealloc ]] || guest+=" BENCH_PREALLOC='$prealloc'"
 guest+=" /opt/fastblk/vm/bench.sh"
 
 # table LOG prints, per workload and per device other than loop (ublk, and
-# ublk2 with --compare), the medians, their ratio to loop's and the median
-# of the per-repetition ratios to loop ("pairs") of the BENCH lines in LOG.
+# ublk2 with --compare; with --prealloc, ublk+MODE and loop+MODE), the
+# medians, their ratio to the reference device's and the median of the
+# per-repetition ratios to it ("pairs"), from the BENCH lines in LOG. The
+# reference is loop; a preallocated ublk device (ublk+MODE) gets a second row
+# against the loop device on the same preallocated file (loop+MODE).
 table() {
 	awk "$AWK_MEDIAN"'
 	/^BENCH / {
 		wl = $2; dev = $3
 		if (!(wl in seen)) { seen[wl] = 1; order[++nw] = wl }
 		if (dev != "loop" && !(dev in isdev)) { isdev[dev] = 1; devs[++nd] = dev }
-		if ($5 == "-") { fails[wl, dev]++; next }
+		if ($5 == "FAIL" || $5 == "-") { fails[wl, dev]++; next }
 		vals[wl, dev] = vals[wl, dev] " " $5; unit[wl] = $6; runs[wl, dev]++
 		rep[wl, $4, dev] = $5
 	}
+	function row(wl, d, ref,    u, l, p, r, pairs, key, f) {
+		u = median(vals[wl, d]); l = median(vals[wl, ref]); pairs = ""
+		for (key in rep) {
+			split(key, f, SUBSEP)
+			if (f[1] == wl && f[3] == d && (wl, f[2], ref) in rep && rep[wl, f[2], ref] > 0)
+				pairs = pairs " " rep[key] / rep[wl, f[2], ref]
+		}
+		p = median(pairs)
+		r = (u != "" && l > 0) ? sprintf("%.2f", u / l) : "-"
+		printf "  %-18s %-6s %-12s %-12s %10s %10s %8s %6s  %d/%d%s\n", wl, unit[wl], d, ref, u == "" ? "-" : u, l == "" ? "-" : l, r,
+			p == "" ? "-" : sprintf("%.2f", p),
+			runs[wl, d], runs[wl, ref], (fails[wl, d] + fails[wl, ref]) ? "  (failed runs!)" : ""
+	}
 	END {
-		printf "  %-18s %-6s %-6s %10s %10s %10s %6s  %s\n", "workload", "unit", "device", "value", "loop", "dev/loop", "pairs", "runs (dev/loop)"
+		printf "  %-18s %-6s %-12s %-12s %10s %10s %8s %6s  %s\n", "workload", "unit", "device", "ref", "value", "ref value", "dev/ref", "pairs", "runs (dev/ref)"
 		for (i = 1; i <= nw; i++) {
-			wl = order[i]; l = median(vals[wl, "loop"])
+			wl = order[i]
 			for (k = 1; k <= nd; k++) {
-				d = devs[k]; u = median(vals[wl, d]); pairs = ""
-				for (key in rep) {
-					split(key, f, SUBSEP)
-					if (f[1] == wl && f[3] == d && (wl, f[2], "loop") in rep && rep[wl, f[2], "loop"] > 0)
-						pairs = pairs " " rep[key] / rep[wl, f[2], "loop"]
+				d = devs[k]
+				row(wl, d, "loop")
+				if (d ~ /^ublk[0-9]*\+/) {
+					m = d; sub(/^[^+]*\+/, "", m)
+					if (("loop+" m) in isdev) row(wl, d, "loop+" m)
 				}
-				p = median(pairs)
-				r = (u != "" && l > 0) ? sprintf("%.2f", u / l) : "-"
-				printf "  %-18s %-6s %-6s %10s %10s %10s %6s  %d/%d%s\n", wl, unit[wl], d, u == "" ? "-" : u, l == "" ? "-" : l, r,
-					p == "" ? "-" : sprintf("%.2f", p),
-					runs[wl, d], runs[wl, "loop"], (fails[wl, d] + fails[wl, "loop"]) ? "  (failed runs!)" : ""
 			}
 		}
 	}' "$1"
@@ -113,7 +137,7 @@ for k in "${kernels[@]}"; do
 	log="$logdir/bench-$k.log"
 	((status[$k] == 0)) || failed=1
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
-	grep -a -E '^bench: (ublk2? device|loop device|sparse|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
+	grep -a -E '^bench: (ublk2? device|loop device|sparse|preallocated|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
 	table "$log"
 done
 exit "$failed"

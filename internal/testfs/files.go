@@ -28,6 +28,17 @@ func WriteAt(t testing.TB, file string, off int64, n int, seed byte) {
 	}
 }
 
+// Free is the bytes of dir's filesystem an unprivileged writer may still
+// take (statfs f_bavail).
+func Free(t testing.TB, dir string) int64 {
+	t.Helper()
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	return int64(st.Bavail) * st.Bsize
+}
+
 // Allocated is the bytes of disk the file uses (st_blocks).
 func Allocated(t testing.TB, file string) int64 {
 	t.Helper()

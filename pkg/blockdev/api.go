@@ -24,11 +24,37 @@ type Volume struct {
 	SourceSnapshotID string    `json:"sourceSnapshotID,omitempty"`
 	SourceVolumeID   string    `json:"sourceVolumeID,omitempty"`
 	CreatedAt        time.Time `json:"createdAt"`
+	// Preallocation says how the backing file takes its disk blocks:
+	// all at create and at each expansion, or ("") as it is written.
+	Preallocation Preallocation `json:"preallocation,omitempty"`
 
 	// Node-side state, persisted so that a restarted plugin knows what
 	// it staged and published.
 	Node NodeState `json:"node,omitempty"`
 }
+
+// Preallocation is how a volume's backing file takes its disk blocks.
+type Preallocation string
+
+const (
+	// PreallocOff: sparse, every block is allocated by the first write
+	// into it.
+	PreallocOff Preallocation = ""
+	// PreallocFalloc allocates the whole file (fallocate mode 0) at
+	// create and at each expansion: the space is the volume's, no
+	// write can fail for want of it. ext4 and xfs record the blocks as
+	// unwritten, so a first write into one still converts its extent,
+	// which costs about what an allocation does.
+	PreallocFalloc Preallocation = "falloc"
+	// PreallocFull allocates the whole file and writes zeros over it,
+	// so that a first write is an overwrite of a written block: first
+	// writes are as fast as any write. Creating and expanding write the
+	// whole range once.
+	PreallocFull Preallocation = "full"
+)
+
+// Preallocated reports whether the volume's file has all its blocks.
+func (v Volume) Preallocated() bool { return v.Preallocation != PreallocOff }
 
 // WithMutableParams returns v with its mutable parameters updated by params:
 // each replaces the one of the same name, an empty value removes it. The

@@ -25,6 +25,13 @@ const (
 	// and change while the volume is in use.
 	ParamMaxIOPS      = "maxIOPS"
 	ParamMaxBandwidth = "maxBandwidth"
+	// ParamPreallocation gives the volume's backing file disk blocks for
+	// its whole size at create and expansion, so that the space counts
+	// as used from the start: "falloc" allocates them (unwritten
+	// extents), "full" also writes zeros over them, so that first writes
+	// are as fast as overwrites (see blockdev.Preallocation). "off" (the
+	// default) keeps the file sparse.
+	ParamPreallocation = "preallocation"
 	// Keys under this prefix are added by the external-provisioner
 	// (--extra-create-metadata) and are accepted; the volume keeps them
 	// with its other parameters, and the metrics name the PVC and PV
@@ -90,19 +97,36 @@ func checkParams(p map[string]string) error {
 			if !supportedFsTypes[v] {
 				return fmt.Errorf("parameter %s=%q: want ext4 or xfs", k, v)
 			}
-		case ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth:
+		case ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth, ParamPreallocation:
 		default:
 			if !strings.HasPrefix(k, paramCSIPrefix) {
-				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s, %s, %s)", k, ParamFsType,
-					ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth)
+				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s, %s, %s, %s)", k, ParamFsType,
+					ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth, ParamPreallocation)
 			}
 		}
 	}
 	if _, err := tuningFromParams(p); err != nil {
 		return err
 	}
+	if _, err := preallocationFromParams(p); err != nil {
+		return err
+	}
 	_, err := limitsFromParams(p)
 	return err
+}
+
+// preallocationFromParams reads the preallocation parameter: exactly off
+// (or absent), falloc or full, so that a typo never passes for a choice.
+func preallocationFromParams(p map[string]string) (blockdev.Preallocation, error) {
+	s, ok := p[ParamPreallocation]
+	switch {
+	case !ok || s == "off":
+		return blockdev.PreallocOff, nil
+	case s == string(blockdev.PreallocFalloc) || s == string(blockdev.PreallocFull):
+		return blockdev.Preallocation(s), nil
+	}
+	return "", fmt.Errorf("parameter %s=%q: want off (sparse, the default), falloc (allocate the backing file at create and expansion) "+
+		"or full (allocate it and write zeros over it, so that first writes are as fast as overwrites)", ParamPreallocation, s)
 }
 
 // checkMutableParams validates mutable parameters: only the rate limits

@@ -94,7 +94,7 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 		return nil, toStatus(fmt.Errorf("create volume %q: %w", req.GetName(), err))
 	}
 	klog.InfoS("volume created", "volumeID", v.ID, "name", v.Name, "size", v.SizeBytes,
-		"snapshot", v.SourceSnapshotID, "clone", v.SourceVolumeID)
+		"snapshot", v.SourceSnapshotID, "clone", v.SourceVolumeID, "preallocation", v.Preallocation)
 	return &csi.CreateVolumeResponse{Volume: s.d.csiVolume(v, req.GetVolumeContentSource())}, nil
 }
 
@@ -126,8 +126,9 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (store.VolumeSpec,
 	if size, err = fitFilesystem(size, req.GetCapacityRange(), req.GetVolumeCapabilities(), req.GetParameters()); err != nil {
 		return spec, err
 	}
+	prealloc, _ := preallocationFromParams(req.GetParameters()) // checked above
 	spec = store.VolumeSpec{Name: req.GetName(), SizeBytes: size, Params: req.GetParameters(),
-		MutableParams: req.GetMutableParameters()}
+		MutableParams: req.GetMutableParameters(), Preallocation: prealloc}
 	if err := s.d.checkLimits(blockdev.Volume{Params: spec.Params, MutableParams: spec.MutableParams}); err != nil {
 		return spec, invalid("%v", err)
 	}
@@ -387,6 +388,11 @@ func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 		return &csi.GetCapacityResponse{}, nil
 	}
 	avail, _, err := s.d.store.Capacity()
+	if p, _ := preallocationFromParams(req.GetParameters()); p != blockdev.PreallocOff && err == nil {
+		// Never over-provisioned: a preallocated volume takes its
+		// blocks when it is made.
+		avail, err = s.d.store.PreallocatedCapacity()
+	}
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("capacity: %w", err))
 	}

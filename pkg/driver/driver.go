@@ -109,6 +109,7 @@ func (d *Driver) reattach(ctx context.Context, id string) error {
 	if err != nil {
 		return err
 	}
+	keepAllocated(v, dev)
 	klog.InfoS("volume device restored", "volumeID", v.ID, "device", dev.Path, "link", dev.Link)
 	return nil
 }

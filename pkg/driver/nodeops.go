@@ -46,6 +46,7 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 	if err != nil {
 		return fmt.Errorf("attach: %w", tuningError(v.Params, err))
 	}
+	keepAllocated(v, dev)
 	ns := blockdev.NodeState{
 		StagingPath: staging,
 		Block:       block,
@@ -71,7 +72,7 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 		// without nouuid the kernel refuses to mount both on one node.
 		opts = append(opts, "nouuid")
 	}
-	if err := d.mounter.FormatAndMount(ns.Device, staging, ns.FsType, opts); err != nil {
+	if err := d.mounter.FormatAndMountSensitiveWithFormatOptions(ns.Device, staging, ns.FsType, opts, nil, formatOptions(v, ns.FsType)); err != nil {
 		err = fmt.Errorf("format and mount %s (%s) at %s: %w", ns.Device, ns.FsType, staging, err)
 		return errors.Join(err, d.undoStage(ctx, v.ID))
 	}

@@ -65,6 +65,9 @@ func TestStorageClass(t *testing.T) {
 			map[string]string{"csi.storage.k8s.io/fstype": "xfs", "queues": "2", "queueDepth": "128", "maxIOSize": "512Ki"}, true},
 		{"rate limited", []string{"storageClass.maxIOPS=5000", "storageClass.maxBandwidth=1G"},
 			map[string]string{"csi.storage.k8s.io/fstype": "ext4", "maxIOPS": "5000", "maxBandwidth": "1G"}, false},
+		{"preallocated", []string{"storageClass.preallocation=full"},
+			map[string]string{"csi.storage.k8s.io/fstype": "ext4", "preallocation": "full"}, false},
+		{"sparse", []string{"storageClass.preallocation=off"}, map[string]string{"csi.storage.k8s.io/fstype": "ext4"}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

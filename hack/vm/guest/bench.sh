@@ -14,7 +14,13 @@
 # top, measured in the same rotation: an A/B comparison of server options),
 # BENCH_ONLY (space-separated workload names to run), BENCH_SPARSE=1 (the
 # backing file is not written first, and every hole is punched again before
-# each write run, so the writes allocate: the worst case of a fresh volume).
+# each write run, so the writes allocate: the worst case of a fresh volume),
+# BENCH_PREALLOC (with BENCH_SPARSE=1: space-separated preallocation modes,
+# each measured as devices "ublk+MODE" and "loop+MODE" beside the sparse ones,
+# the file made fresh again before each write run: "falloc" allocates it with
+# fallocate mode 0 as the StorageClass parameter preallocation=falloc does,
+# unwritten extents; "zero" writes zeros over it, written extents, as
+# preallocation=full leaves it).
 . /opt/fastblk/vm/lib.sh
 SIZE=${BENCH_SIZE:-2G}
 RUNTIME=${BENCH_RUNTIME:-10}
@@ -128,6 +134,19 @@ sparse() {
 	echo "bench: sparse backing file $FILE: $(du -k "$FILE" | cut -f1) KiB allocated of $SIZE"
 }
 
+# prealloc MODE makes the backing file fresh for a write run: all holes
+# (sparse), then allocated as MODE says (see BENCH_PREALLOC).
+prealloc() {
+	sparse >/dev/null || return 1
+	case "$1" in
+	"") ;;
+	falloc) /usr/bin/fallocate --length "$(stat -c %s "$FILE")" "$FILE" ;;
+	zero) $FIO --name=zero --filename="$FILE" --size="$(stat -c %s "$FILE")" --rw=write --bs=1M --direct=1 \
+		--ioengine=io_uring --iodepth=8 --zero_buffers --output-format=terse >/dev/null ;;
+	*) echo "bench: unknown preallocation mode $1" >&2; return 1 ;;
+	esac
+}
+
 main() {
 	if [ "${BENCH_SPARSE:-0}" = 1 ]; then
 		sparse || { echo "bench: sparse file failed"; exit 1; }
@@ -141,6 +160,17 @@ main() {
 		start_ublk UBLK2 "$BENCH_UBLK2_ARGS" || exit 1
 		devs="ublk ublk2 loop"
 	fi
+	if [ "${BENCH_SPARSE:-0}" = 1 ]; then
+		for m in ${BENCH_PREALLOC:-}; do
+			[ -z "$UBLK_DEV" ] || devs="$devs ublk+$m"
+			devs="$devs loop+$m"
+		done
+		for m in ${BENCH_PREALLOC:-}; do
+			prealloc "$m" || { echo "bench: preallocation mode $m failed"; exit 1; }
+			echo "bench: preallocated ($m) backing file $FILE: $(du -k "$FILE" | cut -f1) KiB allocated of $SIZE"
+		done
+		sparse >/dev/null || exit 1
+	fi
 	rep=1
 	while [ $rep -le "$REPS" ]; do
 		# Alternate the order (reversed on even repetitions), so drift
@@ -150,13 +180,15 @@ main() {
 		for wl in $WORKLOADS; do
 			for d in $order; do
 				case $d in
-				ublk) dev=$UBLK_DEV ;;
+				ublk | ublk+*) dev=$UBLK_DEV ;;
 				ublk2) dev=$UBLK2_DEV ;;
 				*) dev=$LOOP_DEV ;;
 				esac
 				live "$dev" || { echo "BENCH $wl $d $rep FAIL -"; continue; }
+				mode=""
+				case $d in *+*) mode=${d#*+} ;; esac
 				case "${BENCH_SPARSE:-0}:$wl" in
-				1:*write*) sparse >/dev/null || { echo "BENCH $wl $d $rep FAIL -"; continue; } ;;
+				1:*write*) prealloc "$mode" || { echo "BENCH $wl $d $rep FAIL -"; continue; } ;;
 				esac
 				v=$(run_fio "$wl" "$dev") || v="FAIL -"
 				echo "BENCH $wl $d $rep $v"

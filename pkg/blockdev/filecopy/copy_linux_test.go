@@ -2,6 +2,8 @@ package filecopy
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -76,5 +78,96 @@ func TestRWCopyKeepsZeroBlocksSparse(t *testing.T) {
 	testfs.SamePrefix(t, src, dst)
 	if a := testfs.Allocated(t, dst); a > 64<<10 {
 		t.Fatalf("copy of zeros allocates %d bytes", a)
+	}
+}
+
+// TestAllocateDiskFull grows a file by more than its filesystem holds, on
+// tmpfs and on ext4 (which keeps what a failed fallocate got), with and
+// without written zeros: Allocate fails with ENOSPC and leaves the file as
+// it was, its size, its data and its blocks, and the filesystem's free
+// space with it.
+func TestAllocateDiskFull(t *testing.T) {
+	for name, mount := range map[string]func(t *testing.T) string{
+		"tmpfs": func(t *testing.T) string { return testfs.MountTmpfs(t, 16<<20) },
+		"ext4":  func(t *testing.T) string { return testfs.MountImage(t, 32<<20, "mkfs.ext4", "-q", "-F", "-m", "0") },
+	} {
+		for _, written := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s-written=%t", name, written), func(t *testing.T) { testAllocateDiskFull(t, mount(t), written) })
+		}
+	}
+}
+
+func testAllocateDiskFull(t *testing.T, dir string, written bool) {
+	file := filepath.Join(dir, "vol")
+	if err := MakeFile(context.Background(), file, "", 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := Allocate(file, 0, 1<<20, written); err != nil {
+		t.Fatal(err)
+	}
+	testfs.WriteAt(t, file, 0, 1<<20, 4)
+	blocks, free := testfs.Allocated(t, file), testfs.Free(t, dir)
+	err := Allocate(file, 1<<20, 64<<20, written)
+	if !errors.Is(err, unix.ENOSPC) {
+		t.Fatalf("Allocate beyond the filesystem = %v, want ENOSPC", err)
+	}
+	if st, err := os.Stat(file); err != nil || st.Size() != 1<<20 {
+		t.Fatalf("after the failed allocation: %v, %v; want 1 MiB", st, err)
+	}
+	// A block or two of extent tree may stay (ext4).
+	const slack = 64 << 10
+	if got := testfs.Allocated(t, file); got-blocks > slack {
+		t.Fatalf("%d bytes allocated after the failed allocation, %d before", got, blocks)
+	}
+	if got := testfs.Free(t, dir); free-got > slack {
+		t.Fatalf("filesystem free %d after the failed allocation, %d before", got, free)
+	}
+	data, err := os.ReadFile(file)
+	if err != nil || len(data) != 1<<20 || data[0] != 4 || data[len(data)-1] != 4+byte((1<<20-1)%251) {
+		t.Fatalf("data after the failed allocation: %d bytes, %v", len(data), err)
+	}
+}
+
+// TestAllocateWritten checks that written allocation leaves no unwritten
+// extent (ext4 and xfs report those as holes to SEEK_HOLE) and reads as
+// zeros, and that plain allocation leaves only unwritten ones.
+func TestAllocateWritten(t *testing.T) {
+	for _, fs := range []struct {
+		name string
+		size int64
+		mkfs []string
+	}{
+		{"ext4", 64 << 20, []string{"mkfs.ext4", "-q", "-F"}},
+		{"xfs", 320 << 20, []string{"mkfs.xfs", "-q", "-f"}},
+	} {
+		t.Run(fs.name, func(t *testing.T) {
+			dir := testfs.MountImage(t, fs.size, fs.mkfs[0], fs.mkfs[1:]...)
+			for _, written := range []bool{false, true} {
+				file := filepath.Join(dir, fmt.Sprint(written))
+				if err := MakeFile(context.Background(), file, "", 0); err != nil {
+					t.Fatal(err)
+				}
+				const size = 8<<20 + 4096 // not a whole number of chunks
+				if err := Allocate(file, 0, size, written); err != nil {
+					t.Fatal(err)
+				}
+				f, err := os.Open(file)
+				if err != nil {
+					t.Fatal(err)
+				}
+				hole, herr := unix.Seek(int(f.Fd()), 0, unix.SEEK_HOLE)
+				f.Close()
+				if written && (herr != nil || hole != size) || !written && (herr != nil || hole != 0) {
+					t.Errorf("written=%t: first hole at %d (%v)", written, hole, herr)
+				}
+				if got := testfs.Allocated(t, file); got < size {
+					t.Errorf("written=%t: %d bytes allocated of %d", written, got, size)
+				}
+				data, err := os.ReadFile(file)
+				if err != nil || len(data) != size || !allZero(data) {
+					t.Errorf("written=%t: %d bytes read (%v), want %d zeros", written, len(data), err, size)
+				}
+			}
+		})
 	}
 }

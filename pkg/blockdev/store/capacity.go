@@ -27,7 +27,23 @@ import (
 //
 // In both cases the sizes of creates and expansions still in flight are
 // subtracted, and available is never negative.
+//
+// A preallocated volume's blocks are all allocated, so its whole size is
+// used, out of free, from its creation on.
 func (s *Store) Capacity() (available, total int64, err error) {
+	return s.capacity(false)
+}
+
+// PreallocatedCapacity reports what the data directory can still provision
+// as preallocated volumes: as Capacity, but never over-provisioned, since
+// a preallocated volume takes its blocks at once (ratio r > 1: available =
+// free, not free * r).
+func (s *Store) PreallocatedCapacity() (available int64, err error) {
+	available, _, err = s.capacity(true)
+	return available, err
+}
+
+func (s *Store) capacity(prealloc bool) (available, total int64, err error) {
 	st, err := fsstat.StatDir(s.cfg.Dir)
 	if err != nil {
 		return 0, 0, fmt.Errorf("capacity: %w", err)
@@ -35,7 +51,10 @@ func (s *Store) Capacity() (available, total int64, err error) {
 	total = st.TotalBytes
 	free := st.AvailableBytes - s.cfg.ReserveBytes - scale(total, s.cfg.ReserveRatio)
 	if r := s.cfg.OverProvisionRatio; r > 1 {
-		free, total = scale(free, r), scale(total, r)
+		total = scale(total, r)
+		if !prealloc {
+			free = scale(free, r)
+		}
 	} else {
 		free -= s.unallocated()
 	}
@@ -63,12 +82,13 @@ func (s *Store) unallocated() int64 {
 	return sum
 }
 
-// reserve promises n bytes to the operation on id, or returns ErrNoSpace.
+// reserve promises n bytes to the operation on id, or returns ErrNoSpace;
+// prealloc for bytes to be allocated at once (see PreallocatedCapacity).
 // capMu makes check-and-reserve atomic across concurrent creates.
-func (s *Store) reserve(id string, n int64) error {
+func (s *Store) reserve(id string, n int64, prealloc bool) error {
 	s.capMu.Lock()
 	defer s.capMu.Unlock()
-	avail, _, err := s.Capacity()
+	avail, _, err := s.capacity(prealloc)
 	if err != nil {
 		return err
 	}

@@ -157,7 +157,8 @@ func (r record) validate(id string) error {
 // validateVolume returns why v is not a complete record of the volume id, or
 // nil. It accepts what CreateVolume and the updates after it write, in
 // this release and the earlier ones (the fields and rules are unchanged
-// since the first):
+// since the first, but for preallocation, added later and absent from
+// older records):
 //   - ID is id, and Name is a name CreateVolume accepts whose ID is id: a
 //     record under another name's ID would answer for a volume it is not
 //     (a create of its name would not find it, one of the other name
@@ -165,6 +166,7 @@ func (r record) validate(id string) error {
 //   - SizeBytes is what RoundSize gives, and positive: devices are made of
 //     whole 4 KiB blocks, and no volume is empty;
 //   - at most one source, an ID of its kind (never a path);
+//   - a known preallocation (none before it existed);
 //   - no negative tuning;
 //   - the node paths it was staged and published at are absolute (the
 //     node service unmounts and freezes them; a relative one would act on
@@ -183,6 +185,11 @@ func validateVolume(v blockdev.Volume, id string) error {
 		return fmt.Errorf("volume %s: source snapshot %q is not a snapshot ID", id, v.SourceSnapshotID)
 	case v.SourceVolumeID != "" && !blockdev.IsVolumeID(v.SourceVolumeID):
 		return fmt.Errorf("volume %s: source volume %q is not a volume ID", id, v.SourceVolumeID)
+	}
+	switch v.Preallocation {
+	case blockdev.PreallocOff, blockdev.PreallocFalloc, blockdev.PreallocFull:
+	default:
+		return fmt.Errorf("volume %s: unknown preallocation %q", id, v.Preallocation)
 	}
 	if t := v.Node.Tuning; t.Queues < 0 || t.QueueDepth < 0 || t.MaxIOBytes < 0 {
 		return fmt.Errorf("volume %s: negative tuning %+v", id, t)

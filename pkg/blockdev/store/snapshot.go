@@ -74,7 +74,7 @@ func (s *Store) reserveCopy(id, src string) error {
 	if err := unix.Stat(src, &st); err != nil {
 		return fmt.Errorf("stat %s: %w", src, err)
 	}
-	return s.reserve(id, st.Blocks*512)
+	return s.reserve(id, st.Blocks*512, false)
 }
 
 // takeSnapshot copies the volume file while it is held, then records

@@ -48,6 +48,13 @@ type VolumeSpec struct {
 	// Hold holds a source volume that is in use steady while it is
 	// cloned (nil when it is not in use). It is not persisted.
 	Hold Hold
+	// Preallocation gives the volume's file disk blocks for all of its
+	// size at create (a clone or restore too, its holes filled) and at
+	// every expansion, so that the space cannot be taken by others, and
+	// with PreallocFull written ones, so that first writes are
+	// overwrites (see filecopy.Allocate). Recorded with the volume; part
+	// of its identity.
+	Preallocation blockdev.Preallocation
 }
 
 // Hold holds a volume in use steady while the Store copies its file: when

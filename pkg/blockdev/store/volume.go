@@ -15,9 +15,10 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
-// CreateVolume creates a sparse volume file (or a copy of the source) and its
-// metadata. Idempotent by name: the same spec returns the existing volume;
-// a different size, params or source returns ErrConflict.
+// CreateVolume creates a sparse volume file (or a copy of the source),
+// allocated as spec.Preallocation says, and its metadata. Idempotent by
+// name: the same spec returns the existing volume; a different size,
+// params, source or preallocation returns ErrConflict.
 //
 // SizeBytes is rounded up to SizeAlign; the returned Volume carries the
 // rounded size. With a source, SizeBytes 0 means the source's size, a size
@@ -51,14 +52,14 @@ func (s *Store) CreateVolume(ctx context.Context, spec VolumeSpec) (blockdev.Vol
 	if size < srcSize {
 		return blockdev.Volume{}, fmt.Errorf("size %d below the source's %d: %w", size, srcSize, blockdev.ErrOutOfRange)
 	}
-	if err := s.reserve(id, size); err != nil {
+	if err := s.reserve(id, size, spec.Preallocation != blockdev.PreallocOff); err != nil {
 		return blockdev.Volume{}, err
 	}
 	defer s.unreserve(id)
 	v := blockdev.Volume{
 		ID: id, Name: spec.Name, SizeBytes: size, Params: maps.Clone(spec.Params), MutableParams: maps.Clone(spec.MutableParams),
 		SourceSnapshotID: spec.SourceSnapshotID, SourceVolumeID: spec.SourceVolumeID,
-		CreatedAt: time.Now().UTC(),
+		CreatedAt: time.Now().UTC(), Preallocation: spec.Preallocation,
 	}
 	hold := spec.Hold
 	if spec.SourceVolumeID == "" {
@@ -107,6 +108,8 @@ func sameVolume(v blockdev.Volume, spec VolumeSpec, size int64) error {
 		return fmt.Errorf("volume %q exists with other parameters: %w", v.Name, blockdev.ErrConflict)
 	case v.SourceSnapshotID != spec.SourceSnapshotID || v.SourceVolumeID != spec.SourceVolumeID:
 		return fmt.Errorf("volume %q exists with another source: %w", v.Name, blockdev.ErrConflict)
+	case v.Preallocation != spec.Preallocation:
+		return fmt.Errorf("volume %q exists with preallocation %q, not %q: %w", v.Name, v.Preallocation, spec.Preallocation, blockdev.ErrConflict)
 	}
 	return nil
 }
@@ -148,11 +151,16 @@ func (s *Store) source(id string) (file string, size int64, err error) {
 }
 
 // commitFile makes id's data file (empty, or a copy of src, held by hold)
-// of size bytes, then writes its record. On error nothing of id is left
-// behind.
+// of size bytes, allocated all through when r is a preallocated volume's,
+// then writes its record. On error nothing of id is left behind; a crash
+// leaves a data file without a record, which Open removes.
 func (s *Store) commitFile(ctx context.Context, id, src string, size int64, hold Hold, r record) error {
 	file := s.dataFile(id)
 	err := copyHeld(ctx, file, src, size, hold)
+	if err == nil && r.Volume != nil && r.Volume.Preallocated() {
+		// After the copy: its resync punches the holes of the source.
+		err = filecopy.Allocate(file, 0, size, r.Volume.Preallocation == blockdev.PreallocFull)
+	}
 	if err == nil {
 		err = s.writeRecord(id, r)
 	}
@@ -241,8 +249,11 @@ func (s *Store) ModifyVolume(ctx context.Context, id string, params map[string]s
 }
 
 // ExpandVolume grows the volume file to at least sizeBytes (rounded up to
-// SizeAlign); it never shrinks, and a size at or below the current one
-// returns the volume unchanged. Growth beyond Capacity is ErrNoSpace.
+// SizeAlign), allocating the new range of a preallocated volume; it never
+// shrinks, and a size at or below the current one returns the volume
+// unchanged. Growth beyond Capacity (PreallocatedCapacity for a
+// preallocated volume) is ErrNoSpace, and so is a full disk, which leaves
+// the file at its old size.
 func (s *Store) ExpandVolume(ctx context.Context, id string, sizeBytes int64) (blockdev.Volume, error) {
 	size, err := blockdev.RoundSize(sizeBytes)
 	if err != nil {
@@ -252,11 +263,20 @@ func (s *Store) ExpandVolume(ctx context.Context, id string, sizeBytes int64) (b
 		if size <= v.SizeBytes {
 			return nil
 		}
-		if err := s.reserve(id, size-v.SizeBytes); err != nil {
+		if err := s.reserve(id, size-v.SizeBytes, v.Preallocated()); err != nil {
 			return err
 		}
 		defer s.unreserve(id)
-		if err := filecopy.GrowFile(s.dataFile(id), size); err != nil {
+		grow := filecopy.GrowFile
+		if v.Preallocated() {
+			// From the recorded size: a crash after an earlier
+			// attempt may have left the file longer than that,
+			// with or without its blocks.
+			grow = func(file string, size int64) error {
+				return filecopy.Allocate(file, v.SizeBytes, size, v.Preallocation == blockdev.PreallocFull)
+			}
+		}
+		if err := grow(s.dataFile(id), size); err != nil {
 			return classify(fmt.Errorf("expand volume %s: %w", id, err))
 		}
 		v.SizeBytes = size

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
 // TestHealState checks the decision that re-adopts a device whose state
