@@ -81,3 +81,40 @@ func Run(t testing.TB, name string, args ...string) {
 		t.Fatalf("%s %v: %v\n%s", name, args, err, out)
 	}
 }
+
+// Freezable is a mounted filesystem a test freezes (FIFREEZE: writes wait
+// in the kernel until the thaw) and thaws.
+type Freezable struct {
+	Dir string
+	fd  int
+}
+
+// FIFREEZE and FITHAW, _IOWR('X', 119, int) and _IOWR('X', 120, int).
+const fiFreeze, fiThaw = 0xc0045877, 0xc0045878
+
+// MountFreezable mounts a fresh 64 MiB ext4 image for a test to freeze.
+func MountFreezable(t testing.TB) *Freezable {
+	t.Helper()
+	testgate.RequireRoot(t)
+	dir := MountImage(t, 64<<20, "mkfs.ext4", "-q", "-F")
+	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return &Freezable{Dir: dir, fd: fd}
+}
+
+// Freeze freezes the filesystem.
+func (f *Freezable) Freeze(t testing.TB) {
+	if err := unix.IoctlSetInt(f.fd, fiFreeze, 0); err != nil {
+		t.Fatalf("freeze %s: %v", f.Dir, err)
+	}
+}
+
+// Thaw thaws it; it may run on any goroutine.
+func (f *Freezable) Thaw(t testing.TB) {
+	if err := unix.IoctlSetInt(f.fd, fiThaw, 0); err != nil {
+		t.Errorf("thaw %s: %v", f.Dir, err)
+	}
+}

@@ -54,11 +54,13 @@ type Config struct {
 	// ZeroCopy is "auto", "on" or "off", PollInFlight is the most requests
 	// in service with which a server thread still polls
 	// (ublk.ThreadConfig.PollInFlight), PinThreads pins server thread i
-	// to the i-th CPU (ublk.ThreadConfig.Pin).
+	// to the i-th CPU (ublk.ThreadConfig.Pin), IOWQWorkers fixes each
+	// thread's io-wq cap (ublk.ThreadConfig.IOWQWorkers).
 	ThreadTags   int
 	ZeroCopy     string
 	PollInFlight int
 	PinThreads   bool
+	IOWQWorkers  uint32
 	// ablationConfig has Ablate, the techniques of the ublk server
 	// threads to switch off, in benchmark builds (-tags ablation) only.
 	ablationConfig

@@ -58,7 +58,7 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		BatchIO:  batch,
 		ZeroCopy: zc,
 		Threads:  cfg.Threads,
-		Thread:   ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads},
+		Thread:   ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, IOWQWorkers: cfg.IOWQWorkers},
 		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 		ThreadRoom: func() (int64, error) {
 			room, err := cgroup.PidsHeadroom(os.Getpid())

@@ -5,7 +5,7 @@
 # real /dev/ublkbN devices, plus the queue's pure and host-ring tests.
 . /opt/fastblk/vm/lib.sh
 [ -e /dev/ublk-control ] || { echo "no /dev/ublk-control: ublk_drv not loaded"; exit 1; }
-gotest pkg/blockdev/ublk -test.run '^(TestQueue|TestSharedThread|TestThread|TestAblations|TestRequiredFeatures)' || exit 1
+gotest pkg/blockdev/ublk -test.run '^(TestQueue|TestSharedThread|TestStalledBacking|TestThread|TestAblations|TestRequiredFeatures)' || exit 1
 gotest pkg/blockdev/ublk/internal/dataplane -test.run '^(TestQueue|TestStartQueue|TestThread|TestParseAblation|TestSpreadQueues|TestRangeAlloc|TestLoop|TestDecodeDesc|TestPlanFor|TestFullResult|TestUserData|TestLatencyBucket|TestStatsObserve|TestDescLayout)' || exit 1
 # On the data disk's filesystem: a NOWAIT write over a stale mtime goes
 # through once touchMtime has set the mtime (the premise of the queue's

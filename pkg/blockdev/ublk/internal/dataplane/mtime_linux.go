@@ -27,6 +27,7 @@ type MtimeToucher struct {
 	tick atomic.Int64 // the coarse clock's tick (ns) of the last update asked
 	ask  chan struct{}
 	once sync.Once
+	done chan struct{} // closed when the updates ended and the dup is closed
 }
 
 // NewMtimeToucher starts the updates of fd's mtime; nil when fd cannot be
@@ -37,12 +38,13 @@ func NewMtimeToucher(fd int) *MtimeToucher {
 	if err != nil {
 		return nil
 	}
-	m := &MtimeToucher{ask: make(chan struct{}, 1)}
+	m := &MtimeToucher{ask: make(chan struct{}, 1), done: make(chan struct{})}
 	go m.run(dup)
 	return m
 }
 
 func (m *MtimeToucher) run(fd int) {
+	defer close(m.done)
 	defer unix.Close(fd)
 	for range m.ask {
 		_ = touchMtime(fd)

@@ -2,13 +2,13 @@ package dataplane
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/internal/testfs"
 	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
@@ -143,8 +143,8 @@ func TestStaleMtimeRefusesNowaitReportsAMissingDir(t *testing.T) {
 // serving every device until the thaw. Host test: root, an ext4 file
 // system on a loop device, frozen with FIFREEZE.
 func TestFreshenMtimeNeverBlocksTheThread(t *testing.T) {
-	dir := frozenFS(t)
-	f, err := os.Create(filepath.Join(dir.path, "backing"))
+	fs := testfs.MountFreezable(t)
+	f, err := os.Create(filepath.Join(fs.Dir, "backing"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,12 +152,14 @@ func TestFreshenMtimeNeverBlocksTheThread(t *testing.T) {
 	q := &Queue{cfg: QueueConfig{Target: FileTarget(int(f.Fd())), Options: QueueOptions{NowaitWrites: true}}}
 	l := newQueueState(q)
 	l.s = &threadLoop{round: 1}
-	defer l.mtime.Close()
-	dir.freeze(t)
-	thawed := time.AfterFunc(3*time.Second, func() { dir.thaw(t) })
+	// Before the unmount (cleanups run after the thaw below): the update
+	// goroutine holds a dup of the file until it has ended.
+	t.Cleanup(func() { l.mtime.Close(); <-l.mtime.done })
+	fs.Freeze(t)
+	thawed := time.AfterFunc(3*time.Second, func() { fs.Thaw(t) })
 	defer func() {
 		if thawed.Stop() {
-			dir.thaw(t)
+			fs.Thaw(t)
 		}
 	}()
 	start := time.Now()
@@ -167,60 +169,5 @@ func TestFreshenMtimeNeverBlocksTheThread(t *testing.T) {
 	}
 	if got := q.stats.mtimeUpdates.Load(); got != 1 {
 		t.Errorf("mtime updates asked: %d, want 1", got)
-	}
-}
-
-// testFS is a small ext4 filesystem mounted for one test.
-type testFS struct {
-	path string
-	fd   int // the mount's root, for FIFREEZE and FITHAW
-}
-
-// frozenFS mounts a fresh ext4 filesystem on a loop device (skipping
-// without root or the tools) and unmounts it when the test ends.
-func frozenFS(t *testing.T) *testFS {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to mount a filesystem")
-	}
-	img := filepath.Join(t.TempDir(), "fs.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 64<<20); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command("mkfs.ext4", "-q", "-F", img).CombinedOutput(); err != nil {
-		t.Skipf("mkfs.ext4: %v: %s", err, out)
-	}
-	mnt := t.TempDir()
-	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
-		t.Skipf("mount: %v: %s", err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("umount", mnt).CombinedOutput(); err != nil {
-			t.Errorf("umount: %v: %s", err, out)
-		}
-	})
-	fd, err := unix.Open(mnt, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { unix.Close(fd) })
-	return &testFS{path: mnt, fd: fd}
-}
-
-// FIFREEZE and FITHAW, _IOWR('X', 119, int) and _IOWR('X', 120, int).
-const fiFreeze, fiThaw = 0xc0045877, 0xc0045878
-
-func (fs *testFS) freeze(t *testing.T) {
-	if err := unix.IoctlSetInt(fs.fd, fiFreeze, 0); err != nil {
-		t.Fatalf("freeze: %v", err)
-	}
-}
-
-func (fs *testFS) thaw(t *testing.T) {
-	if err := unix.IoctlSetInt(fs.fd, fiThaw, 0); err != nil {
-		t.Errorf("thaw: %v", err)
 	}
 }

@@ -37,6 +37,7 @@ func (s *threadLoop) attach(l *queueState) error {
 	s.slots[slot] = l
 	l.attached = true
 	s.setPollWindow()
+	s.sizeIOWQ()
 	if err := l.fetchAll(); err != nil {
 		// The FETCHes that went in complete with the ring; the queue
 		// cannot serve without the others.
@@ -65,6 +66,7 @@ func (s *threadLoop) detach(l *queueState, err error) {
 	s.slots[l.slot] = nil
 	s.free = append(s.free, l.slot)
 	s.setPollWindow()
+	s.sizeIOWQ()
 	l.end(err)
 }
 

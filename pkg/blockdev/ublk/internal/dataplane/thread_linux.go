@@ -57,7 +57,7 @@ type ThreadConfig struct {
 	Pin bool
 	// IOWQWorkers caps the thread's io-wq workers (bounded work: writes
 	// io_uring could not issue without blocking, fsync, fallocate); 0
-	// keeps the kernel's default.
+	// sizes it to the queues the thread serves (threadLoop.sizeIOWQ).
 	IOWQWorkers uint32
 	// Ablation switches techniques off for benchmarks (zero: none).
 	Ablation Ablation

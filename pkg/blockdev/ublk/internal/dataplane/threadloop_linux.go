@@ -81,13 +81,7 @@ func (s *threadLoop) register() error {
 	// Entering through a registered ring fd saves an fd lookup per
 	// io_uring_enter; kernels without it (< 5.18) just do the lookup.
 	_ = s.ring.RegisterRingFD()
-	if n := s.t.cfg.IOWQWorkers; n > 0 {
-		// io-wq belongs to the thread, so this runs on the thread.
-		if _, err := s.ring.SetMaxWorkers(n, 0); err != nil {
-			return err
-		}
-	}
-	return nil
+	return s.initIOWQ()
 }
 
 // threadLoop is the state of one server thread. Only that thread touches
@@ -104,6 +98,7 @@ type threadLoop struct {
 	slots    []*queueState // queues by slot (user_data); nil = free
 	free     []uint16      // free slots, a stack
 	bufSlots rangeAlloc
+	iowq     iowqCap
 	// backing counts backing operations in flight, serving the requests
 	// received and not yet committed, batchCmds the PREP/COMMIT
 	// commands of batch mode that still owe their CQE, and parked the
