@@ -96,7 +96,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			"(default: status.sock beside a unix CSI endpoint's socket; none disables)")
 	fs.BoolVar(&c.exposeStatus, "expose-status", false, "also serve /status on --metrics-address, to anyone who can reach it")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
-		"how often to retry restoring staged volumes whose devices could not be restored at start, for example held back by the pids limit (0 = never)")
+		"how often to retry restoring staged volumes whose devices could not be restored at start, for example because the backing file system was not yet mounted (0 = never)")
 	return c
 }
 

@@ -302,7 +302,7 @@ func (d *Driver) findDevice(ctx context.Context, id string) (*blockdev.Device, e
 // filesystem and the backend.
 type storageFacts struct {
 	dir      string
-	stats    fsstat.DirStats
+	stats    fsstat.Stats
 	statErr  error
 	probeErr error
 	backend  string
@@ -334,7 +334,7 @@ func storageHealth(f storageFacts) []*storageEntry {
 
 func (d *Driver) storageFacts(ctx context.Context) storageFacts {
 	f := storageFacts{dir: d.store.Dir(), backend: d.backend.Name()}
-	f.stats, f.statErr = fsstat.StatDir(f.dir)
+	f.stats, f.statErr = fsstat.Stat(f.dir)
 	if f.statErr == nil && !f.stats.ReadOnly {
 		f.probeErr = fsstat.ProbeWrite(f.dir)
 	}

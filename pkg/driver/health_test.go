@@ -188,21 +188,21 @@ func TestStorageHealth(t *testing.T) {
 		status csi.StorageHealthErrorType
 		reason string
 	}
-	ok := fsstat.DirStats{TotalBytes: 1000, AvailableBytes: 500}
+	ok := fsstat.Stats{TotalBytes: 1000, AvailableBytes: 500}
 	for _, tc := range []struct {
 		name string
 		f    storageFacts
 		want []w
 	}{
 		{"healthy", storageFacts{stats: ok}, nil},
-		{"exactly at the threshold", storageFacts{stats: fsstat.DirStats{TotalBytes: 1000, AvailableBytes: 50}}, nil},
-		{"low space", storageFacts{stats: fsstat.DirStats{TotalBytes: 1000, AvailableBytes: 49}}, []w{{sDegraded, reasonLowSpace}}},
+		{"exactly at the threshold", storageFacts{stats: fsstat.Stats{TotalBytes: 1000, AvailableBytes: 50}}, nil},
+		{"low space", storageFacts{stats: fsstat.Stats{TotalBytes: 1000, AvailableBytes: 49}}, []w{{sDegraded, reasonLowSpace}}},
 		{"data directory gone", storageFacts{statErr: fs.ErrNotExist}, []w{{sUnreach, reasonDataDirGone}}},
-		{"read-only", storageFacts{stats: fsstat.DirStats{TotalBytes: 1000, AvailableBytes: 500, ReadOnly: true}},
+		{"read-only", storageFacts{stats: fsstat.Stats{TotalBytes: 1000, AvailableBytes: 500, ReadOnly: true}},
 			[]w{{sDegraded, reasonDataDirRO}}},
 		{"probe fails", storageFacts{stats: ok, probeErr: errors.New("EIO")}, []w{{sDegraded, reasonDataDirNoWrite}}},
 		{"backend down", storageFacts{stats: ok, listErr: errors.New("gone")}, []w{{sUnreach, reasonBackendDown}}},
-		{"everything", storageFacts{stats: fsstat.DirStats{TotalBytes: 1000, ReadOnly: true}, listErr: errors.New("gone")},
+		{"everything", storageFacts{stats: fsstat.Stats{TotalBytes: 1000, ReadOnly: true}, listErr: errors.New("gone")},
 			[]w{{sDegraded, reasonDataDirRO}, {sDegraded, reasonLowSpace}, {sUnreach, reasonBackendDown}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

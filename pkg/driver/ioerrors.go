@@ -46,7 +46,7 @@ func (d *Driver) WatchIOErrors(ctx context.Context, interval time.Duration) {
 
 // lookForIOErrors is one look of WatchIOErrors.
 func (d *Driver) lookForIOErrors(w *ioWatch) {
-	if st, err := fsstat.StatDir(d.store.Dir()); err == nil {
+	if st, err := fsstat.Stat(d.store.Dir()); err == nil {
 		full := st.AvailableBytes < fullBelow
 		switch {
 		case full && !w.full:

@@ -37,7 +37,7 @@ var (
 	descVolumes   = prometheus.NewDesc(ns+"_volumes", "Volumes on this node.", nil, nil)
 	descSnapshots = prometheus.NewDesc(ns+"_snapshots", "Snapshots on this node.", nil, nil)
 	descQuarant   = prometheus.NewDesc(ns+"_quarantined_records", "Records (volume metadata, ublk device states) set aside because they could not be read; each keeps its volume out of service until an operator restores or removes it.", nil, nil)
-	descPids      = prometheus.NewDesc(ns+"_node_pids_headroom", "Tasks the plugin's cgroup may still start under its pids limit (absent without a limit); each ublk queue takes 2, and a new device is refused below its need plus 16.", nil, nil)
+	descPids      = prometheus.NewDesc(ns+"_node_pids_headroom", "Tasks the plugin's cgroup may still start under its pids limit (absent without a limit): the Go runtime's threads and the mkfs and mount children need room under it.", nil, nil)
 	descSize      = prometheus.NewDesc(ns+"_volume_size_bytes", "Provisioned size of the volume.", volLabels, nil)
 	descState     = prometheus.NewDesc(ns+"_volume_device_state", "1 for the device's current state.", append(volLabels, "backend", "state"), nil)
 	descQueues    = prometheus.NewDesc(ns+"_volume_queues", "Hardware queues of the volume's device.", volLabels, nil)

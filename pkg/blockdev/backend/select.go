@@ -75,13 +75,6 @@ type Config struct {
 	Report func(err error, msg string, keysAndValues ...any)
 }
 
-// report passes a background failure to Report, if set.
-func (c Config) report(err error, msg string, keysAndValues ...any) {
-	if c.Report != nil {
-		c.Report(err, msg, keysAndValues...)
-	}
-}
-
 // UblkControl is the ublk control device; its presence selects ublk in "auto".
 const UblkControl = "/dev/ublk-control"
 

@@ -10,7 +10,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
-	"github.com/fastblk/csi-fastblk/pkg/blockdev/cgroup"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
@@ -60,14 +59,7 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		Threads:  cfg.Threads,
 		Thread:   ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, IOWQWorkers: cfg.IOWQWorkers},
 		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
-		ThreadRoom: func() (int64, error) {
-			room, err := cgroup.PidsHeadroom(os.Getpid())
-			if err != nil {
-				cfg.report(err, "cannot read the pids headroom; creating the device anyway")
-			}
-			return room, err
-		},
-		Report: cfg.Report,
+		Report:   cfg.Report,
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
@@ -205,8 +197,6 @@ func ublkErr(op string, err error) error {
 		class = blockdev.ErrConflict
 	case errors.Is(err, unix.EBUSY):
 		class = blockdev.ErrBusy
-	case errors.Is(err, ublk.ErrThreadLimit):
-		class = blockdev.ErrNoSpace
 	default:
 		return fmt.Errorf("%s: %w", op, err)
 	}

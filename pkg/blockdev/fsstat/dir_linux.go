@@ -13,14 +13,6 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
 
-// DirStats is Stats, under the name the data directory's callers (the
-// store's Capacity, the driver's health) use.
-type DirStats = Stats
-
-// StatDir is Stat of the data directory; its callers, in packages edited
-// on another branch at the time of the merge of the two, move to Stat.
-func StatDir(dir string) (Stats, error) { return Stat(dir) }
-
 // probePrefix names write-probe files. Each probe has its own random name,
 // so concurrent probes never touch each other's file; a crash between
 // create and remove leaves one empty-ish file behind.

@@ -16,12 +16,12 @@ import (
 func TestStatDirAndProbe(t *testing.T) {
 	t.Run("writable", func(t *testing.T) {
 		dir := t.TempDir()
-		st, err := StatDir(dir)
+		st, err := Stat(dir)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.ReadOnly || st.TotalBytes <= 0 || st.AvailableBytes > st.TotalBytes {
-			t.Fatalf("StatDir = %+v", st)
+			t.Fatalf("Stat = %+v", st)
 		}
 		if err := ProbeWrite(dir); err != nil {
 			t.Fatal(err)
@@ -32,8 +32,8 @@ func TestStatDirAndProbe(t *testing.T) {
 	})
 	t.Run("missing directory", func(t *testing.T) {
 		dir := filepath.Join(t.TempDir(), "gone")
-		if _, err := StatDir(dir); !errors.Is(err, os.ErrNotExist) {
-			t.Fatalf("StatDir: %v, want ErrNotExist", err)
+		if _, err := Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("Stat: %v, want ErrNotExist", err)
 		}
 		if err := ProbeWrite(dir); !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("ProbeWrite: %v, want ErrNotExist", err)
@@ -44,9 +44,9 @@ func TestStatDirAndProbe(t *testing.T) {
 		if err := unix.Mount("", dir, "", unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
 			t.Fatalf("remount ro: %v", err)
 		}
-		st, err := StatDir(dir)
+		st, err := Stat(dir)
 		if err != nil || !st.ReadOnly {
-			t.Fatalf("StatDir = %+v, %v; want read-only", st, err)
+			t.Fatalf("Stat = %+v, %v; want read-only", st, err)
 		}
 		if err := ProbeWrite(dir); !errors.Is(err, unix.EROFS) {
 			t.Fatalf("ProbeWrite: %v, want EROFS", err)
@@ -58,9 +58,9 @@ func TestStatDirAndProbe(t *testing.T) {
 		if !errors.Is(err, unix.ENOSPC) {
 			t.Fatalf("fill: %v, want ENOSPC", err)
 		}
-		st, err := StatDir(dir)
+		st, err := Stat(dir)
 		if err != nil || st.AvailableBytes != 0 {
-			t.Fatalf("StatDir = %+v, %v; want no space", st, err)
+			t.Fatalf("Stat = %+v, %v; want no space", st, err)
 		}
 		if err := ProbeWrite(dir); !errors.Is(err, unix.ENOSPC) {
 			t.Fatalf("ProbeWrite: %v, want ENOSPC", err)

@@ -44,7 +44,7 @@ func (s *Store) PreallocatedCapacity() (available int64, err error) {
 }
 
 func (s *Store) capacity(prealloc bool) (available, total int64, err error) {
-	st, err := fsstat.StatDir(s.cfg.Dir)
+	st, err := fsstat.Stat(s.cfg.Dir)
 	if err != nil {
 		return 0, 0, fmt.Errorf("capacity: %w", err)
 	}

@@ -69,9 +69,6 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkThreads(tun.Queues); err != nil {
-		return nil, err
-	}
 	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun,
 		NowaitWrites: s.nowaitWrites(file, nil), Limits: spec.Limits, Owner: s.owner}
 	lim := qos.New(spec.Limits)

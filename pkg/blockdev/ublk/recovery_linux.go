@@ -266,12 +266,6 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		// Attach creates the device afresh.
 		return s.deleteRecorded(st)
 	}
-	// Starting the queues without room for their threads would crash the
-	// process and every device with it; the device stays recorded, its
-	// I/O held, for a later Attach once the limit allows.
-	if err := s.checkThreads(st.Tuning.Queues); err != nil {
-		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
-	}
 	file, _, dio, err := openBacking(AttachSpec{VolumeID: st.VolumeID, File: st.File, SizeBytes: st.SizeBytes, ReadOnly: st.ReadOnly})
 	if err != nil {
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)

@@ -53,10 +53,6 @@ type ServerConfig struct {
 	Threads int
 	// Thread sizes each server thread (zero: defaults).
 	Thread ThreadConfig
-	// ThreadRoom, when set, returns how many more threads the process
-	// may start (-1: no limit). Unused: the shared server threads start
-	// no thread per device, so checkThreads has nothing to refuse.
-	ThreadRoom func() (int64, error)
 	// Report, when set, is told what happens in the background with no
 	// caller to return it to (a server thread that fails); its arguments
 	// are klog.ErrorS's.
@@ -353,43 +349,4 @@ func DeviceSize(devID uint32) (int64, error) {
 		return 0, fmt.Errorf("parse size of ublkb%d: %w", devID, err)
 	}
 	return n << 9, nil
-}
-
-// ErrThreadLimit is the class of a device refused because the process's
-// pids limit has no room for its queue threads.
-var ErrThreadLimit = errors.New("no room for queue threads under the pids limit")
-
-// ThreadReserve is the room checkThreads keeps free beyond a new device's
-// queue threads: for the Go runtime, gRPC and the mkfs and mount children
-// the node service starts.
-const ThreadReserve = 16
-
-// checkThreads applies checkThreads to a device of queues queues, when
-// each queue gets a thread of its own; shared threads start none.
-func (s *Server) checkThreads(queues int) error {
-	if s.Threads() != nil {
-		return nil
-	}
-	return checkThreads(s.cfg.ThreadRoom, queues)
-}
-
-// checkThreads refuses a device of queues queues when room says the
-// process cannot start their threads and keep ThreadReserve free. Go
-// treats a refused thread creation as a fatal error, so starting the
-// queues anyway would take down every device this process serves. A
-// failure to read the room does not block the device.
-func checkThreads(room func() (int64, error), queues int) error {
-	if room == nil {
-		return nil
-	}
-	n, err := room()
-	if err != nil || n < 0 {
-		return nil
-	}
-	need := int64(queues * ThreadsPerQueue)
-	if n < need+ThreadReserve {
-		return fmt.Errorf("%d queues need %d threads and %d in reserve, the pids limit leaves room for %d (raise the plugin's pids limit): %w",
-			queues, need, ThreadReserve, n, ErrThreadLimit)
-	}
-	return nil
 }

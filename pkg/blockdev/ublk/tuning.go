@@ -36,12 +36,6 @@ const (
 	MinAutoDepth = 16
 )
 
-// ThreadsPerQueue is how many OS threads one ublk queue costs the process:
-// the queue's own locked thread, and the idle thread the Go runtime keeps
-// for the processor the queue thread hands off while it waits in the
-// kernel (docs/benchmark-studies.md, "Figures behind code comments").
-const ThreadsPerQueue = 2
-
 // DefaultQueues is the queue count the policy chooses with cpus CPUs.
 func DefaultQueues(cpus int) int { return min(cpus, DefaultMaxQueues) }
 
