@@ -11,7 +11,7 @@ func (Ablation) submitEach() bool     { return false }
 func (Ablation) reapOne() bool        { return false }
 func (Ablation) batchWait() bool      { return false }
 func (Ablation) timedBatch() bool     { return false }
-func (Ablation) lightFirst() bool     { return false }
+func (Ablation) ringOrder() bool      { return false }
 func (Ablation) threadNice() bool     { return false }
 func (Ablation) plainRing() bool      { return false }
 func (Ablation) unbounded() bool      { return false }

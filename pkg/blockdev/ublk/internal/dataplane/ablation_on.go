@@ -30,11 +30,11 @@ type Ablation struct {
 	// the other design of fairness, batches bounded in time rather
 	// than none while requests can arrive.
 	TimedBatch bool
-	// LightFirst handles each round's completions of light queues (few
-	// backing operations in flight) before the others', so that their
-	// SQEs are issued first: a design of fairness measured against the
-	// default, which handles a round's completions in ring order.
-	LightFirst bool
+	// RingOrder handles all of a round's completions in ring order, as
+	// the thread did before fair rounds (threadLoop.dispatch): the light
+	// queues' neither first nor submitted early, and the busy queues'
+	// not bounded per round.
+	RingOrder bool
 	// ThreadNice runs the server threads at nice threadNice: a thread
 	// that serves many devices competes for a CPU as one task against
 	// every client of those devices, where the kernel loop driver's work
@@ -73,7 +73,7 @@ var ablations = []struct {
 	{"reap-one", func(a *Ablation) *bool { return &a.ReapOne }},
 	{"batch-wait", func(a *Ablation) *bool { return &a.BatchWait }},
 	{"timed-batch", func(a *Ablation) *bool { return &a.TimedBatch }},
-	{"light-first", func(a *Ablation) *bool { return &a.LightFirst }},
+	{"ring-order", func(a *Ablation) *bool { return &a.RingOrder }},
 	{"thread-nice", func(a *Ablation) *bool { return &a.ThreadNice }},
 	{"plain-ring", func(a *Ablation) *bool { return &a.PlainRing }},
 	{"unbounded", func(a *Ablation) *bool { return &a.Unbounded }},
@@ -130,7 +130,7 @@ func (a Ablation) submitEach() bool     { return a.SubmitEach }
 func (a Ablation) reapOne() bool        { return a.ReapOne }
 func (a Ablation) batchWait() bool      { return a.BatchWait }
 func (a Ablation) timedBatch() bool     { return a.TimedBatch }
-func (a Ablation) lightFirst() bool     { return a.LightFirst }
+func (a Ablation) ringOrder() bool      { return a.RingOrder }
 func (a Ablation) threadNice() bool     { return a.ThreadNice }
 func (a Ablation) plainRing() bool      { return a.PlainRing }
 func (a Ablation) unbounded() bool      { return a.Unbounded }

@@ -23,8 +23,38 @@ import (
 // thread, so that user data and table slots are not all zero.
 func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*queueState, *os.File) {
 	t.Helper()
+	s := hostThread(t, 4*QueueCost(depth), 1)
+	s.bufSlots.alloc(int(depth)) // slot 0's run: the queue's starts after it
+	return hostQueue(t, s, depth, kind, fixed...)
+}
+
+// hostThread builds a server thread's state for hostLoop and hostQueue:
+// a real ring sized for tags, and room for queues queues in slots 1 and up.
+func hostThread(t testing.TB, tags, queues int) *threadLoop {
+	t.Helper()
 	runtime.LockOSThread()
 	t.Cleanup(runtime.UnlockOSThread)
+	th := &Thread{cfg: ThreadConfig{Tags: tags, Queues: queues + 1}, done: make(chan struct{})}
+	ring, err := uring.New(uring.Config{Entries: uint32(tags) + 1, CQEntries: 2*uint32(tags) + 2, Flags: ringFlags})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 2*tags+2), slots: make([]*queueState, queues+1),
+		bufSlots: newRangeAlloc(tags)}
+	for i := queues; i >= 1; i-- {
+		s.free = append(s.free, uint16(i))
+	}
+	t.Cleanup(func() { s.close(nil) })
+	if err := s.register(); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// hostQueue attaches a queue of depth over a scratch file to s (see
+// hostLoop) and reaps the FETCHes of its tags.
+func hostQueue(t testing.TB, s *threadLoop, depth uint16, kind TargetKind, fixed ...bool) (*queueState, *os.File) {
+	t.Helper()
 	f, err := os.OpenFile(filepath.Join(t.TempDir(), "backing"), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		t.Fatal(err)
@@ -33,25 +63,12 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*queu
 	if err := f.Truncate(1 << 20); err != nil {
 		t.Fatal(err)
 	}
-	th := &Thread{cfg: ThreadConfig{Tags: 4 * QueueCost(depth), Queues: 2}, done: make(chan struct{})}
-	if err := th.reserve(depth); err != nil {
+	if err := s.t.reserve(depth); err != nil {
 		t.Fatal(err)
 	}
 	q := &Queue{cfg: QueueConfig{Depth: depth, CharFD: int(f.Fd()), MaxIOBytes: 64 << 10,
 		Target: Target{Kind: kind, FD: int(f.Fd())}, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}},
-		thread: th, done: make(chan struct{})}
-	tags := uint32(th.cfg.Tags)
-	ring, err := uring.New(uring.Config{Entries: tags + 1, CQEntries: 2*tags + 2, Flags: ringFlags})
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := &threadLoop{t: th, ring: ring, cqes: make([]uring.CQE, 2*tags+2), slots: make([]*queueState, 2),
-		free: []uint16{1}, bufSlots: newRangeAlloc(th.cfg.Tags)}
-	t.Cleanup(func() { s.close(nil) })
-	if err := s.register(); err != nil {
-		t.Fatal(err)
-	}
-	s.bufSlots.alloc(int(depth)) // slot 0's run: the queue's starts after it
+		thread: s.t, done: make(chan struct{})}
 	l := newQueueState(q)
 	l.descs = &descArea{mem: make([]byte, int(depth)*uapi.SizeofIODesc), depth: int(depth)}
 	if l.bufs, err = mapBuffers(depth, q.cfg.MaxIOBytes); err != nil {
@@ -62,10 +79,10 @@ func hostLoop(t testing.TB, depth uint16, kind TargetKind, fixed ...bool) (*queu
 	}
 	// attach FETCHed every tag; on a regular file those fail at once.
 	for got := 0; got < int(depth); {
-		if _, err := ring.SubmitAndWait(1, 5*time.Second); err != nil {
+		if _, err := s.ring.SubmitAndWait(1, 5*time.Second); err != nil {
 			t.Fatalf("reap fetches: %v", err)
 		}
-		got += ring.Reap(s.cqes)
+		got += s.ring.Reap(s.cqes)
 	}
 	s.parked = 0 // reaped here, not by onCmd: none is parked
 	return l, f

@@ -88,12 +88,15 @@ func (s *threadLoop) register() error {
 // it. Its many fields (26) are the round's counters, lists and timers,
 // read in every round without locks because they live on the one thread.
 type threadLoop struct {
-	t        *Thread
-	ab       Ablation // t.cfg.Ablation: techniques switched off (benchmarks)
-	pollMax  int      // t.cfg.PollInFlight (0: pollMaxInFlight)
-	ring     *uring.Ring
-	cqes     []uring.CQE
-	spare    []uring.CQE   // lightFirst's scratch
+	t       *Thread
+	ab      Ablation // t.cfg.Ablation: techniques switched off (benchmarks)
+	pollMax int      // t.cfg.PollInFlight (0: pollMaxInFlight)
+	ring    *uring.Ring
+	cqes    []uring.CQE
+	spare   []uring.CQE // lightFirst's scratch
+	// backlog counts the CQEs of busy queues that the last round left
+	// unhandled (roundBusyCQEs), kept at the head of cqes for the next.
+	backlog  int
 	cur      *queueState   // the queue handling a CQE now (dispatch)
 	slots    []*queueState // queues by slot (user_data); nil = free
 	free     []uint16      // free slots, a stack
@@ -175,18 +178,35 @@ func (s *threadLoop) serve() error {
 	}
 }
 
-// dispatch handles the round's CQEs, s.cqes[:n]. A panic while one queue
-// handles its completion fails that queue (its device reports it, its I/O
-// is held) and the thread goes on with the other CQEs: a bug reached by one
-// device's requests must not stop every device of the thread. A panic
-// outside a queue's handling ends the thread (run).
+// dispatch handles the round's CQEs, s.cqes[:n], fairly between the
+// thread's devices: first those of light queues (lightFirst), whose SQEs
+// then go to the kernel at once, before the busy queues' work; then at most
+// roundBusyCQEs of the busy queues', leaving the rest as the backlog that
+// the next round handles after one more look at the ring. A round's length
+// is then bounded, so a request of a quiet device waits neither behind
+// every completion of its busy neighbours nor for the end of their round.
+//
+// A panic while one queue handles its completion fails that queue (its
+// device reports it, its I/O is held) and the thread goes on with the other
+// CQEs: a bug reached by one device's requests must not stop every device
+// of the thread. A panic outside a queue's handling ends the thread (run).
 func (s *threadLoop) dispatch(n int) {
-	if s.ab.lightFirst() {
-		s.lightFirst(n)
+	end, light := n, 0
+	if !s.ab.ringOrder() {
+		light = s.lightFirst(n)
+		end = min(n, light+roundBusyCQEs)
 	}
-	for i := 0; i < n; {
-		i = s.dispatchFrom(i, n)
+	for i := 0; i < light; {
+		i = s.dispatchFrom(i, light)
 	}
+	if light > 0 && end > light && s.ring.Unsubmitted() > 0 {
+		// Refused, the SQEs wait for the round's own submission.
+		_, _ = s.ring.Submit()
+	}
+	for i := light; i < end; {
+		i = s.dispatchFrom(i, end)
+	}
+	s.backlog = copy(s.cqes, s.cqes[end:n])
 }
 
 // dispatchFrom handles s.cqes[i:n] and returns n, or the index after the
@@ -214,16 +234,20 @@ func (s *threadLoop) dispatchFrom(i, n int) (next int) {
 }
 
 // lightBacking is the most backing operations a queue may have in flight
-// and still count as light (Ablation LightFirst).
+// and still count as light.
 const lightBacking = 2
+
+// roundBusyCQEs is the most CQEs of busy queues a round handles: the bound
+// of a round's length, and so of how long a light queue's new request or
+// backing completion waits for the thread to look at the ring again. Each
+// look costs at most one io_uring_enter, paid for this many CQEs.
+const roundBusyCQEs = 32
 
 // lightFirst orders the round's CQEs, s.cqes[:n], so that those of light
 // queues (few backing operations in flight: a device at a low queue depth
-// beside busy ones) come first, each side in ring order: their SQEs then
-// go first into the submission queue, and the kernel issues them before
-// the busy devices' (Ablation LightFirst, a design of fairness measured
-// against the default).
-func (s *threadLoop) lightFirst(n int) {
+// beside busy ones) come first, each side in ring order, and returns how
+// many are light. CQEs of no queue (the waker's) count as light.
+func (s *threadLoop) lightFirst(n int) int {
 	if cap(s.spare) < n {
 		s.spare = make([]uring.CQE, 0, len(s.cqes))
 	}
@@ -239,6 +263,7 @@ func (s *threadLoop) lightFirst(n int) {
 		heavy = append(heavy, s.cqes[i])
 	}
 	copy(s.cqes[light:n], heavy)
+	return light
 }
 
 // errQueuePanic is the class of a queue failed by a panic in its handling.

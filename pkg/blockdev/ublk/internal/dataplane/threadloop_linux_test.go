@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
@@ -80,7 +82,7 @@ func TestReclaimBacksOffWhileRingBusy(t *testing.T) {
 	}
 }
 
-// TestLightFirstOrdersRound proves the light-first design's order: the
+// TestLightFirstOrdersRound proves the order of a fair round: the
 // completions of queues with few backing operations in flight first, then
 // the busy queues', each side in ring order, none lost or duplicated.
 func TestLightFirstOrdersRound(t *testing.T) {
@@ -92,11 +94,90 @@ func TestLightFirstOrdersRound(t *testing.T) {
 	for i, c := range order {
 		s.cqes[i] = uring.CQE{UserData: encodeUD(udBacking, c.slot, c.tag)}
 	}
-	s.lightFirst(len(order))
+	if light := s.lightFirst(len(order)); light != 2 {
+		t.Fatalf("lightFirst = %d light CQEs, want 2", light)
+	}
 	want := []struct{ slot, tag uint16 }{{1, 0}, {1, 1}, {0, 0}, {0, 1}, {0, 2}, {0, 3}}
 	for i, w := range want {
 		if _, slot, tag := decodeUD(s.cqes[i].UserData); slot != w.slot || tag != w.tag {
 			t.Fatalf("cqe %d is slot %d tag %d, want slot %d tag %d", i, slot, tag, w.slot, w.tag)
+		}
+	}
+}
+
+// TestFairRoundServesQuietQueueFirst proves a fair round on the host's
+// io_uring: with 64 backing reads of a busy queue completed ahead of one of
+// a quiet queue, the round handles the quiet one first and its COMMIT
+// reaches the kernel before any busy queue's, handles only roundBusyCQEs
+// of the busy queue's and keeps the rest, in ring order, for the next
+// round, which looks at the ring again without waiting.
+func TestFairRoundServesQuietQueueFirst(t *testing.T) {
+	const busyDepth = 64
+	s := hostThread(t, QueueCost(4)+QueueCost(busyDepth), 2)
+	quiet, _ := hostQueue(t, s, 4, TargetFile)
+	busy, _ := hostQueue(t, s, busyDepth, TargetFile)
+	for tag := range uint16(busyDepth) {
+		setDesc(busy, tag, uapi.IOOpRead, 8, uint64(tag)*8)
+		if err := busy.onCmd(tag, uapi.IOResOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReady(t, s, busyDepth)
+	setDesc(quiet, 0, uapi.IOOpRead, 8, 0)
+	if err := quiet.onCmd(0, uapi.IOResOK); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, s, busyDepth+1) // the quiet queue's read is the ring's last CQE
+	n, err := s.reap()
+	if err != nil || n != busyDepth+1 {
+		t.Fatalf("reap = %d, %v; want %d", n, err, busyDepth+1)
+	}
+
+	s.dispatch(n)
+	// A COMMIT on a regular file fails at once: the ring holds the CQE of
+	// every COMMIT submitted so far.
+	if got := s.ring.Ready(); got != 1 {
+		t.Fatalf("%d COMMITs in the kernel after the round, want only the quiet queue's", got)
+	}
+	if got := s.ring.Unsubmitted(); got != roundBusyCQEs {
+		t.Fatalf("%d SQEs wait for the next enter, want the busy queue's %d COMMITs", got, roundBusyCQEs)
+	}
+	if s.backlog != busyDepth-roundBusyCQEs {
+		t.Fatalf("backlog = %d, want %d", s.backlog, busyDepth-roundBusyCQEs)
+	}
+	for i, c := range s.cqes[:s.backlog] {
+		if kind, slot, tag := decodeUD(c.UserData); kind != udBacking || slot != busy.slot || tag != uint16(roundBusyCQEs+i) {
+			t.Fatalf("backlog[%d] = kind %d slot %d tag %d, want the busy queue's read of tag %d", i, kind, slot, tag, roundBusyCQEs+i)
+		}
+	}
+
+	start := time.Now()
+	n, err = s.next(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The backlog, then the quiet COMMIT's CQE and the busy ones' just submitted.
+	if want := busyDepth - roundBusyCQEs + 1 + roundBusyCQEs; n != want {
+		t.Fatalf("next = %d CQEs, want %d (backlog first)", n, want)
+	}
+	if _, slot, tag := decodeUD(s.cqes[0].UserData); slot != busy.slot || tag != roundBusyCQEs {
+		t.Fatalf("next round starts with slot %d tag %d, want the backlog's first", slot, tag)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("next waited %v with a backlog", d)
+	}
+}
+
+// waitReady submits what s prepared and waits until its CQ holds n CQEs.
+func waitReady(t *testing.T, s *threadLoop, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for s.ring.Ready() < n {
+		if _, err := s.ring.SubmitAndWait(1, time.Second); err != nil && !errors.Is(err, unix.ETIME) {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d CQEs ready, want %d", s.ring.Ready(), n)
 		}
 	}
 }

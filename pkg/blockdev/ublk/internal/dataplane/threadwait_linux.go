@@ -35,6 +35,9 @@ const pollMaxInFlight = 4
 // average of the wait, so a thread whose completions come slower than the
 // window stops polling, and one whose come fast starts.
 func (s *threadLoop) next(busy bool) (int, error) {
+	if s.backlog > 0 {
+		return s.nextBacklog()
+	}
 	poll := int64(s.poll)
 	start := monoNow()
 	if poll > 0 && busy && s.gapNs <= poll && s.serving <= cmp.Or(s.pollMax, pollMaxInFlight) {
@@ -70,6 +73,19 @@ func (s *threadLoop) next(busy bool) (int, error) {
 		s.noteGap(start, poll)
 	}
 	return n, err
+}
+
+// nextBacklog submits the round's SQEs and adds what the ring holds now to
+// the last round's backlog, without waiting: the same enter runs the task
+// work that posts new requests' CQEs, so that the next round sees them
+// before it goes on with the backlog.
+func (s *threadLoop) nextBacklog() (int, error) {
+	if _, err := s.ring.Submit(); err != nil {
+		return 0, fmt.Errorf("submit: %w", err)
+	}
+	s.t.stats.enters.Add(1)
+	n, err := s.reapInto(s.backlog)
+	return s.backlog + n, err
 }
 
 // setPollWindow sets the thread's poll window to the longest of its
@@ -144,23 +160,27 @@ func (s *threadLoop) waitFor() uint32 {
 // first settles the CQEs of batch mode's PREP and COMMIT commands, which
 // only give back their element arrays: they are no news (no request came
 // or finished), so they neither end a poll nor make a round busy.
-func (s *threadLoop) reap() (int, error) {
-	n := s.ring.Reap(s.cqes)
+func (s *threadLoop) reap() (int, error) { return s.reapInto(0) }
+
+// reapInto is reap into s.cqes[from:]; it returns how many it added.
+func (s *threadLoop) reapInto(from int) (int, error) {
+	cqes := s.cqes[from:]
+	n := s.ring.Reap(cqes)
 	s.t.stats.cqes.Add(uint64(n))
 	if s.batchCmds == 0 {
 		return n, nil
 	}
 	news := 0
 	for i := range n {
-		if kind, slot, elems := decodeUD(s.cqes[i].UserData); kind == udBatch {
+		if kind, slot, elems := decodeUD(cqes[i].UserData); kind == udBatch {
 			if l := s.queue(slot); l != nil {
-				if err := l.onBatchCmd(elems, s.cqes[i].Res); err != nil {
+				if err := l.onBatchCmd(elems, cqes[i].Res); err != nil {
 					l.fail(err)
 				}
 			}
 			continue
 		}
-		s.cqes[news] = s.cqes[i]
+		cqes[news] = cqes[i]
 		news++
 	}
 	return news, nil
@@ -264,7 +284,7 @@ func (s *threadLoop) reclaimIdle() {
 	if !due {
 		return
 	}
-	if _, err := s.ring.Submit(); err != nil || s.ring.Unsubmitted() > 0 || s.ring.Ready() > 0 {
+	if _, err := s.ring.Submit(); err != nil || s.ring.Unsubmitted() > 0 || s.ring.Ready() > 0 || s.backlog > 0 {
 		// Other queues keep the ring busy: try again a little later,
 		// not every round (an attempt costs a system call, and the
 		// due tails would bound every wait to a millisecond).
