@@ -93,9 +93,10 @@ func fileSum(t *testing.T, path string) [32]byte {
 // TestServerHealsFailedThreadUnderPause proves the in-process heal of a
 // server thread that fails for real (a panic inside its loop) with the one
 // device it served paused: the device is re-adopted onto the thread started
-// in its place without a new server, and the pause goes on across it
-// (nothing reaches the backing file until resume: a snapshot copied under
-// the pause stays consistent); then the held write goes through, the data
+// in its place without a new server, and the pause goes on across it (a
+// write after the heal reaches nothing until resume: a snapshot copied
+// under the pause stays consistent); resume lets the held write through
+// (it woke only the old device's queues before: the write hung), the data
 // written before the failure reads back, and health is good.
 func TestServerHealsFailedThreadUnderPause(t *testing.T) {
 	needUblk(t)
@@ -118,15 +119,6 @@ func TestServerHealsFailedThreadUnderPause(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := fileSum(t, file)
-	wrote := make(chan error, 1)
-	go func() {
-		fd, err := unix.Open(d.Path, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
-		if err == nil {
-			_, err = unix.Pwrite(fd, pattern(64<<10, 9), 4<<20)
-			unix.Close(fd)
-		}
-		wrote <- err
-	}()
 	th := s.Threads().Threads()[0]
 	stopFailing := failThread(t, th)
 	defer stopFailing()
@@ -139,10 +131,19 @@ func TestServerHealsFailedThreadUnderPause(t *testing.T) {
 	if s.Threads().Threads()[0] == th || s.Threads().Live() != 1 {
 		t.Fatal("the failed thread was not replaced")
 	}
-	time.Sleep(300 * time.Millisecond) // the held write has had time to go through
+	wrote := make(chan error, 1)
+	go func() {
+		fd, err := unix.Open(d.Path, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+		if err == nil {
+			_, err = unix.Pwrite(fd, pattern(64<<10, 9), 4<<20)
+			unix.Close(fd)
+		}
+		wrote <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the write has had time to go through
 	select {
 	case err := <-wrote:
-		t.Fatalf("a write went through the pause across the heal (%v)", err)
+		t.Fatalf("a write went through the pause after the heal (%v)", err)
 	default:
 	}
 	if fileSum(t, file) != before {
