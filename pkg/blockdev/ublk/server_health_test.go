@@ -63,13 +63,21 @@ func TestServerHealthFailsWhenThreadNotHealed(t *testing.T) {
 	if err := s.Close(); err != nil && !errors.Is(err, dataplane.ErrThreadDead) {
 		t.Fatalf("Close = %v", err)
 	}
-	s2 := newTestServer(t, state)
-	defer s2.Close()
-	if err := s2.Health(); err != nil {
+	readoptedByNextServer(t, state, "vol", d.Path, 3)
+}
+
+// readoptedByNextServer starts the next server (a restarted plugin) on
+// state and checks that it re-adopts the volume's device: health is good,
+// the data writeRead wrote at 0 with seed reads back; then it detaches it.
+func readoptedByNextServer(t *testing.T, state, id, dev string, seed byte) {
+	t.Helper()
+	s := newTestServer(t, state)
+	defer s.Close()
+	if err := s.Health(); err != nil {
 		t.Fatalf("health after the device was re-adopted: %v", err)
 	}
-	writeRead(t, d.Path, 0, 3, false)
-	if err := s2.Detach(ctx, "vol"); err != nil {
+	writeRead(t, dev, 0, seed, false)
+	if err := s.Detach(context.Background(), id); err != nil {
 		t.Fatal(err)
 	}
 }

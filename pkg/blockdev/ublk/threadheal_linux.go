@@ -54,6 +54,11 @@ import (
 // where a warning panics the kernel (kernel.panic_on_warn) such a device is
 // not re-adopted in the process.
 //
+// Seen on 6.12 (a pause test, not under fio): a request dispatched in the
+// instant the thread dies can leave the device's quiesce waiting for it
+// for good (state LIVE, START_USER_RECOVERY blocked on the device's mutex);
+// the heal then fails, and health with it.
+//
 // Where a device cannot be re-adopted (its queues on live threads do not
 // end: a driver without QUIESCE that does not abort them itself; the
 // warning would panic the node; recovery fails) it keeps its I/O held and

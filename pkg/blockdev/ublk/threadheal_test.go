@@ -207,13 +207,5 @@ func TestServerHealRefusedWhereWarningPanics(t *testing.T) {
 		t.Fatalf("Health = %v, want the volume named", err)
 	}
 	s.Close()
-	s2 := newTestServer(t, state)
-	defer s2.Close()
-	if err := s2.Health(); err != nil {
-		t.Fatalf("health after the device was re-adopted: %v", err)
-	}
-	writeRead(t, d.Path, 0, 5, false)
-	if err := s2.Detach(ctx, "vol"); err != nil {
-		t.Fatal(err)
-	}
+	readoptedByNextServer(t, state, "vol", d.Path, 5)
 }
