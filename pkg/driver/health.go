@@ -180,7 +180,7 @@ func deviceHealth(ns blockdev.NodeState, f nodeFacts) []*volumeEntry {
 	case "recovering":
 		out = volEntry(degraded, reasonDeviceState, "device %s is recovering; I/O waits until the server re-adopts it", f.device.Path)
 	case "failed":
-		out = volEntry(inaccessible, reasonDeviceState, "device %s failed (%s); its I/O is held until the plugin restarts and re-adopts it",
+		out = volEntry(inaccessible, reasonDeviceState, "device %s failed (%s); its I/O is held until the plugin re-adopts it (in the process where it can, else after a restart)",
 			f.device.Path, f.stateReason)
 	default:
 		out = volEntry(inaccessible, reasonDeviceState, "device %s is %s", f.device.Path, f.state)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 
 	"golang.org/x/sys/unix"
 
@@ -94,7 +95,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		}
 		return nil, err
 	}
-	return &served{st: st, dev: dev, lim: lim, file: file}, nil
+	return &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file}, nil
 }
 
 // queueOptions returns ServerConfig.Queue with NowaitWrites set to the

@@ -44,6 +44,10 @@ type DeviceConfig struct {
 	Limiter *qos.Limiter
 	// Threads serve the device's queues, spread by SpreadQueues.
 	Threads *dataplane.Threads
+	// Gate pauses the device's queues (Pause); nil: a new, open one. A
+	// device re-adopted in-process keeps its predecessor's, so that a
+	// pause in force goes on (healThread).
+	Gate *dataplane.Gate
 	// Persist is called after ADD_DEV, before START_DEV makes the device
 	// visible, with the negotiated info; an error aborts the creation.
 	Persist func(DevInfo) error
@@ -64,7 +68,15 @@ type Device struct {
 	// mtime is the queues' shared QueueConfig.Mtime (nil without
 	// NowaitWrites), gate their QueueConfig.Gate.
 	mtime *dataplane.MtimeToucher
-	gate  dataplane.Gate
+	gate  *dataplane.Gate
+}
+
+// newDevice returns the Device of info before its queues start.
+func newDevice(ctl *Control, info DevInfo, started bool, gate *dataplane.Gate) *Device {
+	if gate == nil {
+		gate = new(dataplane.Gate)
+	}
+	return &Device{ctl: ctl, info: info, char: -1, started: started, gate: gate}
 }
 
 // Info returns the device's negotiated info.
@@ -111,7 +123,7 @@ func CreateDevice(ctx context.Context, ctl *Control, cfg DeviceConfig) (*Device,
 	if err != nil {
 		return nil, err
 	}
-	d := &Device{ctl: ctl, info: info, char: -1}
+	d := newDevice(ctl, info, false, cfg.Gate)
 	if err := d.bringUp(ctx, cfg); err != nil {
 		return nil, errors.Join(err, d.teardown(context.WithoutCancel(ctx)))
 	}
@@ -208,7 +220,7 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 		queue, err := dataplane.StartQueue(dataplane.QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
-			Mtime: d.mtime, Gate: &d.gate, Thread: threads[q], Reserved: true,
+			Mtime: d.mtime, Gate: d.gate, Thread: threads[q], Reserved: true,
 		})
 		if err != nil {
 			dataplane.UnreserveAll(threads[q+1:], d.info.QueueDepth)

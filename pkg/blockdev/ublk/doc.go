@@ -33,7 +33,11 @@
 //     process re-adopts them and sweeps those whose volume is gone. A
 //     device that holds its I/O (a failed server thread or queue, a
 //     re-adoption that could not finish) makes Health fail
-//     (health_linux.go), so that the plugin is restarted.
+//     (health_linux.go). The devices of a server thread that fails are
+//     re-adopted in the process, through user recovery, onto the other
+//     threads and one started in its place (threadheal_linux.go); Health
+//     fails until they are, and stays failed, so that the plugin is
+//     restarted, where that is impossible.
 //
 // # Ownership
 //

@@ -15,4 +15,8 @@ const (
 	// fpRecovering is in the re-adoption of a device after its queues
 	// started on the server's threads, before END_USER_RECOVERY.
 	fpRecovering = "ublk-recovering"
+	// fpHealing is in the in-process re-adoption of a device whose server
+	// thread failed, after its queues ended and /dev/ublkcN was closed,
+	// before START_USER_RECOVERY (threadheal_linux.go).
+	fpHealing = "ublk-healing"
 )

@@ -15,7 +15,9 @@ var ErrNoThread = errors.New("no live server thread")
 // Health reports why the server does not serve every device it holds: a
 // device whose queue or server thread failed, or whose re-adoption could
 // neither finish nor be undone, has its I/O held by the kernel, so its
-// users hang until it is recovered. It lists every such volume with its
+// users hang until it is recovered. The devices of a failed server thread
+// fail it until their re-adoption in the process (healThread) serves them
+// again, and for good where it could not. It lists every such volume with its
 // failure, and fails too when no server thread is left for new devices.
 // Nil when all is served.
 func (s *Server) Health() error {

@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -46,7 +47,7 @@ func RecoverDevice(ctx context.Context, ctl *Control, id uint32, cfg DeviceConfi
 		return nil, err
 	}
 	// START_USER_RECOVERY succeeds only on a device that was started.
-	d := &Device{ctl: ctl, info: info, char: -1, started: true}
+	d := newDevice(ctl, info, true, cfg.Gate)
 	if err := d.resume(ctx, cfg); err != nil {
 		// Leave the device quiesced for a later attempt; only drop what
 		// we opened. Queues that cannot be ended (shared threads
@@ -288,7 +289,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		}
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
-	s.put(st.VolumeID, &served{st: st, dev: dev, lim: lim, file: file, recovered: true})
+	s.put(st.VolumeID, &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file, recovered: true})
 	return nil
 }
 

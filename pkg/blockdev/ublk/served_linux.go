@@ -15,7 +15,8 @@ import (
 // feature the error wraps errors.ErrUnsupported; an unknown volume
 // os.ErrNotExist.
 func (s *Server) Resize(ctx context.Context, id string, sizeBytes int64) error {
-	sv := s.get(id)
+	sv, unlock := s.lockVolume(id)
+	defer unlock()
 	if sv == nil {
 		return fmt.Errorf("resize %s: %w", id, os.ErrNotExist)
 	}
@@ -43,7 +44,8 @@ func (s *Server) SetLimits(id string, lim qos.Limits) error {
 	if err := lim.Validate(); err != nil {
 		return fmt.Errorf("set limits of %s: %w: %w", id, err, errInvalid)
 	}
-	sv := s.get(id)
+	sv, unlock := s.lockVolume(id)
+	defer unlock()
 	if sv == nil {
 		return fmt.Errorf("set limits of %s: %w", id, os.ErrNotExist)
 	}
@@ -78,11 +80,24 @@ func (s *Server) List() []Served {
 // Pause holds the I/O of the volume's device until resume (Device.Pause),
 // so its backing file can be copied or cloned consistently while in use.
 func (s *Server) Pause(ctx context.Context, id string) (resume func(), err error) {
-	sv := s.get(id)
+	sv, unlock := s.lockVolume(id)
+	defer unlock()
 	if sv == nil {
 		return nil, fmt.Errorf("pause %s: %w", id, os.ErrNotExist)
 	}
-	return sv.dev.Pause(ctx)
+	open, err := sv.dev.Pause(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return func() {
+		open()
+		// The device re-adopted since (its server thread failed:
+		// rehome) holds its requests behind the same gate, on
+		// other threads: wake those too.
+		if cur := s.get(id); cur != nil {
+			cur.dev.Nudge()
+		}
+	}, nil
 }
 
 // Err reports why the volume's device is not fully served (a failed queue

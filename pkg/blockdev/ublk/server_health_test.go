@@ -12,17 +12,29 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
-// TestServerHealthFailsWhileThreadFailed proves that a server thread that
-// fails for real (a panic inside its loop) makes the server's health fail
-// while its device holds the I/O, naming the volume, so that the plugin's
-// /healthz does not say ok over a hung volume; and that the health is
-// good again once the device is served (here by the next server).
-func TestServerHealthFailsWhileThreadFailed(t *testing.T) {
+// TestServerHealthFailsWhenThreadNotHealed proves that where the devices of
+// a server thread that failed for real (a panic inside its loop) cannot be
+// re-adopted in the process (here their re-adoption fails at fpHealing,
+// before START_USER_RECOVERY), the server's health fails, naming the
+// volume, and stays failed, so that the plugin's /healthz does not say ok
+// over a hung volume and the kubelet restarts the plugin; and that the next
+// server (the restarted plugin) re-adopts the device with its data and
+// health is good again.
+func TestServerHealthFailsWhenThreadNotHealed(t *testing.T) {
 	needUblk(t)
 	dir := scratchDir(t)
 	file := sparseFile(t, dir, "vol.img", 32<<20)
 	state := filepath.Join(dir, "state")
-	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: state, Threads: 1})
+	refused := errors.New("re-adoption refused by the test")
+	setFailpoint(t, func(name string) error {
+		if name == fpHealing {
+			return refused
+		}
+		return nil
+	})
+	reports := make(chan error, 16)
+	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: state, Threads: 1,
+		Report: func(err error, _ string, _ ...any) { reports <- err }})
 	if err != nil || len(errs) > 0 {
 		t.Fatal(err, errs)
 	}
@@ -40,25 +52,51 @@ func TestServerHealthFailsWhileThreadFailed(t *testing.T) {
 	defer stopFailing()
 	<-th.Done()
 	stopFailing()
-	err = poll(ctx, 5*time.Second, func() (bool, error) { return s.Health() != nil, nil })
-	if err != nil {
-		t.Fatalf("health says ok while the device of a failed thread holds its i/o: %v", err)
-	}
+	waitReport(t, reports, refused)
 	herr := s.Health()
-	if !errors.Is(herr, dataplane.ErrThreadDead) || !strings.Contains(herr.Error(), "vol") || !errors.Is(herr, ErrNoThread) {
-		t.Fatalf("Health = %v, want the volume's ErrThreadDead and ErrNoThread", herr)
+	if !errors.Is(herr, dataplane.ErrThreadDead) || !strings.Contains(herr.Error(), "vol") {
+		t.Fatalf("Health = %v, want the volume's ErrThreadDead", herr)
 	}
-	if err := s.Close(); !errors.Is(err, dataplane.ErrThreadDead) {
+	if errors.Is(herr, ErrNoThread) || s.Threads().Live() != 1 {
+		t.Fatalf("Health = %v with %d live threads: the failed thread was not replaced", herr, s.Threads().Live())
+	}
+	if err := s.Close(); err != nil && !errors.Is(err, dataplane.ErrThreadDead) {
 		t.Fatalf("Close = %v", err)
 	}
-	s2 := newTestServer(t, state)
-	defer s2.Close()
-	if err := s2.Health(); err != nil {
+	readoptedByNextServer(t, state, "vol", d.Path, 3)
+}
+
+// readoptedByNextServer starts the next server (a restarted plugin) on
+// state and checks that it re-adopts the volume's device: health is good,
+// the data writeRead wrote at 0 with seed reads back; then it detaches it.
+func readoptedByNextServer(t *testing.T, state, id, dev string, seed byte) {
+	t.Helper()
+	s := newTestServer(t, state)
+	defer s.Close()
+	if err := s.Health(); err != nil {
 		t.Fatalf("health after the device was re-adopted: %v", err)
 	}
-	writeRead(t, d.Path, 0, 3, false)
-	if err := s2.Detach(ctx, "vol"); err != nil {
+	writeRead(t, dev, 0, seed, false)
+	if err := s.Detach(context.Background(), id); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// waitReport waits until the server reports an error that matches want
+// (ServerConfig.Report, here sending to reports).
+func waitReport(t *testing.T, reports <-chan error, want error) {
+	t.Helper()
+	timeout := time.After(time.Minute)
+	for {
+		select {
+		case err := <-reports:
+			t.Logf("reported: %v", err)
+			if errors.Is(err, want) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no report of %v within a minute", want)
+		}
 	}
 }
 

@@ -95,7 +95,12 @@ type Server struct {
 	threads  *dataplane.Threads
 	features uint64
 	owner    uint64
-	closed   atomic.Bool // Close began: thread ends are no failures
+	closed   atomic.Bool // Close began: thread ends are no failures; set under mu
+	// heals counts the heals of failed threads under way (beginHeal);
+	// Close cancels healCtx and waits for them.
+	heals      sync.WaitGroup
+	healCtx    context.Context
+	healCancel context.CancelFunc
 
 	mu   sync.Mutex // guards devs and stuck; never held across a control command
 	devs map[string]*served
@@ -115,6 +120,11 @@ type Server struct {
 }
 
 type served struct {
+	// op serialises the operations on the volume's device (Detach,
+	// Resize, SetLimits, Pause) with its in-process re-adoption after
+	// its server thread failed (healThread), which replaces the served
+	// with one of the same op: lockVolume.
+	op   *sync.Mutex
 	st   State
 	dev  *Device
 	lim  *qos.Limiter // shared by the device's queues
@@ -154,6 +164,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 		cfg.Owner = OwnerToken(cfg.StateDir)
 	}
 	s := &Server{cfg: cfg, ctl: ctl, features: f, owner: cfg.Owner, devs: map[string]*served{}}
+	s.healCtx, s.healCancel = context.WithCancel(context.Background())
 	n := cfg.Threads
 	if n <= 0 {
 		n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
@@ -241,6 +252,23 @@ func (s *Server) adoptRecorded(ctx context.Context, spec AttachSpec) (Served, bo
 	return Served{}, false, nil
 }
 
+// lockVolume locks the volume's served device against a concurrent
+// re-adoption (healThread) and returns it with the unlock, or nil if the
+// server does not serve the volume.
+func (s *Server) lockVolume(id string) (*served, func()) {
+	for {
+		sv := s.get(id)
+		if sv == nil {
+			return nil, func() {}
+		}
+		sv.op.Lock()
+		if s.get(id) == sv {
+			return sv, sv.op.Unlock
+		}
+		sv.op.Unlock() // replaced meanwhile: lock its successor
+	}
+}
+
 func (sv *served) info() Served { return Served{State: sv.st, Path: blockPath(sv.st.DevID)} }
 
 // Detach deletes the volume's device and forgets it. Unknown volumes
@@ -249,7 +277,8 @@ func (s *Server) Detach(ctx context.Context, id string) error {
 	if err := validName(id); err != nil {
 		return err
 	}
-	sv := s.get(id)
+	sv, unlock := s.lockVolume(id)
+	defer unlock()
 	if sv == nil {
 		return s.detachRecorded(id)
 	}
@@ -292,7 +321,13 @@ func (s *Server) detachRecorded(id string) error {
 // Close stops serving without stopping the devices: they stay QUIESCED,
 // their I/O held, until the next Server re-adopts them. Idempotent.
 func (s *Server) Close() error {
+	s.mu.Lock()
 	s.closed.Store(true)
+	s.mu.Unlock()
+	// A heal under way re-adopts no more: it ends before the devices are
+	// released here (one it left half done stays QUIESCED, or stuck).
+	s.healCancel()
+	s.heals.Wait()
 	s.mu.Lock()
 	devs := s.devs
 	s.devs = map[string]*served{}

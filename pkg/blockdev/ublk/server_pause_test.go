@@ -3,7 +3,6 @@ package ublk
 import (
 	"context"
 	"crypto/sha256"
-	"errors"
 	"os"
 	"path/filepath"
 	"sync"
@@ -12,8 +11,6 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // TestServerPauseHoldsWrites proves Server.Pause, on which a consistent
@@ -93,47 +90,77 @@ func fileSum(t *testing.T, path string) [32]byte {
 	return sha256.Sum256(b)
 }
 
-// TestServerRecoversDevicesOfFailedThread proves the recovery path of a
-// server thread that fails: its devices report the failure at once
-// (Server.Err), their I/O is held, not failed, and the next server (the
-// restarted plugin) re-adopts them through user recovery with their data.
-func TestServerRecoversDevicesOfFailedThread(t *testing.T) {
+// TestServerHealsFailedThreadUnderPause proves the in-process heal of a
+// server thread that fails for real (a panic inside its loop) with the one
+// device it served paused: the device is re-adopted onto the thread started
+// in its place without a new server, and the pause goes on across it (a
+// write after the heal reaches nothing until resume: a snapshot copied
+// under the pause stays consistent); resume lets the held write through
+// (it woke only the old device's queues before: the write hung), the data
+// written before the failure reads back, and health is good.
+func TestServerHealsFailedThreadUnderPause(t *testing.T) {
 	needUblk(t)
 	dir := scratchDir(t)
 	file := sparseFile(t, dir, "vol.img", 32<<20)
-	state := filepath.Join(dir, "state")
-	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: state, Threads: 1})
+	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: filepath.Join(dir, "state"), Threads: 1})
 	if err != nil || len(errs) > 0 {
 		t.Fatal(err, errs)
 	}
+	defer s.Close()
 	ctx := context.Background()
 	d, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file})
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer s.Detach(ctx, "vol")
 	writeRead(t, d.Path, 1<<20, 7, true)
+	resume, err := s.Pause(ctx, "vol")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := fileSum(t, file)
 	th := s.Threads().Threads()[0]
 	stopFailing := failThread(t, th)
 	defer stopFailing()
-	err = poll(ctx, 5*time.Second, func() (bool, error) { return s.Err("vol") != nil, nil })
-	if err != nil {
-		t.Fatalf("the device of a failed thread does not report it: %v", err)
-	}
-	if err := s.Err("vol"); !errors.Is(err, dataplane.ErrThreadDead) {
-		t.Fatalf("Server.Err = %v, want ErrThreadDead", err)
-	}
+	<-th.Done()
 	stopFailing()
-	if err := s.Close(); !errors.Is(err, dataplane.ErrThreadDead) {
-		t.Fatalf("Close = %v, want the thread's failure reported", err)
+	err = poll(ctx, time.Minute, func() (bool, error) { return s.Health() == nil, nil })
+	if err != nil {
+		t.Fatalf("not healed: %v; health: %v", err, s.Health())
 	}
-	s2 := newTestServer(t, state)
-	defer s2.Close()
-	if err := s2.Err("vol"); err != nil {
-		t.Fatalf("re-adopted device: %v", err)
+	if s.Threads().Threads()[0] == th || s.Threads().Live() != 1 {
+		t.Fatal("the failed thread was not replaced")
+	}
+	wrote := make(chan error, 1)
+	go func() {
+		fd, err := unix.Open(d.Path, unix.O_WRONLY|unix.O_DIRECT|unix.O_CLOEXEC, 0)
+		if err == nil {
+			_, err = unix.Pwrite(fd, pattern(64<<10, 9), 4<<20)
+			unix.Close(fd)
+		}
+		wrote <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the write has had time to go through
+	select {
+	case err := <-wrote:
+		t.Fatalf("a write went through the pause after the heal (%v)", err)
+	default:
+	}
+	if fileSum(t, file) != before {
+		t.Fatal("the backing file changed under the pause across the heal")
+	}
+	resume()
+	select {
+	case err := <-wrote:
+		if err != nil {
+			t.Fatalf("the write held by the pause: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the write held by the pause did not complete after resume")
 	}
 	writeRead(t, d.Path, 1<<20, 7, false) // the data written before the failure
 	writeRead(t, d.Path, 2<<20, 8, true)  // and new I/O
-	if err := s2.Detach(ctx, "vol"); err != nil {
-		t.Fatal(err)
+	if err := s.Err("vol"); err != nil {
+		t.Fatalf("healed device: %v", err)
 	}
 }

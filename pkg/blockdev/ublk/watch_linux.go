@@ -16,16 +16,19 @@ func (s *Server) watchAll() {
 }
 
 // watch reports the failure of t (not its close) the moment it happens,
-// with the volumes it served: their devices hold their I/O, and Health
-// fails, until a restarted plugin re-adopts them.
+// with the volumes it served, and heals it (healThread): their devices hold
+// their I/O, and Health fails, until they are re-adopted in the process,
+// or, where that fails, by the restarted plugin.
 func (s *Server) watch(t *dataplane.Thread) {
 	<-t.Done()
 	err := t.Err()
-	if err == nil || s.closed.Load() {
+	if err == nil || !s.beginHeal() {
 		return
 	}
-	s.report(err, "ublk server thread failed: its devices hold their i/o until the plugin restarts and re-adopts them (health fails meanwhile)",
+	defer s.heals.Done()
+	s.report(err, "ublk server thread failed: its devices hold their i/o until they are re-adopted in the process (health fails meanwhile)",
 		"thread", t.ID(), "volumes", s.volumesOf(t))
+	s.healThread(s.healCtx, t)
 }
 
 // volumesOf lists the volumes with a queue on t.

@@ -3,15 +3,20 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 )
 
 // Threads is a server's fixed set of server threads, one per CPU it may
 // use: every device's queues are spread over them (SpreadQueues), so the
-// number of threads does not grow with the number of devices.
+// number of threads does not grow with the number of devices. A thread
+// that failed keeps its place until Replace starts another in it.
 type Threads struct {
-	mu      sync.Mutex // serialises pick, so two devices see each other's load
+	// mu serialises Pick, so two devices see each other's load, and
+	// guards threads (Replace swaps one) and closed.
+	mu      sync.Mutex
 	threads []*Thread
+	closed  bool // Close began: Replace starts no thread
 }
 
 // NewThreads starts n server threads of cfg. It chooses each thread's CPU
@@ -43,9 +48,57 @@ func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 }
 
 // Len is the number of threads.
-func (p *Threads) Len() int { return len(p.threads) }
+func (p *Threads) Len() int { return len(p.list()) }
 
-// pick chooses the threads for a device's queues (SpreadQueues) and
+// list returns a copy of the threads.
+func (p *Threads) list() []*Thread {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.threads)
+}
+
+// ErrPoolClosed is the class of a Replace after Close.
+var ErrPoolClosed = errors.New("server threads closed")
+
+// Replace starts a new thread in the place of dead, a thread of the pool
+// that failed, with its number and configuration (its CPU), and returns
+// it. The queues dead served are gone with it (they ended with its
+// failure); the new thread starts empty, for the devices re-adopted after
+// it. It fails while dead still runs, for a thread not in the pool, and
+// after Close (ErrPoolClosed).
+func (p *Threads) Replace(dead *Thread) (*Thread, error) {
+	select {
+	case <-dead.Done():
+	default:
+		return nil, fmt.Errorf("replace server thread %d: it still runs: %w", dead.id, errInvalid)
+	}
+	p.mu.Lock()
+	i := slices.Index(p.threads, dead)
+	closed := p.closed
+	p.mu.Unlock()
+	switch {
+	case closed:
+		return nil, fmt.Errorf("replace server thread %d: %w", dead.id, ErrPoolClosed)
+	case i < 0:
+		return nil, fmt.Errorf("replace server thread %d: not in the pool: %w", dead.id, errInvalid)
+	}
+	// Started outside the lock (it waits for the thread's ring): Pick
+	// goes on meanwhile, passing over the dead thread.
+	t, err := NewThread(dead.id, dead.cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replace server thread %d: %w", dead.id, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || p.threads[i] != dead {
+		// Closed, or replaced by another caller, meanwhile.
+		return nil, errors.Join(fmt.Errorf("replace server thread %d: %w", dead.id, ErrPoolClosed), t.Close())
+	}
+	p.threads[i] = t
+	return t, nil
+}
+
+// Pick chooses the threads for a device's queues (SpreadQueues) and
 // reserves room for each queue on its thread before it returns, so that a
 // concurrent pick sees the load (the caller's queues own the reservations:
 // StartQueue with QueueConfig.Reserved).
@@ -82,13 +135,14 @@ func UnreserveAll(threads []*Thread, depth uint16) {
 	}
 }
 
-// Threads returns the threads.
-func (p *Threads) Threads() []*Thread { return p.threads }
+// Threads returns the threads (a copy: Replace may swap one).
+func (p *Threads) Threads() []*Thread { return p.list() }
 
 // Stats returns every thread's counters.
 func (p *Threads) Stats() []ThreadStats {
-	out := make([]ThreadStats, len(p.threads))
-	for i, t := range p.threads {
+	ths := p.list()
+	out := make([]ThreadStats, len(ths))
+	for i, t := range ths {
 		out[i] = t.Stats()
 	}
 	return out
@@ -96,7 +150,7 @@ func (p *Threads) Stats() []ThreadStats {
 
 // Err returns the failure of the first failed thread, or nil.
 func (p *Threads) Err() error {
-	for _, t := range p.threads {
+	for _, t := range p.list() {
 		if err := t.Err(); err != nil {
 			return err
 		}
@@ -104,10 +158,10 @@ func (p *Threads) Err() error {
 	return nil
 }
 
-// live counts the threads that have not ended.
+// Live counts the threads that have not ended.
 func (p *Threads) Live() int {
 	n := 0
-	for _, t := range p.threads {
+	for _, t := range p.list() {
 		select {
 		case <-t.Done():
 		default:
@@ -119,11 +173,15 @@ func (p *Threads) Live() int {
 
 // Close ends every thread (see Thread.Close) and returns their failures.
 func (p *Threads) Close() error {
-	for _, t := range p.threads {
+	p.mu.Lock()
+	p.closed = true
+	ths := slices.Clone(p.threads)
+	p.mu.Unlock()
+	for _, t := range ths {
 		t.stop()
 	}
 	var errs []error
-	for _, t := range p.threads {
+	for _, t := range ths {
 		errs = append(errs, t.Close())
 	}
 	return errors.Join(errs...)

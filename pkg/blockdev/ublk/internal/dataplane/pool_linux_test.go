@@ -189,3 +189,48 @@ func TestThreadWakeNotLostWithoutSQE(t *testing.T) {
 		t.Fatalf("serve = %v, want ErrQueueStopped", err)
 	}
 }
+
+// TestThreadsReplace proves that a failed server thread can be replaced in
+// its pool: the new thread takes its number and serves (Pick chooses it),
+// the pool counts every thread live again and reports no failure, and
+// Replace refuses a thread that still runs and works no more after Close.
+// Host test (-tags failpoint: the failure is a panic injected in the
+// thread's loop).
+func TestThreadsReplace(t *testing.T) {
+	p, err := NewThreads(2, ThreadConfig{CPU: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	dead := p.Threads()[0]
+	if _, err := p.Replace(dead); !errors.Is(err, os.ErrInvalid) {
+		t.Fatalf("Replace of a running thread = %v, want os.ErrInvalid", err)
+	}
+	stop := failThread(t, dead)
+	<-dead.Done()
+	stop()
+	if p.Live() != 1 || !errors.Is(p.Err(), ErrThreadDead) {
+		t.Fatalf("after the failure: %d live, Err %v", p.Live(), p.Err())
+	}
+	nt, err := p.Replace(dead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nt.ID() != dead.ID() || p.Threads()[0] != nt || p.Live() != 2 || p.Err() != nil {
+		t.Fatalf("after Replace: thread %d in place 0 is %v, %d live, Err %v", nt.ID(), p.Threads()[0] == nt, p.Live(), p.Err())
+	}
+	if _, err := p.Replace(dead); err == nil {
+		t.Fatal("a thread replaced already was replaced again")
+	}
+	ths, err := p.Pick(2, 64)
+	if err != nil || (ths[0] != nt && ths[1] != nt) {
+		t.Fatalf("Pick(2) = %v, %v: want the new thread among them", ths, err)
+	}
+	UnreserveAll(ths, 64)
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	if _, err := p.Replace(nt); !errors.Is(err, ErrPoolClosed) {
+		t.Fatalf("Replace after Close = %v, want ErrPoolClosed", err)
+	}
+}

@@ -16,3 +16,10 @@ func injectEAGAIN(t *testing.T, _ *Queue, _ int32) {
 }
 
 func (*Queue) eagainLeft() int32 { return 0 }
+
+// failThread skips the test: FailThread exists only with -tags failpoint.
+func failThread(t *testing.T, _ *Thread) func() {
+	t.Helper()
+	testgate.Skip(t, testgate.Failpoint, "built without -tags failpoint: no test hooks")
+	return func() {}
+}

@@ -24,8 +24,10 @@
 // tag has been aborted. A thread that fails (a panic, a ring error) ends
 // every queue it served with its error, which the devices report
 // (Device.Err), and closes its ring, so that devices with user recovery
-// are quiesced, their I/O held, not lost; the Server's Health fails while
-// they are (ublk's health_linux.go).
+// are quiesced, their I/O held, not lost. The Server then starts a thread
+// in its place (Threads.Replace) and re-adopts those devices through user
+// recovery (ublk's threadheal_linux.go); its Health fails until they are
+// served again.
 
 package dataplane
 
