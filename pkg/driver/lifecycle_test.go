@@ -25,7 +25,7 @@ import (
 // devices, real mkfs, real mounts. They need root.
 
 type testNode struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	d       *Driver
 	ctrl    *Controller
@@ -33,7 +33,7 @@ type testNode struct {
 	backend blockdev.Backend
 }
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	testgate.RequireRoot(t)
 }
@@ -44,7 +44,7 @@ func newTestNode(t *testing.T, dir string) *testNode {
 }
 
 // newTestNodeOn is newTestNode for the node nodeID.
-func newTestNodeOn(t *testing.T, dir, nodeID string) *testNode {
+func newTestNodeOn(t testing.TB, dir, nodeID string) *testNode {
 	t.Helper()
 	store, err := store.Open(store.Config{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
 	if err != nil {
