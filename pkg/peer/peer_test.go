@@ -230,7 +230,7 @@ func TestRefusedClients(t *testing.T) {
 		cfg  *tls.Config
 	}{
 		{"no certificate", func() *tls.Config { c := good.ClientConfig("n1"); c.GetClientCertificate = nil; return c }()},
-		{"another CA", newCreds(t, other, n2).ClientConfig("n1")},
+		{"another CA", with(issued(other, n2, now.Add(-time.Minute), now.Add(time.Hour)))},
 		{"expired", with(issued(ca, n2, now.Add(-48*time.Hour), now.Add(-24*time.Hour)))},
 		{"not yet valid", with(issued(ca, n2, now.Add(24*time.Hour), now.Add(48*time.Hour)))},
 		{"another namespace", with(issued(ca, Identity{Namespace: "tenant", ServiceAccount: n2.ServiceAccount, Node: "n2"}, now.Add(-time.Minute), now.Add(time.Hour)))},

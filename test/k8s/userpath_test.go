@@ -1116,8 +1116,9 @@ func median(d []time.Duration) time.Duration {
 // The external-resizer's one elected instance sends ModifyVolume: where it
 // lands on the volume's node and the backend has rate limits (ublk) the
 // tier applies; on the loop backend (this host has no ublk) the refusal is
-// an event on the PVC naming the backend, and from the other node one naming
-// the resizer's leader; the PVC keeps its current class.
+// an event on the PVC naming the backend and the volume's own node, also
+// for the volume of the node that is not the resizer's leader: its plugin
+// answered over the peer channel (issue 33). The PVC keeps its class.
 func TestUpgradeModifyVolume(t *testing.T) {
 	c := requireChart(t)
 	chart := chartDir(t)
@@ -1136,26 +1137,11 @@ func TestUpgradeModifyVolume(t *testing.T) {
 			t.Fatalf("plugin pods not ready after the upgrade:%s", detail)
 		}
 	}
-	// The lease may still name a plugin pod an earlier test deleted,
-	// until a live one takes it over.
-	leader, leaderNode := "", ""
-	eventually(t, time.Minute, "a live plugin pod holding the external-resizer's lease", func() (bool, string) {
-		out, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
-		if err != nil {
-			return false, err.Error()
-		}
-		leader = strings.TrimSpace(out)
-		ready, detail := c.pluginPods(t)
-		for n, p := range ready {
-			if leader != "" && strings.HasPrefix(leader, p) {
-				leaderNode = n
-			}
-		}
-		return leaderNode != "", "lease holder " + leader + ", plugin pods:" + detail
-	})
+	leader, leaderNode := c.resizerLeader(t)
 	t.Logf("external-resizer leader %q on %s", leader, leaderNode)
-	// One in-use volume on each node: the leader's node refuses the tier
-	// for its backend, the other node's volume never reaches its plugin.
+	// One in-use volume on each node: each node's plugin refuses the tier
+	// for its backend, the other node's through the peer channel (before
+	// it, the leader's plugin refused that volume as another node's).
 	for _, n := range nodes {
 		claim := "vac-" + n
 		c.apply(t, pvc(claim, "256Mi", ""))
@@ -1173,10 +1159,8 @@ func TestUpgradeModifyVolume(t *testing.T) {
 	}
 	for _, n := range nodes {
 		claim := "vac-" + n
-		want := "need the ublk backend; this node serves volumes with loop"
-		if n != leaderNode {
-			want = "the external-resizer leader runs on node " + leaderNode
-		}
+		// The answer of the volume's own node, which names itself.
+		want := "on node " + n + ": rate limits (maxIOPS, maxBandwidth) need the ublk backend; this node serves volumes with loop"
 		eventually(t, 2*time.Minute, "a clear refusal of the tier on PVC "+claim, func() (bool, string) {
 			cur := c.jsonpath(t, "{.status.currentVolumeAttributesClassName} {.status.modifyVolumeStatus}", "-n", testNS, "get", "pvc", claim)
 			if strings.HasPrefix(cur, "gold ") {
@@ -1193,6 +1177,28 @@ func TestUpgradeModifyVolume(t *testing.T) {
 			return false, "want an event saying " + want + "; status " + cur + "\nevents:\n" + ev
 		})
 	}
+}
+
+// resizerLeader waits for a live plugin pod to hold the external-resizer's
+// lease and returns its holder identity and node. The lease may still name
+// a plugin pod an earlier test deleted, until a live one takes it over.
+func (c *cluster) resizerLeader(t *testing.T) (leader, leaderNode string) {
+	t.Helper()
+	eventually(t, time.Minute, "a live plugin pod holding the external-resizer's lease", func() (bool, string) {
+		out, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
+		if err != nil {
+			return false, err.Error()
+		}
+		leader = strings.TrimSpace(out)
+		ready, detail := c.pluginPods(t)
+		for n, p := range ready {
+			if leader != "" && strings.HasPrefix(leader, p) {
+				leaderNode = n
+			}
+		}
+		return leaderNode != "", "lease holder " + leader + ", plugin pods:" + detail
+	})
+	return leader, leaderNode
 }
 
 // TestUninstallWithVolumeInUse: helm uninstall while a pod writes to a
