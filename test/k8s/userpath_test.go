@@ -600,16 +600,7 @@ parameters: {csi.storage.k8s.io/fstype: xfs}
 			c.apply(t, pvc(claim, "1Gi", "  storageClassName: "+class+"\n"))
 			c.startPod(t, pod{name: name, claim: claim, script: "sleep 3600"})
 			c.waitPodPhase(t, name, "Running", 2*time.Minute)
-			before := c.dfSize(t, name)
-			c.k(t, "-n", testNS, "patch", "pvc", claim, "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`)
-			eventually(t, 3*time.Minute, "PVC "+claim+" at 2Gi", func() (bool, string) {
-				out, _ := c.kubectl("-n", testNS, "get", "pvc", claim, "-o", "jsonpath={.status.capacity.storage} {.status.conditions}")
-				return strings.HasPrefix(out, "2Gi "), out
-			})
-			eventually(t, time.Minute, "the pod to see the grown filesystem", func() (bool, string) {
-				now := c.dfSize(t, name)
-				return now > before+(800<<20), fmt.Sprintf("df size %d, was %d", now, before)
-			})
+			c.growTo2Gi(t, claim, name)
 			if rc := c.jsonpath(t, "{.status.containerStatuses[0].restartCount}", "-n", testNS, "get", "pod", name); rc != "0" {
 				t.Errorf("pod restarted %s times during expansion", rc)
 			}
@@ -617,6 +608,23 @@ parameters: {csi.storage.k8s.io/fstype: xfs}
 			c.delete(t, "pvc", claim)
 		})
 	}
+}
+
+// growTo2Gi asks for 2Gi on the 1Gi claim that the running pod name uses
+// and waits for the PVC's capacity and for the pod to see the grown
+// filesystem.
+func (c *cluster) growTo2Gi(t *testing.T, claim, name string) {
+	t.Helper()
+	before := c.dfSize(t, name)
+	c.k(t, "-n", testNS, "patch", "pvc", claim, "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`)
+	eventually(t, 3*time.Minute, "PVC "+claim+" at 2Gi", func() (bool, string) {
+		out, _ := c.kubectl("-n", testNS, "get", "pvc", claim, "-o", "jsonpath={.status.capacity.storage} {.status.conditions}")
+		return strings.HasPrefix(out, "2Gi "), out
+	})
+	eventually(t, time.Minute, "the pod to see the grown filesystem", func() (bool, string) {
+		now := c.dfSize(t, name)
+		return now > before+(800<<20), fmt.Sprintf("df size %d, was %d", now, before)
+	})
 }
 
 const capSysResource = 24
@@ -1211,16 +1219,7 @@ func TestControllerExpansionOnOtherNode(t *testing.T) {
 	if n := c.volumeNode(t, claim); n != other {
 		t.Fatalf("volume on %s, want %s", n, other)
 	}
-	before := c.dfSize(t, name)
-	c.k(t, "-n", testNS, "patch", "pvc", claim, "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`)
-	eventually(t, 3*time.Minute, "PVC "+claim+" at 2Gi", func() (bool, string) {
-		out, _ := c.kubectl("-n", testNS, "get", "pvc", claim, "-o", "jsonpath={.status.capacity.storage} {.status.conditions}")
-		return strings.HasPrefix(out, "2Gi "), out
-	})
-	eventually(t, time.Minute, "the pod to see the grown filesystem", func() (bool, string) {
-		now := c.dfSize(t, name)
-		return now > before+(800<<20), fmt.Sprintf("df size %d, was %d", now, before)
-	})
+	c.growTo2Gi(t, claim, name)
 	handle := c.jsonpath(t, "{.spec.csi.volumeHandle}", "get", "pv", c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", claim))
 	pods, _ := c.pluginPods(t)
 	leaderLog := c.containerLog(t, pods[leaderNode])
