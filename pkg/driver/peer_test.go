@@ -14,16 +14,18 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
 
-// peerNodes are the test nodes n1 and n2 joined by the peer channel over
-// mutual TLS on 127.0.0.1: n1 serves its PeerService, n2 forwards to it.
-// stop ends n1's peer server.
-func peerNodes(t *testing.T) (n1, n2 *testNode, stop func()) {
+// peerNodes are the test nodes n1 (with the backend kind) and n2 (loop)
+// joined by the peer channel over mutual TLS on 127.0.0.1: n1 serves its
+// PeerService, n2 forwards to it. stop ends n1's peer server.
+func peerNodes(t *testing.T, kind string) (n1, n2 *testNode, stop func()) {
 	t.Helper()
-	n1 = newTestNodeOn(t, t.TempDir(), "n1")
+	n1 = newTestNodeWith(t, t.TempDir(), "n1", kind)
 	n2 = newTestNodeOn(t, t.TempDir(), "n2")
 	ca, err := peer.NewCA("test", time.Now())
 	if err != nil {
@@ -66,7 +68,7 @@ func peerNodes(t *testing.T) (n1, n2 *testNode, stop func()) {
 // Before forwarding, both were FailedPrecondition on n2.
 func TestForwardToOwningNode(t *testing.T) {
 	requireRoot(t)
-	n1, n2, stop := peerNodes(t)
+	n1, n2, stop := peerNodes(t, "loop")
 	ctx := context.Background()
 	vol := n1.create("pvc-forward", 1<<20, nil)
 
@@ -104,6 +106,46 @@ func TestForwardToOwningNode(t *testing.T) {
 	stop()
 	if _, err := n2.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: vol}); status.Code(err) != codes.Unavailable {
 		t.Errorf("modify with n1's plugin down: %v, want Unavailable", err)
+	}
+}
+
+// TestForwardedModifyReachesUblkDevice: a VolumeAttributesClass change
+// that reaches n2 (the external-resizer's leader) for a volume staged on
+// n1, whose backend is ublk, changes the rate limits of n1's live device
+// at once, and lifting them does too (hack/vm step 41 runs it).
+func TestForwardedModifyReachesUblkDevice(t *testing.T) {
+	testgate.RequireUblk(t)
+	n1, n2, _ := peerNodes(t, "ublk")
+	ctx := context.Background()
+	vol := n1.create("pvc-paced", 16<<20, nil)
+	n1.stage(vol, blockCap(snw), false)
+	limits := func() qos.Limits {
+		t.Helper()
+		devs, err := n1.backend.List(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range devs {
+			if d.VolumeID == storeVolumeID(vol) {
+				return d.Limits
+			}
+		}
+		t.Fatalf("no device of %s on n1 among %+v", vol, devs)
+		return qos.Limits{}
+	}
+	for _, tc := range []struct {
+		params map[string]string
+		want   qos.Limits
+	}{
+		{map[string]string{ParamMaxIOPS: "500", ParamMaxBandwidth: "8Mi"}, qos.Limits{IOPS: 500, BytesPerSecond: 8 << 20}},
+		{map[string]string{ParamMaxIOPS: "0", ParamMaxBandwidth: "0"}, qos.Limits{}},
+	} {
+		if _, err := n2.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: vol, MutableParameters: tc.params}); err != nil {
+			t.Fatalf("modify %v of n1's volume on n2: %v", tc.params, err)
+		}
+		if got := limits(); got != tc.want {
+			t.Errorf("n1's live device after the forwarded modify %v: limits %+v, want %+v", tc.params, got, tc.want)
+		}
 	}
 }
 
