@@ -580,14 +580,7 @@ func lastLine(s string) string {
 // StorageClass; the ext4 default class is grown where the host allows it.
 func TestExpandOnline(t *testing.T) {
 	c := requireChart(t)
-	c.apply(t, `apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: fastblk-xfs}
-provisioner: `+driver+`
-volumeBindingMode: WaitForFirstConsumer
-allowVolumeExpansion: true
-parameters: {csi.storage.k8s.io/fstype: xfs}
-`)
+	c.xfsClass(t)
 	classes := []string{"fastblk-xfs"}
 	if hostHasCap(t, capSysResource) {
 		classes = append(classes, "fastblk")
@@ -608,6 +601,21 @@ parameters: {csi.storage.k8s.io/fstype: xfs}
 			c.delete(t, "pvc", claim)
 		})
 	}
+}
+
+// xfsClass makes the StorageClass fastblk-xfs: xfs grows online without
+// CAP_SYS_RESOURCE, which this host may withhold from containers (ext4's
+// online resize needs it).
+func (c *cluster) xfsClass(t *testing.T) {
+	t.Helper()
+	c.apply(t, `apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: fastblk-xfs}
+provisioner: `+driver+`
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+parameters: {csi.storage.k8s.io/fstype: xfs}
+`)
 }
 
 // growTo2Gi asks for 2Gi on the 1Gi claim that the running pod name uses
@@ -1210,7 +1218,8 @@ func TestControllerExpansionOnOtherNode(t *testing.T) {
 		other = nodes[1]
 	}
 	claim, name := "grow-peer", "grow-peer"
-	c.apply(t, pvc(claim, "1Gi", ""))
+	c.xfsClass(t)
+	c.apply(t, pvc(claim, "1Gi", "  storageClassName: fastblk-xfs\n"))
 	t.Cleanup(func() {
 		_, _ = c.kubectl("-n", testNS, "delete", "pvc", claim, "--ignore-not-found", "--wait=true", "--timeout=120s")
 	})
