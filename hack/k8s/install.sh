@@ -316,12 +316,35 @@ e2e() {
 	test_images
 }
 
+# gnu_coreutils DIR copies the programs of Debian's coreutils package into
+# DIR/usr/bin, dash to DIR/bin/sh, and every shared library they load (ldd)
+# to its own path under DIR.
+gnu_coreutils() {
+	local f lib
+	declare -A libs=()
+	rm -f "$1/bin/sh"
+	install -m 0755 /bin/dash "$1/bin/sh"
+	while read -r f; do
+		[[ -f $f && -x $f && ! -L $f ]] || continue
+		install -m 0755 "$f" "$1/usr/bin/${f##*/}"
+	done < <(dpkg -L coreutils | grep -E '/s?bin/[^/]+$')
+	for f in "$1/bin/sh" "$1"/usr/bin/*; do
+		for lib in $(ldd "$f" | grep -oE '/[^ ]+\.so[^ ]*'); do libs[$lib]=1; done
+	done
+	for lib in "${!libs[@]}"; do
+		mkdir -p "$1$(dirname "$lib")"
+		cp -L "$lib" "$1$lib"
+	done
+}
+
 # test_images assembles the images of the storage suites' pods that are not
 # the busybox image, under the references of Kubernetes' manifest.go:
 #   - agnhost: the static binary built by e2e on the busybox image's files;
 #   - glibc-dns-testing ($GLIBC_IMAGE): the multiVolume specs' pods, which
-#     run /bin/sh and busybox's tools (dd with iflag=direct, sha256sum,
-#     base64, blockdev): the busybox image's files under that name;
+#     write with GNU dd's oflag=nocache (busybox's dd refuses it): the busybox
+#     image's files with Debian's dash as /bin/sh (Debian's busybox shell runs
+#     its own applets before PATH) and GNU coreutils in /usr/bin, which comes
+#     first in the image's PATH, with the libraries they load (glibc);
 #   - nginx ($NGINX_IMAGE): only the exec spec ("should allow exec of files
 #     on the volume") runs it, with its own command: /bin/sh writing a script
 #     onto the volume and running it. The image is the busybox image's files
@@ -343,6 +366,7 @@ test_images() {
 	fi
 	if [[ ! -s $K8S_CACHE/images/glibc-dns-testing-$GLIBC_TAG.oci.tar ]]; then
 		rm -rf "$root/fs" && busybox_root "$root/fs"
+		gnu_coreutils "$root/fs"
 		oci_image "$GLIBC_IMAGE" "$root/fs" cmd sh
 	fi
 	if [[ ! -s $K8S_CACHE/images/nginx-$NGINX_TAG.oci.tar ]]; then
