@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make e2e-k8s`: the user's path on a real two-node Kubernetes.
-#   1. install.sh: packages, etcd, Kubernetes, helm, sidecars, images (cached),
+#   1. install.sh: packages, etcd, Kubernetes, helm, sidecars, images, the storage suite (cached),
 #   2. the plugin's image (hack/image/build.sh) tagged as the chart's
 #      appVersion, so the chart's default image reference is what runs,
 #   3. cluster.sh up, 4. the Go tests in test/k8s, 5. the quick subset of
