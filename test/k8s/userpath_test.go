@@ -1638,9 +1638,12 @@ func TestLivenessRestartsUnregisteredPlugin(t *testing.T) {
 		_, err := os.Stat(sock)
 		return err == nil, fmt.Sprint(err)
 	})
-	if d := c.jsonpath(t, "{.spec.drivers[*].name}", "get", "csinode", "n1"); !strings.Contains(d, driver) {
-		t.Errorf("CSINode n1 lists drivers %q after the restart, want %s", d, driver)
-	}
+	// The kubelet's plugin watcher finds the new socket, asks it for its
+	// info and only then writes CSINode: the socket comes first.
+	eventually(t, time.Minute, "CSINode n1 to list the driver again", func() (bool, string) {
+		d := c.jsonpath(t, "{.spec.drivers[*].name}", "get", "csinode", "n1")
+		return strings.Contains(d, driver), fmt.Sprintf("drivers %q", d)
+	})
 }
 
 // TestCleanup deletes every pod, snapshot and PVC: no PV, snapshot content,
