@@ -48,7 +48,11 @@ func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 }
 
 // Len is the number of threads.
-func (p *Threads) Len() int { return len(p.list()) }
+func (p *Threads) Len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.threads)
+}
 
 // list returns a copy of the threads.
 func (p *Threads) list() []*Thread {
