@@ -123,9 +123,8 @@ func ublkServe(ctx context.Context, args []string) error {
 	fmt.Printf("tuning queues=%d depth=%d max_io=%d zero_copy=%v nowait_writes=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
 		s.Tuning.MaxIOBytes, s.Tuning.ZeroCopy, s.NowaitWrites, ublk.FormatFlags(s.Flags))
 	<-ctx.Done()
-	stats, _ := srv.Stats(id)
-	for i, q := range stats {
-		fmt.Printf("queue %d: %+v\n", i, q)
+	if total, _, ok := srv.Stats(id); ok {
+		fmt.Printf("queues (all): %+v\n", total)
 	}
 	if p := srv.Threads(); p != nil {
 		for _, t := range p.Stats() {

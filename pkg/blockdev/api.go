@@ -237,8 +237,8 @@ type IOStats struct {
 	// device is not live, where the backend knows.
 	State  string
 	Reason string
-	// Recoveries counts how often the device was re-adopted after a
-	// plugin restart.
+	// Recoveries counts how often the plugin's process re-adopted the
+	// device: after a plugin restart, and after its server thread failed.
 	Recoveries uint64
 	// Errors counts I/Os completed with an error.
 	Errors uint64

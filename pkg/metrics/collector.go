@@ -48,7 +48,7 @@ var (
 	descIOTime    = prometheus.NewDesc(ns+"_volume_io_time_seconds_total", "Time I/Os of the op spent in the device (kernel accounting).", append(volLabels, "op"), nil)
 	descInFlight  = prometheus.NewDesc(ns+"_volume_in_flight_ios", "I/Os in flight on the device.", volLabels, nil)
 	descErrors    = prometheus.NewDesc(ns+"_volume_errors_total", "I/Os the server completed with an error.", volLabels, nil)
-	descRecovered = prometheus.NewDesc(ns+"_volume_recoveries_total", "Times the device was re-adopted after a plugin restart.", volLabels, nil)
+	descRecovered = prometheus.NewDesc(ns+"_volume_recoveries_total", "Times the device was re-adopted by this plugin process: after a plugin restart, or after its server thread failed (counts from the process start).", volLabels, nil)
 	descLatency   = prometheus.NewDesc(ns+"_volume_io_latency_seconds", "Latency of I/Os served by the plugin's ublk server.", volLabels, nil)
 	descLimIOPS   = prometheus.NewDesc(ns+"_volume_limit_iops", "The volume's rate limit in reads plus writes per second (absent without one).", volLabels, nil)
 	descLimBytes  = prometheus.NewDesc(ns+"_volume_limit_bytes_per_second", "The volume's rate limit in bytes read plus written per second (absent without one).", volLabels, nil)

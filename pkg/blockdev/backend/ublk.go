@@ -215,27 +215,21 @@ func (b *ublkBackend) SetLimits(ctx context.Context, volumeID string, lim qos.Li
 
 // IOStats sums the counters the device's queues keep: errors,
 // requests in flight and the latency histogram (arrival to commit).
-// Recoveries is 1 when this process re-adopted the device from an earlier
-// one.
+// Recoveries counts this process's re-adoptions of the device: from an
+// earlier process, and in the process after a server thread failed.
 func (b *ublkBackend) IOStats(volumeID string) (blockdev.IOStats, bool) {
-	queues, recovered := b.srv.Stats(volumeID)
-	if queues == nil {
+	total, recoveries, ok := b.srv.Stats(volumeID)
+	if !ok {
 		return blockdev.IOStats{}, false
 	}
-	var total ublk.QueueStats
-	for _, q := range queues {
-		total = total.Add(q)
-	}
 	st := blockdev.IOStats{
+		Recoveries:       recoveries,
 		State:            "live",
 		Errors:           total.Errors,
 		InFlight:         total.InFlight,
 		LatencySum:       float64(total.LatencyNs) / 1e9,
 		Throttled:        total.Throttled,
 		ThrottledSeconds: float64(total.ThrottledNs) / 1e9,
-	}
-	if recovered {
-		st.Recoveries = 1
 	}
 	if err := b.srv.Err(volumeID); err != nil && !errors.Is(err, os.ErrNotExist) {
 		// A queue or its server thread failed: the device's I/O is

@@ -289,7 +289,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		}
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
-	s.put(st.VolumeID, &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file, recovered: true})
+	s.put(st.VolumeID, &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file, recoveries: 1})
 	return nil
 }
 

@@ -111,11 +111,24 @@ func (s *Server) Err(id string) error {
 	return sv.dev.Err()
 }
 
-// Stats returns the queue counters of a volume's device, and whether this
-// process re-adopted the device from an earlier one.
-func (s *Server) Stats(id string) (queues []QueueStats, recovered bool) {
-	if sv := s.get(id); sv != nil {
-		return sv.dev.Stats(), sv.recovered
+// Stats returns the sum of the queue counters of a volume's device, those
+// of the queues a heal ended included, and how often this process
+// re-adopted the device (from an earlier process, or after a server thread
+// failed); false for a volume the server does not serve.
+func (s *Server) Stats(id string) (total QueueStats, recoveries uint64, ok bool) {
+	sv := s.get(id)
+	if sv == nil {
+		return QueueStats{}, 0, false
 	}
-	return nil, false
+	return sv.total(), sv.recoveries, true
+}
+
+// total sums the counters of the device's queues and of those it had
+// before a heal.
+func (sv *served) total() QueueStats {
+	t := sv.ended
+	for _, q := range sv.dev.Stats() {
+		t = t.Add(q)
+	}
+	return t
 }

@@ -129,9 +129,13 @@ type served struct {
 	dev  *Device
 	lim  *qos.Limiter // shared by the device's queues
 	file *os.File     // nil for the null target
-	// recovered is true when this process re-adopted the device from an
-	// earlier one (user recovery) rather than creating it.
-	recovered bool
+	// recoveries counts the times this process re-adopted the device
+	// through user recovery: from an earlier process at start, and each
+	// time in the process after its server thread failed (rehome).
+	recoveries uint64
+	// ended holds the counters of the queues that rehome ended, so that
+	// the volume's counters run on across a heal instead of restarting.
+	ended QueueStats
 }
 
 // NewServer opens the control device, checks the kernel (Features), and

@@ -138,6 +138,11 @@ func (s *Server) rehome(ctx context.Context, id string, t *dataplane.Thread) err
 	}
 	next := *sv
 	next.dev = dev
+	next.recoveries++
+	// The old queues' requests in flight were requeued to the new ones,
+	// which count them again.
+	next.ended = sv.total()
+	next.ended.InFlight = 0
 	s.put(id, &next)
 	// A pause lifted while the device was re-adopted woke the old
 	// queues only: its new ones may hold requests behind the open gate.

@@ -86,6 +86,16 @@ func TestServerHealsFailedThread(t *testing.T) {
 	if s.get("c").dev != cDev {
 		t.Fatal("volume c, whose queue ran on the live thread, was re-adopted")
 	}
+	// A heal is a recovery, and the volume's counters run on across it:
+	// fio wrote and read back every one of the 4096 blocks of each volume,
+	// more than a thousand of them before the failure.
+	for id, heals := range map[string]uint64{"a": 1, "b": 1, "c": 0} {
+		st, recoveries, ok := s.Stats(id)
+		if !ok || recoveries != heals || st.Writes < 4096 || st.Reads < 4096 {
+			t.Fatalf("volume %s after the heal: %d recoveries (want %d), %d writes and %d reads (want at least 4096 each)",
+				id, recoveries, heals, st.Writes, st.Reads)
+		}
+	}
 }
 
 // fioRun is a fio verify run in the background.
