@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -34,6 +35,7 @@ type serveConfig struct {
 	exposeStatus   bool
 	reconcileRetry time.Duration
 	driver         driver.Config
+	peer           peerConfig
 	store          store.Config
 	devices        backend.Config
 }
@@ -85,7 +87,8 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			return err
 		})
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
-		"advertise ControllerExpandVolume (leave off in clusters: external-resizer has no per-node mode, so nodes grow their own volumes in NodeExpandVolume)")
+		"advertise ControllerExpandVolume (in a cluster only with --peer-address: external-resizer has no per-node mode, so its leader's plugin forwards other nodes' volumes to them)")
+	peerFlags(fs, &c.peer)
 	fs.StringVar(&c.metricsAddress, "metrics-address", ":9811", "address for /metrics and /healthz (empty disables)")
 	fs.StringVar(&c.healthAddress, "health-address", "", "address for /healthz alone, for the kubelet's liveness probe (empty disables; /healthz is on --metrics-address too)")
 	fs.StringVar(&c.registration.dir, "registration-dir", "",
@@ -146,6 +149,14 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 			"backend", cfg.backend, "reason", fallback.Reason, "metric", "fastblk_backend_fallback")
 		startup.BackendFallback = fallback.Reason
 	}
+	if err := cfg.peer.check(); err != nil {
+		return err
+	}
+	var peers *peerChannel
+	if cfg.peer.address != "" {
+		peers = &peerChannel{}
+		cfg.driver.Peers = peers
+	}
 	drv, err := driver.New(cfg.driver, st, be)
 	if err != nil {
 		return err
@@ -180,12 +191,36 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	defer stopMetrics()
 	klog.InfoS("serving", "endpoint", cfg.endpoint)
-	err = serveRegistered(ctx, drv, reg, func(ctx context.Context) error { return drv.Serve(ctx, lis) })
+	err = serveRegistered(ctx, drv, reg, func(ctx context.Context) error {
+		if peers == nil {
+			return drv.Serve(ctx, lis)
+		}
+		return serveWithPeers(ctx, cfg, drv, peers, lis)
+	})
 	klog.InfoS("stopped")
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// serveWithPeers serves the CSI endpoint and the peer channel until ctx
+// ends or either fails.
+func serveWithPeers(ctx context.Context, cfg *serveConfig, drv *driver.Driver, peers *peerChannel, lis net.Listener) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	peerErr := make(chan error, 1)
+	go func() {
+		err := runPeer(ctx, cfg.peer, cfg.driver.NodeID, drv, peers)
+		if err != nil {
+			klog.ErrorS(err, "peer channel ended; exiting so that the container restarts")
+			cancel()
+		}
+		peerErr <- err
+	}()
+	err := drv.Serve(ctx, lis)
+	cancel()
+	return errors.Join(err, <-peerErr)
 }
 
 // lockEndpoint keeps a second plugin off a unix endpoint this process

@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 
+	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/uninstall"
 )
 
@@ -33,7 +34,7 @@ func runUninstallCheck(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("uninstall-check: unexpected arguments %q", fs.Args())
 	}
-	c, err := uninstall.InCluster()
+	c, err := kubeapi.InCluster()
 	if err != nil {
 		return fmt.Errorf("uninstall-check: %w", err)
 	}

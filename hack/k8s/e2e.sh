@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # `make e2e-k8s`: the user's path on a real two-node Kubernetes.
-#   1. install.sh: packages, etcd, Kubernetes, helm, sidecars, images (cached),
+#   1. install.sh: packages, etcd, Kubernetes, helm, sidecars, images, the storage suite (cached),
 #   2. the plugin's image (hack/image/build.sh) tagged as the chart's
 #      appVersion, so the chart's default image reference is what runs,
-#   3. cluster.sh up, 4. the Go tests in test/k8s, 5. cluster.sh down with
-#      its leak check (also on failure or interrupt), 6. a summary with the
-#      time of each phase.
+#   3. cluster.sh up, 4. the Go tests in test/k8s, 5. the quick subset of
+#      Kubernetes' external storage suite on the same cluster
+#      (conformance.sh quick), 6. cluster.sh down with its leak check (also
+#      on failure or interrupt), 7. a summary with the time of each phase.
 # E2E_K8S_RUN passes a -run pattern to go test; E2E_K8S_KEEP=1 leaves the
 # cluster up after the tests (tear it down with hack/k8s/cluster.sh down);
-# E2E_K8S_CONFORMANCE=1 (make e2e-k8s-conformance) also builds e2e.test and
-# runs Kubernetes' external storage tests after test/k8s (conformance.sh).
+# E2E_K8S_CONFORMANCE=1 (make e2e-k8s-conformance) runs the whole suite in
+# step 5 instead (conformance.sh whole); E2E_K8S_SUITE=0 leaves step 5 out.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=hack/k8s/lib.sh
@@ -68,14 +69,14 @@ rc=0
 [[ ! -e $K8S_WORK/pids ]] || hack/k8s/cluster.sh down
 trap 'teardown; summary; exit $rc' EXIT
 trap 'rc=130; exit' INT TERM
-steps=()
-[[ ${E2E_K8S_CONFORMANCE:-} != 1 ]] || steps=(packages etcd kube helm sidecars e2e images)
-phase install hack/k8s/install.sh "${steps[@]}" || { rc=1; exit; }
+phase install hack/k8s/install.sh || { rc=1; exit; }
 phase plugin-image plugin_image || { rc=1; exit; }
 phase cluster-up hack/k8s/cluster.sh up || { rc=1; exit; }
 phase tests tests || rc=1
-if [[ ${E2E_K8S_CONFORMANCE:-} == 1 ]]; then
-	phase conformance hack/k8s/conformance.sh || rc=1
-	[[ ! -s $K8S_WORK/logs/conformance/e2e.log ]] ||
-		grep -E '^(Ran [0-9]+ of|SUCCESS|FAIL!)' "$K8S_WORK/logs/conformance/e2e.log" >>"$K8S_WORK/logs/go-test.summary" || true
+suite=quick dir=conformance-quick
+[[ ${E2E_K8S_CONFORMANCE:-} != 1 ]] || suite=whole dir=conformance
+if [[ ${E2E_K8S_SUITE:-1} != 0 || $suite == whole ]]; then
+	phase "suite-$suite" hack/k8s/conformance.sh "$suite" || rc=1
+	[[ ! -s $K8S_WORK/logs/$dir/summary ]] ||
+		sed "1s/^/storage suite ($suite): /" "$K8S_WORK/logs/$dir/summary" >>"$K8S_WORK/logs/go-test.summary"
 fi

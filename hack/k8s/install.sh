@@ -13,7 +13,11 @@
 #      $RESIZER_TAG (lib.sh: the newest release the module proxy serves), and
 #      the OCI image archives of every image the cluster runs. The plugin
 #      registers itself with the kubelet and answers its liveness probe, so
-#      neither node-driver-registrar nor livenessprobe is needed.
+#      neither node-driver-registrar nor livenessprobe is needed;
+#   6. e2e: storage-e2e.test (Kubernetes' external storage suite alone, from
+#      hack/k8s/storagesuite, in the wrapper module of step 3 and its build
+#      cache) and agnhost, and the test images (agnhost, glibc-dns-testing,
+#      nginx).
 # Safe to run repeatedly: each step is skipped when its result is cached in
 # $K8S_CACHE (a warm run takes seconds). Usage: install.sh [step...]
 set -euo pipefail
@@ -249,6 +253,18 @@ oci_image() {
 	echo "$ref $out" >"$out.ref"
 }
 
+# busybox_root DIR puts Debian's static busybox and a link for each of its
+# applets into DIR/bin: the files of the busybox image, and the shell and
+# tools of the test images built on it.
+busybox_root() {
+	local app
+	mkdir -p "$1/bin" "$1/usr/bin" "$1/sbin" "$1/usr/sbin"
+	install -m 0755 /bin/busybox "$1/bin/busybox"
+	for app in $(/bin/busybox --list); do
+		[[ $app == busybox ]] || ln -s busybox "$1/bin/$app"
+	done
+}
+
 # images assembles the sidecar, sandbox and test images.
 images() {
 	local ref repo tag cmd root
@@ -259,13 +275,7 @@ images() {
 		oci_image "$PAUSE_IMAGE" "$root/fs" entrypoint /pause
 	fi
 	if [[ ! -s $K8S_CACHE/images/busybox-$BUSYBOX_TAG.oci.tar ]]; then
-		rm -rf "$root/fs" && mkdir -p "$root/fs/bin"
-		install -m 0755 /bin/busybox "$root/fs/bin/busybox"
-		local app
-		for app in $(/bin/busybox --list); do
-			[[ $app == busybox ]] || ln -s busybox "$root/fs/bin/$app"
-		done
-		mkdir -p "$root/fs/usr/bin" "$root/fs/sbin" "$root/fs/usr/sbin"
+		rm -rf "$root/fs" && busybox_root "$root/fs"
 		oci_image "$BUSYBOX_IMAGE" "$root/fs" cmd sh
 	fi
 	while read -r ref repo tag cmd; do
@@ -278,46 +288,93 @@ images() {
 	rm -rf "$root"
 }
 
-# e2e builds Kubernetes' e2e suite (e2e.test, from test/e2e of
-# k8s.io/kubernetes $KUBE_VERSION, with go test -c) and agnhost (test/images/
-# agnhost), through a wrapper module like kube's, and the agnhost image (the
-# static binary on the busybox image's files). Only for `make
-# e2e-k8s-conformance`: it is not part of the default steps.
+# e2e builds, in kube's wrapper module and Go build cache, the external
+# storage e2e suite alone (storage-e2e.test: hack/k8s/storagesuite, Kubernetes'
+# storage suites and e2e framework, not the rest of test/e2e) with go test -c,
+# and agnhost (test/images/agnhost), which the suites' pods run; then the
+# agnhost image (the static binary on the busybox image's files) and the
+# other test images of the storage suites (see test_images).
 e2e() {
-	local id="e2e-$KUBE_VERSION" dir=$K8S_CACHE/src/e2e-$KUBE_VERSION ver=${KUBE_VERSION#v} root
-	if ! stamp "$id"; then
-		log "building e2e.test and agnhost of Kubernetes $KUBE_VERSION"
-		kube
-		mkdir -p "$dir"
-		{
-			echo "module csi-fastblk.local/e2e"
-			echo
-			sed -n 's/^go /go /p' "$K8S_CACHE/src/kube-$KUBE_VERSION/go.mod"
-			echo
-			echo "require k8s.io/kubernetes $KUBE_VERSION"
-			echo
-			grep '^replace ' "$K8S_CACHE/src/kube-$KUBE_VERSION/go.mod"
-		} >"$dir/go.mod"
-		printf '%s\n' "//go:build tools" "" "// Package e2e records the e2e suite built from k8s.io/kubernetes." "package e2e" "" "import (" \
-			'	_ "k8s.io/kubernetes/test/e2e"' '	_ "k8s.io/kubernetes/test/e2e/storage/external"' '	_ "k8s.io/kubernetes/test/images/agnhost"' ")" >"$dir/tools.go"
-		(cd "$dir" && GOFLAGS=-mod=mod go mod tidy -e)
+	local id="e2e-$KUBE_VERSION" dir=$K8S_CACHE/src/kube-$KUBE_VERSION ver=${KUBE_VERSION#v}
+	local suite=$ROOT/hack/k8s/storagesuite/suite_test.go
+	kube
+	if ! stamp "$id" || ! cmp -s "$suite" "$dir/storagesuite/suite_test.go" ||
+		[[ ! -x $K8S_BIN/storage-e2e.test || ! -x $K8S_BIN/agnhost ]]; then
+		log "building storage-e2e.test and agnhost of Kubernetes $KUBE_VERSION"
+		mkdir -p "$dir/storagesuite"
+		cp "$suite" "$dir/storagesuite/suite_test.go"
+		printf '%s\n' "//go:build tools" "" "package kube" "" 'import _ "k8s.io/kubernetes/test/images/agnhost"' >"$dir/agnhost.go"
+		(cd "$dir" && go mod tidy)
 		local pkg=k8s.io/component-base/version major=${ver%%.*} minor
 		minor=${ver#*.}; minor=${minor%%.*}
 		local ld="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-		(cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go test -c -trimpath -ldflags "$ld" -o "$K8S_BIN/e2e.test" k8s.io/kubernetes/test/e2e)
-		(cd "$dir" && GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/agnhost" k8s.io/kubernetes/test/images/agnhost)
+		(cd "$dir" && CGO_ENABLED=0 go test -c -trimpath -tags k8se2e -ldflags "$ld" \
+			-o "$K8S_BIN/storage-e2e.test" ./storagesuite)
+		(cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/agnhost" k8s.io/kubernetes/test/images/agnhost)
 		mark "$id"
 	fi
-	[[ -s $K8S_CACHE/images/agnhost-$AGNHOST_TAG.oci.tar ]] && return 0
-	root=$(mktemp -d)
-	mkdir -p "$root/fs/bin"
-	install -m 0755 /bin/busybox "$root/fs/bin/busybox"
-	local app
-	for app in $(/bin/busybox --list); do
-		[[ $app == busybox ]] || ln -s busybox "$root/fs/bin/$app"
+	test_images
+}
+
+# gnu_coreutils DIR copies the programs of Debian's coreutils package into
+# DIR/usr/bin, dash to DIR/bin/sh, and every shared library they load (ldd)
+# to its own path under DIR.
+gnu_coreutils() {
+	local f lib
+	declare -A libs=()
+	rm -f "$1/bin/sh"
+	install -m 0755 /bin/dash "$1/bin/sh"
+	while read -r f; do
+		[[ -f $f && -x $f && ! -L $f ]] || continue
+		install -m 0755 "$f" "$1/usr/bin/${f##*/}"
+	done < <(dpkg -L coreutils | grep -E '/s?bin/[^/]+$')
+	for f in "$1/bin/sh" "$1"/usr/bin/*; do
+		for lib in $(ldd "$f" | grep -oE '/[^ ]+\.so[^ ]*'); do libs[$lib]=1; done
 	done
-	install -m 0755 "$K8S_BIN/agnhost" "$root/fs/agnhost"
-	oci_image "$AGNHOST_IMAGE" "$root/fs" entrypoint /agnhost
+	for lib in "${!libs[@]}"; do
+		mkdir -p "$1$(dirname "$lib")"
+		cp -L "$lib" "$1$lib"
+	done
+}
+
+# test_images assembles the images of the storage suites' pods that are not
+# the busybox image, under the references of Kubernetes' manifest.go:
+#   - agnhost: the static binary built by e2e on the busybox image's files;
+#   - glibc-dns-testing ($GLIBC_IMAGE): the multiVolume specs' pods, which
+#     write with GNU dd's oflag=nocache (busybox's dd refuses it): the busybox
+#     image's files with Debian's dash as /bin/sh (Debian's busybox shell runs
+#     its own applets before PATH) and GNU coreutils in /usr/bin, which comes
+#     first in the image's PATH, with the libraries they load (glibc);
+#   - nginx ($NGINX_IMAGE): only the exec spec ("should allow exec of files
+#     on the volume") runs it, with its own command: /bin/sh writing a script
+#     onto the volume and running it. The image is the busybox image's files
+#     with nginx's default command replaced by busybox's httpd serving
+#     /usr/share/nginx/html on port 80. Imported under the original name:
+#     KUBE_TEST_REPO_LIST (test/utils/image/manifest.go) remaps whole
+#     registries, not single images, so a name of our own would mean
+#     renaming busybox and agnhost with it for nothing.
+# A reference missing here makes the node's containerd try the registry,
+# which the cluster's sealed network cannot reach: the pod then waits in
+# ImagePullBackOff until its spec times out.
+test_images() {
+	local root
+	root=$(mktemp -d)
+	if [[ ! -s $K8S_CACHE/images/agnhost-$AGNHOST_TAG.oci.tar || $K8S_BIN/agnhost -nt $K8S_CACHE/images/agnhost-$AGNHOST_TAG.oci.tar ]]; then
+		rm -rf "$root/fs" && busybox_root "$root/fs"
+		install -m 0755 "$K8S_BIN/agnhost" "$root/fs/agnhost"
+		oci_image "$AGNHOST_IMAGE" "$root/fs" entrypoint /agnhost
+	fi
+	if [[ ! -s $K8S_CACHE/images/glibc-dns-testing-$GLIBC_TAG.oci.tar ]]; then
+		rm -rf "$root/fs" && busybox_root "$root/fs"
+		gnu_coreutils "$root/fs"
+		oci_image "$GLIBC_IMAGE" "$root/fs" cmd sh
+	fi
+	if [[ ! -s $K8S_CACHE/images/nginx-$NGINX_TAG.oci.tar ]]; then
+		rm -rf "$root/fs" && busybox_root "$root/fs"
+		mkdir -p "$root/fs/usr/share/nginx/html"
+		echo "csi-fastblk test image (busybox httpd)" >"$root/fs/usr/share/nginx/html/index.html"
+		oci_image "$NGINX_IMAGE" "$root/fs" cmd httpd -f -p 80 -h /usr/share/nginx/html
+	fi
 	rm -rf "$root"
 }
 
@@ -333,7 +390,7 @@ helm() {
 
 main() {
 	local steps=("$@")
-	((${#steps[@]})) || steps=(packages etcd kube helm sidecars images)
+	((${#steps[@]})) || steps=(packages etcd kube helm sidecars images e2e)
 	for s in "${steps[@]}"; do "$s"; done
 }
 main "$@"

@@ -24,7 +24,7 @@ log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # Images the cluster runs besides the chart's: the sandbox image containerd
-# is told to use, and the test workload image (the references Kubernetes'
+# is told to use, and the test workload images (the references Kubernetes'
 # own e2e suite uses, from test/utils/image/manifest.go of $KUBE_VERSION).
 PAUSE_TAG=3.10.2
 PAUSE_IMAGE=registry.k8s.io/pause:$PAUSE_TAG
@@ -32,3 +32,7 @@ BUSYBOX_TAG=1.37.0-1
 BUSYBOX_IMAGE=registry.k8s.io/e2e-test-images/busybox:$BUSYBOX_TAG
 AGNHOST_TAG=2.63.0
 AGNHOST_IMAGE=registry.k8s.io/e2e-test-images/agnhost:$AGNHOST_TAG
+GLIBC_TAG=2.0.0
+GLIBC_IMAGE=registry.k8s.io/e2e-test-images/glibc-dns-testing:$GLIBC_TAG
+NGINX_TAG=1.15-4
+NGINX_IMAGE=registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG

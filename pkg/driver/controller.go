@@ -406,7 +406,16 @@ func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 // ControllerModifyVolume changes a volume's mutable parameters, the rate
 // limits. The record changes first; a volume staged here then gets them
 // on its live device at once, and one staged later from the record.
+// A volume of another node is forwarded to that node's plugin over the
+// peer channel (the external-resizer is one elected instance for the
+// cluster, so it asks its own node's plugin about every node's volumes).
 func (s *Controller) ControllerModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	return s.d.modifyVolume(ctx, req, true)
+}
+
+// modifyVolume is ControllerModifyVolume; forward says whether a volume
+// of another node goes to its plugin (never for a call from a peer).
+func (d *Driver) modifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest, forward bool) (*csi.ControllerModifyVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, invalid("volume ID is missing")
@@ -414,30 +423,29 @@ func (s *Controller) ControllerModifyVolume(ctx context.Context, req *csi.Contro
 	if err := checkMutableParams(req.GetMutableParameters()); err != nil {
 		return nil, invalid("%v", err)
 	}
-	// The external-resizer is one elected instance for the cluster, so
-	// it may ask the plugin of another node: refused, the record and the
-	// device of the volume's own node are what count.
-	id, err := s.d.localID(id, "volume", codes.FailedPrecondition)
-	if err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "modify: %s; the external-resizer leader runs on node %s "+
-			"and has no per-node mode, so a change of a volume on another node applies only while its node holds the resizer's lease",
-			status.Convert(err).Message(), s.d.cfg.NodeID)
+	if tag, ok := d.elsewhere(id, forward); ok {
+		klog.InfoS("forwarding to the volume's node", "volumeID", id, "call", "ControllerModifyVolume", "nodeTag", tag)
+		return d.cfg.Peers.ModifyVolume(ctx, tag, req)
 	}
-	v, unlock, err := s.d.lockedVolume(ctx, id)
+	id, err := d.localID(id, "volume", codes.FailedPrecondition)
+	if err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "modify: %s; %s", status.Convert(err).Message(), d.noPeers())
+	}
+	v, unlock, err := d.lockedVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	if err := s.d.checkLimits(v.WithMutableParams(req.GetMutableParameters())); err != nil {
+	if err := d.checkLimits(v.WithMutableParams(req.GetMutableParameters())); err != nil {
 		// Parameters this node cannot apply: nothing changes, and the
 		// external-resizer marks the change Infeasible with this message.
-		return nil, status.Errorf(codes.InvalidArgument, "modify volume %s on node %s: %v", id, s.d.cfg.NodeID, err)
+		return nil, status.Errorf(codes.InvalidArgument, "modify volume %s on node %s: %v", id, d.cfg.NodeID, err)
 	}
-	if v, err = s.d.store.ModifyVolume(ctx, id, req.GetMutableParameters()); err != nil {
+	if v, err = d.store.ModifyVolume(ctx, id, req.GetMutableParameters()); err != nil {
 		return nil, toStatus(fmt.Errorf("modify volume %s: %w", id, err))
 	}
 	lim, _ := limitsOf(v)
-	if ls := s.d.limitSetter(); ls != nil && v.Node.StagingPath != "" {
+	if ls := d.limitSetter(); ls != nil && v.Node.StagingPath != "" {
 		// Not attached (held back at start): Reconcile attaches it with
 		// the recorded limits.
 		if err := ls.SetLimits(ctx, id, lim); err != nil && !errors.Is(err, blockdev.ErrNotFound) {
@@ -448,7 +456,15 @@ func (s *Controller) ControllerModifyVolume(ctx context.Context, req *csi.Contro
 	return &csi.ControllerModifyVolumeResponse{}, nil
 }
 
+// ControllerExpandVolume grows a volume's file; NodeExpandVolume grows its
+// device and filesystem. A volume of another node is forwarded to that
+// node's plugin, as in ControllerModifyVolume.
 func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	return s.d.expandVolume(ctx, req, true)
+}
+
+// expandVolume is ControllerExpandVolume; forward as in modifyVolume.
+func (d *Driver) expandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest, forward bool) (*csi.ControllerExpandVolumeResponse, error) {
 	id := req.GetVolumeId()
 	if id == "" {
 		return nil, invalid("volume ID is missing")
@@ -465,18 +481,19 @@ func (s *Controller) ControllerExpandVolume(ctx context.Context, req *csi.Contro
 	if err != nil {
 		return nil, err
 	}
-	// As ControllerModifyVolume: the resizer's leader may be elsewhere.
-	if id, err = s.d.localID(id, "volume", codes.FailedPrecondition); err != nil {
-		return nil, status.Errorf(codes.FailedPrecondition, "expand: %s; the external-resizer leader runs on node %s: "+
-			"leave --controller-expansion off in a cluster (NodeExpandVolume grows the volume on its node)",
-			status.Convert(err).Message(), s.d.cfg.NodeID)
+	if tag, ok := d.elsewhere(id, forward); ok {
+		klog.InfoS("forwarding to the volume's node", "volumeID", id, "call", "ControllerExpandVolume", "nodeTag", tag)
+		return d.cfg.Peers.ExpandVolume(ctx, tag, req)
 	}
-	unlock, err := s.d.lockVolume(ctx, id)
+	if id, err = d.localID(id, "volume", codes.FailedPrecondition); err != nil {
+		return nil, status.Errorf(codes.FailedPrecondition, "expand: %s; %s", status.Convert(err).Message(), d.noPeers())
+	}
+	unlock, err := d.lockVolume(ctx, id)
 	if err != nil {
 		return nil, err
 	}
 	defer unlock()
-	v, err := s.d.store.ExpandVolume(ctx, id, size)
+	v, err := d.store.ExpandVolume(ctx, id, size)
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("expand volume %s: %w", id, err))
 	}

@@ -28,13 +28,17 @@ type Config struct {
 	MaxVolumesPerNode int64
 	// Tuning is the node-wide default device tuning (zero = auto).
 	Tuning blockdev.Tuning
-	// ControllerExpansion advertises ControllerExpandVolume. Off in a
-	// cluster: external-resizer has no per-node mode, so its one leader
-	// would ask its own node's plugin to grow volumes that live on other
-	// nodes. With it off, the resizer only records the new size and
-	// NodeExpandVolume, which runs on the volume's node, grows the file,
-	// the device and the filesystem.
+	// ControllerExpansion advertises ControllerExpandVolume. In a cluster
+	// it needs Peers: external-resizer has no per-node mode, so its one
+	// leader asks its own node's plugin to grow volumes that live on other
+	// nodes, which forwards them. With it off, the resizer only records
+	// the new size and NodeExpandVolume, which runs on the volume's node,
+	// grows the file, the device and the filesystem.
 	ControllerExpansion bool
+	// Peers forwards ControllerModifyVolume and ControllerExpandVolume for
+	// other nodes' volumes to their plugins (nil: refused with
+	// FailedPrecondition).
+	Peers Forwarder
 }
 
 var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)

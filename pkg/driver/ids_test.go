@@ -17,9 +17,10 @@ import (
 // Kubernetes does: a restore or clone whose pod the scheduler put on n2
 // gets ResourceExhausted (the external-provisioner then sends the claim
 // back to the scheduler) with a message naming both nodes, not NotFound;
-// what exists on no node stays NotFound; a modify or controller expansion
-// from the external-resizer's leader on n2 fails with FailedPrecondition
-// naming the resizer, and a delete there leaves n1's volume alone.
+// what exists on no node stays NotFound; without the peer channel, a
+// modify or controller expansion from the external-resizer's leader on n2
+// fails with FailedPrecondition saying so (peer_test.go: with it, n1
+// answers), and a delete there leaves n1's volume alone.
 func TestObjectsOfAnotherNode(t *testing.T) {
 	requireRoot(t)
 	n1 := newTestNodeOn(t, t.TempDir(), "n1")
@@ -63,9 +64,9 @@ func TestObjectsOfAnotherNode(t *testing.T) {
 	wantCode("clone of a missing volume", create("pvc-missing", volumeSource(n2.d.publicID(blockdev.VolumeID("gone")))), codes.NotFound)
 
 	_, err = n2.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: vol, MutableParameters: map[string]string{ParamMaxIOPS: "0"}})
-	wantCode("ControllerModifyVolume of n1's volume", err, codes.FailedPrecondition, vol, "external-resizer", "n2")
+	wantCode("ControllerModifyVolume of n1's volume", err, codes.FailedPrecondition, vol, "peer channel is off", "n2")
 	_, err = n2.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: 2 << 20}})
-	wantCode("ControllerExpandVolume of n1's volume", err, codes.FailedPrecondition, vol, "external-resizer", "n2")
+	wantCode("ControllerExpandVolume of n1's volume", err, codes.FailedPrecondition, vol, "peer channel is off", "n2")
 	_, err = n2.ctrl.DeleteVolume(ctx, &csi.DeleteVolumeRequest{VolumeId: vol})
 	wantCode("DeleteVolume of n1's volume", err, codes.FailedPrecondition, vol)
 	_, err = n2.ctrl.DeleteSnapshot(ctx, &csi.DeleteSnapshotRequest{SnapshotId: snapID})

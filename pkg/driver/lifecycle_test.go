@@ -25,7 +25,7 @@ import (
 // devices, real mkfs, real mounts. They need root.
 
 type testNode struct {
-	t       *testing.T
+	t       testing.TB
 	dir     string
 	d       *Driver
 	ctrl    *Controller
@@ -33,7 +33,7 @@ type testNode struct {
 	backend blockdev.Backend
 }
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	testgate.RequireRoot(t)
 }
@@ -44,17 +44,24 @@ func newTestNode(t *testing.T, dir string) *testNode {
 }
 
 // newTestNodeOn is newTestNode for the node nodeID.
-func newTestNodeOn(t *testing.T, dir, nodeID string) *testNode {
+func newTestNodeOn(t testing.TB, dir, nodeID string) *testNode {
+	t.Helper()
+	return newTestNodeWith(t, dir, nodeID, "loop")
+}
+
+// newTestNodeWith is newTestNodeOn with the backend kind ("loop", "ublk").
+func newTestNodeWith(t testing.TB, dir, nodeID, kind string) *testNode {
 	t.Helper()
 	store, err := store.Open(store.Config{Dir: filepath.Join(dir, "data"), OverProvisionRatio: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() }) // its lock file would keep a tmpfs data dir mounted
-	b, err := backend.New("loop", backend.Config{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
+	b, err := backend.New(kind, backend.Config{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { b.Close() }) // after the stages' cleanups, registered later
 	d, err := New(Config{Name: "fastblk.csi.io", NodeID: nodeID, ControllerExpansion: true}, store, b)
 	if err != nil {
 		t.Fatal(err)

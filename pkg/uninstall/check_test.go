@@ -15,6 +15,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
 
 // apiServer answers the two list calls of Check as the Kubernetes API
@@ -77,7 +79,7 @@ func apiServer(t *testing.T, forbid bool) (*httptest.Server, []byte) {
 
 func TestCheckListsTheDriversObjects(t *testing.T) {
 	srv, ca := apiServer(t, false)
-	c, err := NewClient(srv.URL, "tok", ca)
+	c, err := kubeapi.NewClient(srv.URL, "tok", ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +116,7 @@ func TestCheckListsTheDriversObjects(t *testing.T) {
 // error is an error.
 func TestAllowedReadsTheCSIDriversAnnotation(t *testing.T) {
 	srv, ca := apiServer(t, false)
-	c, err := NewClient(srv.URL, "tok", ca)
+	c, err := kubeapi.NewClient(srv.URL, "tok", ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +126,7 @@ func TestAllowedReadsTheCSIDriversAnnotation(t *testing.T) {
 			t.Errorf("Allowed(%s) = %v, %v; want %v", driver, got, err, want)
 		}
 	}
-	bad, err := NewClient(srv.URL, "nope", ca)
+	bad, err := kubeapi.NewClient(srv.URL, "nope", ca)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +149,7 @@ func TestCheckFailsClearly(t *testing.T) {
 		{"wrong CA", "tok", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: otherCert(t)}), "certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := NewClient(srv.URL, tc.token, tc.ca)
+			c, err := kubeapi.NewClient(srv.URL, tc.token, tc.ca)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -156,7 +158,7 @@ func TestCheckFailsClearly(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewClient(srv.URL, "tok", []byte("not pem")); err == nil {
+	if _, err := kubeapi.NewClient(srv.URL, "tok", []byte("not pem")); err == nil {
 		t.Error("NewClient with no CA certificate: no error")
 	}
 }

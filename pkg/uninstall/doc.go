@@ -6,7 +6,6 @@
 // exist: without the plugin, their pods could not unmount them and would
 // hang terminating, and ublk devices would hold their I/O.
 //
-// It speaks plain HTTPS to the API server (list with pagination, bearer
-// token, the cluster's CA), so the plugin binary needs no client library.
-// A Client is safe for concurrent use.
+// It lists through kubeapi's small client, so the plugin binary needs no
+// client library.
 package uninstall

@@ -7,7 +7,12 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+
+	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
+
+// topologyKey is the node label of the driver's volumes' node affinity.
+const topologyKey = "topology.fastblk.csi.io/node"
 
 // Volume is a PersistentVolume of the driver.
 type Volume struct {
@@ -31,9 +36,9 @@ type Report struct {
 func (r Report) InUse() bool { return len(r.Volumes) > 0 || len(r.Attachments) > 0 }
 
 // Check lists the PersistentVolumes and VolumeAttachments of driver.
-func Check(ctx context.Context, c *Client, driver string) (Report, error) {
+func Check(ctx context.Context, c *kubeapi.Client, driver string) (Report, error) {
 	r := Report{Driver: driver}
-	err := c.list(ctx, "/api/v1/persistentvolumes", func(raw json.RawMessage) error {
+	err := c.List(ctx, "/api/v1/persistentvolumes", nil, func(raw json.RawMessage) error {
 		var pvs []persistentVolume
 		if err := json.Unmarshal(raw, &pvs); err != nil {
 			return err
@@ -53,7 +58,7 @@ func Check(ctx context.Context, c *Client, driver string) (Report, error) {
 	if err != nil {
 		return r, err
 	}
-	err = c.list(ctx, "/apis/storage.k8s.io/v1/volumeattachments", func(raw json.RawMessage) error {
+	err = c.List(ctx, "/apis/storage.k8s.io/v1/volumeattachments", nil, func(raw json.RawMessage) error {
 		var vas []volumeAttachment
 		if err := json.Unmarshal(raw, &vas); err != nil {
 			return err
@@ -80,10 +85,10 @@ const AllowAnnotation = "fastblk.csi.io/allow-uninstall-with-volumes"
 
 // Allowed reports whether the driver's CSIDriver object carries
 // AllowAnnotation="true" (false when there is no such object).
-func Allowed(ctx context.Context, c *Client, driver string) (bool, error) {
+func Allowed(ctx context.Context, c *kubeapi.Client, driver string) (bool, error) {
 	path := "/apis/storage.k8s.io/v1/csidrivers/" + url.PathEscape(driver)
-	body, err := c.get(ctx, path, nil)
-	if errors.Is(err, errNotFound) {
+	body, err := c.Get(ctx, path, nil)
+	if errors.Is(err, kubeapi.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {

@@ -142,6 +142,7 @@ func TestRenders(t *testing.T) {
 		"ServiceMonitor":           "monitoring.coreos.com/v1",
 		"Service":                  "v1",
 		"ConfigMap":                "v1",
+		"NetworkPolicy":            "networking.k8s.io/v1",
 	}
 	for name, set := range valueSets {
 		t.Run(name, func(t *testing.T) {

@@ -4,6 +4,8 @@
 // stats, a plugin restart under I/O, and cleanup that leaves nothing on the
 // nodes. hack/k8s/e2e.sh (`make e2e-k8s`) builds and starts the cluster and
 // runs these tests with FASTBLK_K8S set to hack/k8s/cluster.sh; without it
-// they skip. The tests run in source order and share the cluster: each later
-// test needs the chart the first installs.
+// they skip. The tests share the cluster but not their objects: each makes
+// the claims it uses, and the first that needs the chart installs it, so any
+// -run subset runs alone. After them e2e.sh runs the quick subset of
+// Kubernetes' external storage suite on the same cluster (hack/k8s/conformance.sh).
 package k8s

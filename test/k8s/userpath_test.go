@@ -1,6 +1,8 @@
 package k8s
 
 import (
+	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -13,6 +15,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
 
 // chartDir is the absolute path of the chart (cluster.sh runs helm from
@@ -573,14 +580,7 @@ func lastLine(s string) string {
 // StorageClass; the ext4 default class is grown where the host allows it.
 func TestExpandOnline(t *testing.T) {
 	c := requireChart(t)
-	c.apply(t, `apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: fastblk-xfs}
-provisioner: `+driver+`
-volumeBindingMode: WaitForFirstConsumer
-allowVolumeExpansion: true
-parameters: {csi.storage.k8s.io/fstype: xfs}
-`)
+	c.xfsClass(t)
 	classes := []string{"fastblk-xfs"}
 	if hostHasCap(t, capSysResource) {
 		classes = append(classes, "fastblk")
@@ -593,16 +593,7 @@ parameters: {csi.storage.k8s.io/fstype: xfs}
 			c.apply(t, pvc(claim, "1Gi", "  storageClassName: "+class+"\n"))
 			c.startPod(t, pod{name: name, claim: claim, script: "sleep 3600"})
 			c.waitPodPhase(t, name, "Running", 2*time.Minute)
-			before := c.dfSize(t, name)
-			c.k(t, "-n", testNS, "patch", "pvc", claim, "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`)
-			eventually(t, 3*time.Minute, "PVC "+claim+" at 2Gi", func() (bool, string) {
-				out, _ := c.kubectl("-n", testNS, "get", "pvc", claim, "-o", "jsonpath={.status.capacity.storage} {.status.conditions}")
-				return strings.HasPrefix(out, "2Gi "), out
-			})
-			eventually(t, time.Minute, "the pod to see the grown filesystem", func() (bool, string) {
-				now := c.dfSize(t, name)
-				return now > before+(800<<20), fmt.Sprintf("df size %d, was %d", now, before)
-			})
+			c.growTo2Gi(t, claim, name)
 			if rc := c.jsonpath(t, "{.status.containerStatuses[0].restartCount}", "-n", testNS, "get", "pod", name); rc != "0" {
 				t.Errorf("pod restarted %s times during expansion", rc)
 			}
@@ -610,6 +601,38 @@ parameters: {csi.storage.k8s.io/fstype: xfs}
 			c.delete(t, "pvc", claim)
 		})
 	}
+}
+
+// xfsClass makes the StorageClass fastblk-xfs: xfs grows online without
+// CAP_SYS_RESOURCE, which this host may withhold from containers (ext4's
+// online resize needs it).
+func (c *cluster) xfsClass(t *testing.T) {
+	t.Helper()
+	c.apply(t, `apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: fastblk-xfs}
+provisioner: `+driver+`
+volumeBindingMode: WaitForFirstConsumer
+allowVolumeExpansion: true
+parameters: {csi.storage.k8s.io/fstype: xfs}
+`)
+}
+
+// growTo2Gi asks for 2Gi on the 1Gi claim that the running pod name uses
+// and waits for the PVC's capacity and for the pod to see the grown
+// filesystem.
+func (c *cluster) growTo2Gi(t *testing.T, claim, name string) {
+	t.Helper()
+	before := c.dfSize(t, name)
+	c.k(t, "-n", testNS, "patch", "pvc", claim, "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"2Gi"}}}}`)
+	eventually(t, 3*time.Minute, "PVC "+claim+" at 2Gi", func() (bool, string) {
+		out, _ := c.kubectl("-n", testNS, "get", "pvc", claim, "-o", "jsonpath={.status.capacity.storage} {.status.conditions}")
+		return strings.HasPrefix(out, "2Gi "), out
+	})
+	eventually(t, time.Minute, "the pod to see the grown filesystem", func() (bool, string) {
+		now := c.dfSize(t, name)
+		return now > before+(800<<20), fmt.Sprintf("df size %d, was %d", now, before)
+	})
 }
 
 const capSysResource = 24
@@ -1116,8 +1139,9 @@ func median(d []time.Duration) time.Duration {
 // The external-resizer's one elected instance sends ModifyVolume: where it
 // lands on the volume's node and the backend has rate limits (ublk) the
 // tier applies; on the loop backend (this host has no ublk) the refusal is
-// an event on the PVC naming the backend, and from the other node one naming
-// the resizer's leader; the PVC keeps its current class.
+// an event on the PVC naming the backend and the volume's own node, also
+// for the volume of the node that is not the resizer's leader: its plugin
+// answered over the peer channel (issue 33). The PVC keeps its class.
 func TestUpgradeModifyVolume(t *testing.T) {
 	c := requireChart(t)
 	chart := chartDir(t)
@@ -1136,26 +1160,11 @@ func TestUpgradeModifyVolume(t *testing.T) {
 			t.Fatalf("plugin pods not ready after the upgrade:%s", detail)
 		}
 	}
-	// The lease may still name a plugin pod an earlier test deleted,
-	// until a live one takes it over.
-	leader, leaderNode := "", ""
-	eventually(t, time.Minute, "a live plugin pod holding the external-resizer's lease", func() (bool, string) {
-		out, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
-		if err != nil {
-			return false, err.Error()
-		}
-		leader = strings.TrimSpace(out)
-		ready, detail := c.pluginPods(t)
-		for n, p := range ready {
-			if leader != "" && strings.HasPrefix(leader, p) {
-				leaderNode = n
-			}
-		}
-		return leaderNode != "", "lease holder " + leader + ", plugin pods:" + detail
-	})
+	leader, leaderNode := c.resizerLeader(t)
 	t.Logf("external-resizer leader %q on %s", leader, leaderNode)
-	// One in-use volume on each node: the leader's node refuses the tier
-	// for its backend, the other node's volume never reaches its plugin.
+	// One in-use volume on each node: each node's plugin refuses the tier
+	// for its backend, the other node's through the peer channel (before
+	// it, the leader's plugin refused that volume as another node's).
 	for _, n := range nodes {
 		claim := "vac-" + n
 		c.apply(t, pvc(claim, "256Mi", ""))
@@ -1173,10 +1182,8 @@ func TestUpgradeModifyVolume(t *testing.T) {
 	}
 	for _, n := range nodes {
 		claim := "vac-" + n
-		want := "need the ublk backend; this node serves volumes with loop"
-		if n != leaderNode {
-			want = "the external-resizer leader runs on node " + leaderNode
-		}
+		// The answer of the volume's own node, which names itself.
+		want := "on node " + n + ": rate limits (maxIOPS, maxBandwidth) need the ublk backend; this node serves volumes with loop"
 		eventually(t, 2*time.Minute, "a clear refusal of the tier on PVC "+claim, func() (bool, string) {
 			cur := c.jsonpath(t, "{.status.currentVolumeAttributesClassName} {.status.modifyVolumeStatus}", "-n", testNS, "get", "pvc", claim)
 			if strings.HasPrefix(cur, "gold ") {
@@ -1193,6 +1200,158 @@ func TestUpgradeModifyVolume(t *testing.T) {
 			return false, "want an event saying " + want + "; status " + cur + "\nevents:\n" + ev
 		})
 	}
+}
+
+// TestControllerExpansionOnOtherNode: the chart advertises controller
+// expansion, so the external-resizer's one leader calls
+// ControllerExpandVolume on its own node's plugin for every volume. A
+// volume in use on the other node grows online all the same: the leader's
+// plugin forwards the call over the peer channel, the volume's plugin
+// answers it (its log says so), and NodeExpandVolume grows the
+// filesystem the pod sees. Before the peer channel this call failed with
+// FailedPrecondition, which is why controller expansion was off.
+func TestControllerExpansionOnOtherNode(t *testing.T) {
+	c := requireChart(t)
+	_, leaderNode := c.resizerLeader(t)
+	other := nodes[0]
+	if other == leaderNode {
+		other = nodes[1]
+	}
+	claim, name := "grow-peer", "grow-peer"
+	c.xfsClass(t)
+	c.apply(t, pvc(claim, "1Gi", "  storageClassName: fastblk-xfs\n"))
+	t.Cleanup(func() {
+		_, _ = c.kubectl("-n", testNS, "delete", "pvc", claim, "--ignore-not-found", "--wait=true", "--timeout=120s")
+	})
+	c.startPod(t, pod{name: name, claim: claim, node: other, script: "sleep 3600"})
+	c.waitPodPhase(t, name, "Running", 2*time.Minute)
+	if n := c.volumeNode(t, claim); n != other {
+		t.Fatalf("volume on %s, want %s", n, other)
+	}
+	c.growTo2Gi(t, claim, name)
+	handle := c.jsonpath(t, "{.spec.csi.volumeHandle}", "get", "pv", c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", claim))
+	pods, _ := c.pluginPods(t)
+	leaderLog := c.containerLog(t, pods[leaderNode])
+	if !strings.Contains(leaderLog, "forwarding to the volume's node") || !strings.Contains(leaderLog, handle) {
+		t.Errorf("the leader's plugin on %s did not log forwarding %s:\n%s", leaderNode, handle, grepLines(leaderLog, "forward"))
+	}
+	ownerLog := c.containerLog(t, pods[other])
+	if !strings.Contains(ownerLog, `"/fastblk.peer.v1.Peer/ExpandVolume"`) || !strings.Contains(ownerLog, "volume expanded") {
+		t.Errorf("the plugin on %s did not serve the forwarded expansion:\n%s", other, grepLines(ownerLog, "expand"))
+	}
+}
+
+// TestPeerRefusesStrangers: each node's plugin serves the peer channel on
+// its pod address, and refuses, before any call reaches it, a client
+// without a certificate, with one of another CA, with an expired one of
+// the installation's CA, and with a valid one naming another namespace or
+// another service account. A client with the installation's identity
+// gets the plugin's own answer (an ID that is not its volume's refused),
+// which proves the refusals are the plugin's and not the network's.
+func TestPeerRefusesStrangers(t *testing.T) {
+	c := requireChart(t)
+	secret := c.k(t, "-n", pluginNS, "get", "secret", release+"-peer-ca", "-o", "jsonpath={.data.ca\\.crt} {.data.ca\\.key}")
+	crt, key, _ := strings.Cut(strings.TrimSpace(secret), " ")
+	crtPEM, err1 := base64.StdEncoding.DecodeString(crt)
+	keyPEM, err2 := base64.StdEncoding.DecodeString(key)
+	if err1 != nil || err2 != nil {
+		t.Fatalf("peer CA secret: %v %v", err1, err2)
+	}
+	ca, err := peer.ParseCA(crtPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := peer.NewCA("another installation", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, _ := c.pluginPods(t)
+	target, from := nodes[1], nodes[0]
+	ip := c.jsonpath(t, "{.status.podIP}", "-n", pluginNS, "get", "pod", pods[target])
+	addr := net.JoinHostPort(ip, "9815")
+	self := peer.Identity{Namespace: pluginNS, ServiceAccount: release + "-node", Node: from}
+	now := time.Now()
+	// Every client trusts the installation's CA for the server's
+	// certificate, so that what is refused is the certificate it shows.
+	creds, err := peer.NewCredentials(ca, self, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := func(issuer *peer.CA, id peer.Identity, from, to time.Time) *tls.Config {
+		cfg := creds.ClientConfig(target)
+		cert, err := issuer.Issue(id, from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }
+		return cfg
+	}
+	valid := func(ca *peer.CA, id peer.Identity) *tls.Config {
+		return config(ca, id, now.Add(-time.Minute), now.Add(time.Hour))
+	}
+	noCert := valid(ca, self)
+	noCert.GetClientCertificate = nil
+	// The plugin logs every call it serves (-v=2) with its request.
+	calls := func() int {
+		n := 0
+		for _, l := range strings.Split(c.containerLog(t, pods[target]), "\n") {
+			if strings.Contains(l, `"/fastblk.peer.v1.Peer/ModifyVolume"`) && strings.Contains(l, "not-a-volume") {
+				n++
+			}
+		}
+		return n
+	}
+	before := calls()
+	for _, tc := range []struct {
+		name string
+		cfg  *tls.Config
+	}{
+		{"no certificate", noCert},
+		{"another CA", valid(other, self)},
+		{"expired", config(ca, self, now.Add(-48*time.Hour), now.Add(-24*time.Hour))},
+		{"another namespace", valid(ca, peer.Identity{Namespace: testNS, ServiceAccount: self.ServiceAccount, Node: from})},
+		{"another service account", valid(ca, peer.Identity{Namespace: pluginNS, ServiceAccount: "default", Node: from})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := peerCall(t, from, addr, tc.cfg)
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("call: %v, want Unavailable (handshake refused)", err)
+			}
+			t.Logf("refused: %v", err)
+		})
+	}
+	if n := calls(); n != before {
+		t.Errorf("the plugin on %s logged %d peer calls from refused clients", target, n-before)
+	}
+	err = peerCall(t, from, addr, valid(ca, self))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "not a volume ID of node "+target) {
+		t.Errorf("call with the installation's identity: %v, want the plugin's InvalidArgument", err)
+	}
+	if n := calls(); n != before+1 {
+		t.Errorf("the plugin on %s logged %d peer calls after the valid one, want 1", target, n-before)
+	}
+}
+
+// resizerLeader waits for a live plugin pod to hold the external-resizer's
+// lease and returns its holder identity and node. The lease may still name
+// a plugin pod an earlier test deleted, until a live one takes it over.
+func (c *cluster) resizerLeader(t *testing.T) (leader, leaderNode string) {
+	t.Helper()
+	eventually(t, time.Minute, "a live plugin pod holding the external-resizer's lease", func() (bool, string) {
+		out, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
+		if err != nil {
+			return false, err.Error()
+		}
+		leader = strings.TrimSpace(out)
+		ready, detail := c.pluginPods(t)
+		for n, p := range ready {
+			if leader != "" && strings.HasPrefix(leader, p) {
+				leaderNode = n
+			}
+		}
+		return leaderNode != "", "lease holder " + leader + ", plugin pods:" + detail
+	})
+	return leader, leaderNode
 }
 
 // TestUninstallWithVolumeInUse: helm uninstall while a pod writes to a

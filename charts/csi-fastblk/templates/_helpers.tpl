@@ -55,6 +55,17 @@ release's. */}}
 {{- printf "%s-node" (include "csi-fastblk.fullname" .) -}}
 {{- end -}}
 
+{{/* The Secret of the peer CA, which the first plugin makes. */}}
+{{- define "csi-fastblk.peerSecret" -}}
+{{- printf "%s-peer-ca" (include "csi-fastblk.fullname" .) -}}
+{{- end -}}
+
+{{/* The label selector of every node plugin pod of the installation (all
+node groups): the plugin's peers. */}}
+{{- define "csi-fastblk.peerSelector" -}}
+{{- printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s,app.kubernetes.io/component=node" (include "csi-fastblk.name" .) .Release.Name -}}
+{{- end -}}
+
 {{- define "csi-fastblk.snapshotControllerName" -}}
 {{- printf "%s-snapshot-controller" (include "csi-fastblk.fullname" .) -}}
 {{- end -}}
@@ -90,6 +101,12 @@ securityContext:
 {{- end -}}
 {{- if .Values.metrics.enabled -}}
 {{- $ports = append $ports (list "metrics.port" .Values.metrics.port) -}}
+{{- end -}}
+{{- if .Values.peer.enabled -}}
+{{- $ports = append $ports (list "peer.port" .Values.peer.port) -}}
+{{- end -}}
+{{- if and .Values.controllerExpansion (not .Values.peer.enabled) -}}
+{{- fail "controllerExpansion needs peer.enabled: the external-resizer's one leader would ask its own node's plugin to grow every node's volumes, and without the peer channel that plugin cannot forward them" -}}
 {{- end -}}
 {{- $seen := dict -}}
 {{- range $ports -}}

@@ -59,14 +59,8 @@ func (s *threadLoop) next(busy bool) (int, error) {
 			yield()
 		}
 	}
-	if uring.OfferDue(time.Duration(start - s.offeredAt)) {
-		// The round's I/O goes to the kernel first: the offer hands the
-		// P to another thread and back, which must not delay it.
-		if _, err := s.ring.Submit(); err != nil {
-			return 0, fmt.Errorf("submit: %w", err)
-		}
-		runtime.Gosched()
-		s.offeredAt = monoNow()
+	if err := s.offer(start); err != nil {
+		return 0, err
 	}
 	n, err := s.wait(start)
 	if poll > 0 && n > 0 {
@@ -80,12 +74,33 @@ func (s *threadLoop) next(busy bool) (int, error) {
 // work that posts new requests' CQEs, so that the next round sees them
 // before it goes on with the backlog.
 func (s *threadLoop) nextBacklog() (int, error) {
+	if err := s.offer(monoNow()); err != nil {
+		return 0, err
+	}
 	if _, err := s.ring.Submit(); err != nil {
 		return 0, fmt.Errorf("submit: %w", err)
 	}
 	s.t.stats.enters.Add(1)
 	n, err := s.reapInto(s.backlog)
 	return s.backlog + n, err
+}
+
+// offer offers the thread to the Go scheduler when an offer is due
+// (uring.OfferInterval since the last), so that the runtime does not take
+// its P away in the middle of a wait. A thread that never sleeps, its
+// rounds leaving a backlog, offers too.
+func (s *threadLoop) offer(now int64) error {
+	if !uring.OfferDue(time.Duration(now - s.offeredAt)) {
+		return nil
+	}
+	// The round's I/O goes to the kernel first: the offer hands the P to
+	// another thread and back, which must not delay it.
+	if _, err := s.ring.Submit(); err != nil {
+		return fmt.Errorf("submit: %w", err)
+	}
+	runtime.Gosched()
+	s.offeredAt = monoNow()
+	return nil
 }
 
 // setPollWindow sets the thread's poll window to the longest of its

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
+
+	"github.com/fastblk/csi-fastblk/pkg/driver"
+	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
+	"github.com/fastblk/csi-fastblk/pkg/peer"
+)
+
+// peerConfig is the peer channel's part of serve's flags.
+type peerConfig struct {
+	address        string // listen address; empty: no peer channel
+	namespace      string
+	serviceAccount string
+	secret         string
+	selector       string
+}
+
+func peerFlags(fs *flag.FlagSet, c *peerConfig) {
+	fs.StringVar(&c.address, "peer-address", "",
+		"address of the peer channel (mutual TLS between the plugins of one installation; docs/peer.md), e.g. :9815; "+
+			"other nodes' plugins reach this one at its pod address and this port (empty: off, and controller calls for other nodes' volumes are refused)")
+	fs.StringVar(&c.namespace, "peer-namespace", "", "the installation's namespace (default: the pod's, from its service account)")
+	fs.StringVar(&c.serviceAccount, "peer-service-account", "", "the plugin's service account, which every peer's certificate must name")
+	fs.StringVar(&c.secret, "peer-ca-secret", "", "the Secret (in --peer-namespace) that holds the peer CA; the first plugin to start makes it")
+	fs.StringVar(&c.selector, "peer-selector", "", "label selector of the installation's plugin pods, k=v,... (the peers)")
+}
+
+// peerChannel is the driver's Forwarder until the channel is up: calls
+// are Unavailable (the external-resizer retries them) while the plugin
+// still waits for the API server to give it the CA.
+type peerChannel struct {
+	client atomic.Pointer[peer.Client]
+}
+
+var errPeerNotReady = status.Error(codes.Unavailable, "the peer channel is not up yet (waiting for the peer CA from the API server)")
+
+func (p *peerChannel) ModifyVolume(ctx context.Context, tag string, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	c := p.client.Load()
+	if c == nil {
+		return nil, errPeerNotReady
+	}
+	return c.ModifyVolume(ctx, tag, req)
+}
+
+func (p *peerChannel) ExpandVolume(ctx context.Context, tag string, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	c := p.client.Load()
+	if c == nil {
+		return nil, errPeerNotReady
+	}
+	return c.ExpandVolume(ctx, tag, req)
+}
+
+// check validates the flags and fills the namespace from the pod's.
+func (c *peerConfig) check() error {
+	if c.address == "" {
+		return nil
+	}
+	if c.namespace == "" {
+		b, err := os.ReadFile(filepath.Join(kubeapi.ServiceAccountDir, "namespace"))
+		if err != nil {
+			return fmt.Errorf("--peer-namespace is empty and the pod's namespace is unknown: %w", err)
+		}
+		c.namespace = strings.TrimSpace(string(b))
+	}
+	if c.serviceAccount == "" || c.secret == "" || c.selector == "" {
+		return fmt.Errorf("--peer-address needs --peer-service-account, --peer-ca-secret and --peer-selector")
+	}
+	if _, err := selectorLabels(c.selector); err != nil {
+		return err
+	}
+	return nil
+}
+
+// selectorLabels reads an equality-only label selector as labels: the CA
+// Secret carries the labels of the pods it serves.
+func selectorLabels(sel string) (map[string]string, error) {
+	l := map[string]string{}
+	for _, kv := range strings.Split(sel, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" || strings.ContainsAny(k+v, "!=() ") {
+			return nil, fmt.Errorf("--peer-selector %q: want k=v,... (equality only)", sel)
+		}
+		l[k] = v
+	}
+	return l, nil
+}
+
+// runPeer brings the peer channel up (it retries the API server until it
+// gives the CA) and serves it until ctx ends; ch forwards through it once
+// it is up.
+func runPeer(ctx context.Context, c peerConfig, nodeID string, drv *driver.Driver, ch *peerChannel) error {
+	lis, err := net.Listen("tcp", c.address)
+	if err != nil {
+		return fmt.Errorf("peer channel: listen: %w", err)
+	}
+	defer lis.Close()
+	_, portStr, _ := net.SplitHostPort(lis.Addr().String())
+	port, _ := strconv.Atoi(portStr)
+	api, err := kubeapi.InCluster()
+	if err != nil {
+		return fmt.Errorf("peer channel: %w", err)
+	}
+	labels, _ := selectorLabels(c.selector)
+	var ca *peer.CA
+	for wait := time.Second; ; wait = min(2*wait, time.Minute) {
+		ca, err = peer.EnsureCA(ctx, api, c.namespace, c.secret, labels)
+		if err == nil {
+			break
+		}
+		klog.ErrorS(err, "peer channel: no CA yet; retrying", "in", wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(wait):
+		}
+	}
+	creds, err := peer.NewCredentials(ca, peer.Identity{Namespace: c.namespace, ServiceAccount: c.serviceAccount, Node: nodeID}, nil)
+	if err != nil {
+		return fmt.Errorf("peer channel: %w", err)
+	}
+	ch.client.Store(peer.NewClient(creds, &peer.PodResolver{API: api, Namespace: c.namespace, Selector: c.selector,
+		Port: port, Tag: driver.NodeTag}))
+	klog.InfoS("peer channel up", "address", c.address, "identity", creds.Self(), "ca", ca.Cert.Subject.CommonName)
+	return peer.NewServer(creds, drv.PeerService(), driver.LogAndRecover).Serve(ctx, lis)
+}

@@ -1,0 +1,62 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"io"
+	"maps"
+	"testing"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// TestPeerFlags: the peer channel is off without --peer-address; on, it
+// needs its identity flags, and the selector, which also labels the CA
+// Secret, is equality-only.
+func TestPeerFlags(t *testing.T) {
+	parse := func(args ...string) (*serveConfig, error) {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg := serveFlags(fs)
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		return cfg, cfg.peer.check()
+	}
+	if cfg, err := parse(); err != nil || cfg.peer.address != "" {
+		t.Errorf("no peer flags: %v, %q; want the channel off", err, cfg.peer.address)
+	}
+	full := []string{"--peer-address=:9815", "--peer-namespace=ns", "--peer-service-account=sa", "--peer-ca-secret=ca",
+		"--peer-selector=app=a,component=node"}
+	if _, err := parse(full...); err != nil {
+		t.Errorf("full peer flags: %v", err)
+	}
+	if _, err := parse(full[:3]...); err == nil {
+		t.Error("--peer-address without the CA secret and selector: no error")
+	}
+	for _, sel := range []string{"app!=a", "app in (a)", "app", "=a", "app=a,,b=c"} {
+		if _, err := parse(append(full[:4:4], "--peer-selector="+sel)...); err == nil {
+			t.Errorf("--peer-selector=%s: no error", sel)
+		}
+	}
+	l, err := selectorLabels("app=a,component=node")
+	if want := map[string]string{"app": "a", "component": "node"}; err != nil || !maps.Equal(l, want) {
+		t.Errorf("selectorLabels = %v, %v; want %v", l, err, want)
+	}
+}
+
+// TestPeerChannelNotUpYet: until the plugin has its CA, a forwarded call
+// is Unavailable, which the external-resizer retries.
+func TestPeerChannelNotUpYet(t *testing.T) {
+	var ch peerChannel
+	_, err := ch.ModifyVolume(context.Background(), "n1", &csi.ControllerModifyVolumeRequest{VolumeId: "v-n1"})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("ModifyVolume before the channel is up: %v", err)
+	}
+	_, err = ch.ExpandVolume(context.Background(), "n1", &csi.ControllerExpandVolumeRequest{VolumeId: "v-n1"})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("ExpandVolume before the channel is up: %v", err)
+	}
+}

@@ -1,0 +1,81 @@
+package driver
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+)
+
+// Forwarder sends a controller call for a volume of another node to the
+// plugin of that node (tag: the node's tag in volume IDs, ids.go) and
+// returns that plugin's answer. pkg/peer's Client is one.
+type Forwarder interface {
+	ModifyVolume(ctx context.Context, tag string, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
+	ExpandVolume(ctx context.Context, tag string, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
+}
+
+// NodeTag is the tag of the node nodeID in volume and snapshot IDs: what
+// a Forwarder's resolver matches nodes by.
+func NodeTag(nodeID string) string { return nodeTag(nodeID) }
+
+// elsewhere reports whether the volume id lives on another node whose
+// plugin gets the call, and that node's tag.
+func (d *Driver) elsewhere(id string, forward bool) (string, bool) {
+	_, tag := splitID(id)
+	return tag, forward && d.cfg.Peers != nil && tag != "" && tag != d.tag
+}
+
+// noPeers says why a call for another node's volume was not forwarded.
+func (d *Driver) noPeers() string {
+	if d.cfg.Peers != nil {
+		return "a call from a peer is never forwarded again"
+	}
+	return fmt.Sprintf("the peer channel is off on node %s (--peer-address), so calls for other nodes' volumes are refused", d.cfg.NodeID)
+}
+
+// PeerService answers the calls other nodes' plugins forward to this one
+// (pkg/peer's Handler). It serves this node's volumes only, named by an
+// ID tagged with this node: anything else is refused before it reaches
+// the store, and nothing is forwarded again.
+type PeerService struct{ d *Driver }
+
+// PeerService returns the service of calls from peers.
+func (d *Driver) PeerService() *PeerService { return &PeerService{d: d} }
+
+// ModifyVolume is ControllerModifyVolume for a peer.
+func (p *PeerService) ModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error) {
+	if err := p.d.checkPeerID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	return p.d.modifyVolume(ctx, req, false)
+}
+
+// ExpandVolume is ControllerExpandVolume for a peer.
+func (p *PeerService) ExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
+	if err := p.d.checkPeerID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	return p.d.expandVolume(ctx, req, false)
+}
+
+// checkPeerID accepts only a volume ID of this node: a store ID of the
+// fixed alphabet (blockdev.ValidID) and this node's tag.
+func (d *Driver) checkPeerID(id string) error {
+	storeID, tag := splitID(id)
+	if tag != d.tag || !blockdev.IsVolumeID(storeID) {
+		return status.Errorf(codes.InvalidArgument, "peer call for %q: not a volume ID of node %s", id, d.cfg.NodeID)
+	}
+	return nil
+}
+
+// LogAndRecover is the interceptor of the CSI socket (every call logged,
+// panics turned into Internal), for the peer server.
+func LogAndRecover(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	return logAndRecover(ctx, req, info, handler)
+}

@@ -1,0 +1,27 @@
+// Package peer is the channel between the plugins of one installation: a
+// plugin asks the plugin of another node to do what only that node can do
+// to its own node-local objects. Today that is ControllerModifyVolume and
+// ControllerExpandVolume, which the external-resizer's one leader sends to
+// its own node's plugin whatever node the volume lives on.
+//
+// The channel is gRPC over mutual TLS 1.3. Every plugin of an installation
+// shares one CA, kept in a Secret of the installation's namespace that the
+// first plugin to start creates (EnsureCA); each plugin issues itself a
+// short-lived certificate from it (Credentials) that names its namespace,
+// service account and node in a URI SAN (Identity). Both ends check the
+// chain, the validity and the identity: a server serves only clients of
+// its own namespace and service account, and a client talks only to the
+// node it meant to reach. docs/peer.md has the threat model.
+//
+// A peer names objects by ID only. The service carries the CSI messages of
+// the calls it forwards (stripped of secrets); what the receiving plugin
+// does with them is its Handler's business, which must validate IDs as it
+// does for the CSI socket. Messages are bounded in size.
+//
+// Peers are found through the API server (PodResolver): the running pods
+// of the installation's DaemonSets, by node. Nothing is cached: every
+// forwarded call resolves its peer afresh, so a restarted pod's new
+// address is used at once.
+//
+// Credentials, Server and Client are safe for concurrent use.
+package peer

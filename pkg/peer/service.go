@@ -1,0 +1,110 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"net"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	grpcpeer "google.golang.org/grpc/peer"
+)
+
+// Handler does on this node what a peer asks. Its methods get requests
+// from other plugins (already authenticated, never from outside the
+// installation) and must validate them as they validate the CSI socket's:
+// a peer names objects by ID only.
+type Handler interface {
+	ModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
+	ExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
+}
+
+// The service is written out by hand (no generated stubs): its messages
+// are the CSI spec's own, and later services (streams of a volume's data)
+// join it as grpc.StreamDesc entries.
+const (
+	serviceName  = "fastblk.peer.v1.Peer"
+	methodModify = "/" + serviceName + "/ModifyVolume"
+	methodExpand = "/" + serviceName + "/ExpandVolume"
+)
+
+// maxMessage bounds every message of the unary calls: a CSI request of
+// an ID, a capacity and a few parameters is far smaller.
+const maxMessage = 64 << 10
+
+var serviceDesc = grpc.ServiceDesc{
+	ServiceName: serviceName,
+	HandlerType: (*Handler)(nil),
+	Methods: []grpc.MethodDesc{
+		{MethodName: "ModifyVolume", Handler: unary(methodModify, Handler.ModifyVolume)},
+		{MethodName: "ExpandVolume", Handler: unary(methodExpand, Handler.ExpandVolume)},
+	},
+	Metadata: "fastblk/peer",
+}
+
+// unary adapts a Handler method to grpc's method handler.
+func unary[Req any, Resp any](method string, call func(Handler, context.Context, *Req) (*Resp, error)) grpc.MethodHandler {
+	return func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+		req := new(Req)
+		if err := dec(req); err != nil {
+			return nil, err
+		}
+		h := srv.(Handler)
+		if icpt == nil {
+			return call(h, ctx, req)
+		}
+		return icpt(ctx, req, &grpc.UnaryServerInfo{Server: srv, FullMethod: method},
+			func(ctx context.Context, req any) (any, error) { return call(h, ctx, req.(*Req)) })
+	}
+}
+
+// Server serves the peer service over mutual TLS.
+type Server struct {
+	srv *grpc.Server
+}
+
+// NewServer returns a server of h with creds; interceptors (logging,
+// recovery) run around every call.
+func NewServer(creds *Credentials, h Handler, interceptors ...grpc.UnaryServerInterceptor) *Server {
+	srv := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(creds.ServerConfig())),
+		grpc.MaxRecvMsgSize(maxMessage),
+		grpc.ChainUnaryInterceptor(interceptors...),
+	)
+	srv.RegisterService(&serviceDesc, h)
+	return &Server{srv: srv}
+}
+
+// Serve serves on lis until ctx ends, then stops gracefully; it returns
+// what ended it (nil after ctx).
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+			s.srv.GracefulStop()
+		case <-done:
+		}
+	}()
+	err := s.srv.Serve(lis)
+	if ctx.Err() != nil || errors.Is(err, grpc.ErrServerStopped) {
+		return nil
+	}
+	return err
+}
+
+// Caller is the identity of the peer that made the call in ctx, for logs.
+func Caller(ctx context.Context) (Identity, bool) {
+	p, ok := grpcpeer.FromContext(ctx)
+	if !ok {
+		return Identity{}, false
+	}
+	info, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(info.State.PeerCertificates) == 0 {
+		return Identity{}, false
+	}
+	id, err := IdentityOf(info.State.PeerCertificates[0])
+	return id, err == nil
+}
