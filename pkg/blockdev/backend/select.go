@@ -60,7 +60,10 @@ type Config struct {
 	ZeroCopy     string
 	PollInFlight int
 	PinThreads   bool
-	IOWQWorkers  uint32
+	// NearQueues pins the threads and places each queue on the thread of
+	// a CPU blk-mq maps to it (ublk.ThreadConfig.Near).
+	NearQueues  bool
+	IOWQWorkers uint32
 	// ablationConfig has Ablate, the techniques of the ublk server
 	// threads to switch off, in benchmark builds (-tags ablation) only.
 	ablationConfig

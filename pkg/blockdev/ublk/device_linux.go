@@ -204,12 +204,20 @@ func (d *Device) openChar(ctx context.Context) error {
 }
 
 // startQueues starts one queue per hardware queue on the server threads
-// SpreadQueues picks.
+// SpreadQueues picks, or near the queue's CPUs (ThreadConfig.Near).
 func (d *Device) startQueues(cfg DeviceConfig) error {
 	if cfg.Threads == nil {
 		return fmt.Errorf("ublk device %d: no server threads: %w", d.ID(), errInvalid)
 	}
-	threads, err := cfg.Threads.Pick(int(d.info.NrHWQueues), d.info.QueueDepth)
+	near := make([][]int, d.info.NrHWQueues)
+	if cfg.Threads.Near() {
+		for q := range near {
+			// Without it (an error), the queue is spread as by Pick:
+			// served all the same, only perhaps across CPUs.
+			near[q], _ = d.ctl.QueueAffinity(d.ID(), uint16(q))
+		}
+	}
+	threads, err := cfg.Threads.PickNear(near, d.info.QueueDepth)
 	if err != nil {
 		return fmt.Errorf("ublk device %d: %w", d.ID(), err)
 	}

@@ -28,6 +28,7 @@ func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 		return nil, fmt.Errorf("server threads: %d: %w", n, errInvalid)
 	}
 	var cpus []int
+	cfg.Pin = cfg.Pin || cfg.Near
 	if cfg.Pin {
 		cpus = AllowedCPUs()
 	}
@@ -107,20 +108,42 @@ func (p *Threads) Replace(dead *Thread) (*Thread, error) {
 // concurrent pick sees the load (the caller's queues own the reservations:
 // StartQueue with QueueConfig.Reserved).
 func (p *Threads) Pick(queues int, depth uint16) ([]*Thread, error) {
+	return p.PickNear(make([][]int, queues), depth)
+}
+
+// Near reports whether the threads are pinned one per CPU to serve each
+// queue near its CPUs (ThreadConfig.Near): then the caller reads each
+// queue's CPUs from the kernel for PickNear.
+func (p *Threads) Near() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.threads[0].cfg.Near
+}
+
+// PickNear is Pick for queues the kernel maps to CPUs (near[q] for queue
+// q, one entry per queue): each goes to a thread pinned to one of its
+// CPUs where one has room (PlaceQueues).
+func (p *Threads) PickNear(near [][]int, depth uint16) ([]*Thread, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	loads := make([]int, len(p.threads))
+	cpus := make([]int, len(p.threads))
 	for i, t := range p.threads {
+		cpus[i] = -1
+		if t.cfg.Pin {
+			cpus[i] = t.cfg.CPU
+		}
 		if t.Err() != nil {
 			loads[i] = -1 // failed: never chosen
 			continue
 		}
 		loads[i] = t.load()
 	}
-	idx, err := SpreadQueues(loads, queues, QueueCost(depth), p.threads[0].cfg.Tags)
+	idx, err := PlaceQueues(loads, cpus, near, QueueCost(depth), p.threads[0].cfg.Tags)
 	if err != nil {
 		return nil, err
 	}
+	queues := len(near)
 	out := make([]*Thread, queues)
 	for q, i := range idx {
 		if err := p.threads[i].reserve(depth); err != nil {

@@ -57,6 +57,11 @@ type ThreadConfig struct {
 	// there for its life. NewThreads sets CPU per thread itself.
 	CPU int
 	Pin bool
+	// Near pins the threads of a pool one per CPU (Pin) and places each
+	// device queue on the thread of a CPU blk-mq maps to it
+	// (Threads.PickNear), so that its requests and their completions stay
+	// on the CPU that submitted them.
+	Near bool
 	// IOWQWorkers caps the thread's io-wq workers (bounded work: writes
 	// io_uring could not issue without blocking, fsync, fallocate); 0
 	// sizes it to the queues the thread serves (threadLoop.sizeIOWQ).
@@ -143,6 +148,14 @@ func NewThread(id int, cfg ThreadConfig) (*Thread, error) {
 
 // ID is the thread's number in its server.
 func (t *Thread) ID() int { return t.id }
+
+// CPU is the CPU the thread is pinned to, or -1 if it floats.
+func (t *Thread) CPU() int {
+	if !t.cfg.Pin {
+		return -1
+	}
+	return t.cfg.CPU
+}
 
 // Close makes the thread leave and waits for it. Its ring is closed, which
 // cancels every parked command: devices with user recovery stay
