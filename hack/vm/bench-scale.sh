@@ -34,7 +34,8 @@
 #   --profile   also one run of each csi-fastblk design and workload under perf
 #               (whole guest, cpu-clock samples with call graphs; the plugin
 #               is rebuilt with symbols), its top commands, DSOs and symbols
-#               printed per kernel; the profiled runs are not in the medians
+#               printed per kernel; the profiled runs are not in the medians;
+#               with --noisy, the quiet volume beside the busy ones
 # Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
 #   (default bin/vm).
 set -euo pipefail

@@ -23,7 +23,8 @@
 # p50/p99/p99.9 printed as LAT lines; with loop, the backing files
 # themselves ("file", direct I/O) are measured too), BENCH_SCALE_NOSCALE
 # (1: only the latency probe), BENCH_SCALE_PROFILE (1: in the first rep,
-# each csi-fastblk workload once more under /usr/bin/perf, see profile),
+# each csi-fastblk workload, or the noisy-neighbour probe, once more under
+# /usr/bin/perf, see profile),
 # BENCH_SCALE_NOISY (1: only the noisy-neighbour probe: one device at 4k
 # randread iodepth 1 alone and beside BENCH_SCALE_LAT_BUSY others at 4k
 # randwrite iodepth 32, no "file" runs).
@@ -170,7 +171,12 @@ while [ $rep -le "$REPS" ]; do
 					--iodepth "$DEPTH" --mkfs-sample $sample
 			done
 		done
-		if [ "${BENCH_SCALE_PROFILE:-0}" = 1 ] && [ $rep = 1 ] && [ $mode = csi ]; then
+		if [ "${BENCH_SCALE_PROFILE:-0}" = 1 ] && [ $rep = 1 ] && [ $mode = csi ] && [ -n "$PROBE_RW" ]; then
+			# The noisy-neighbour probe itself: the quiet volume beside
+			# the busy ones.
+			profile $label --mode csi --pid "$PLUGIN_PID" --endpoint "unix://$SOCK" --volumes $((LAT_BUSY + 1)) --rw "$RWS" \
+				--iodepth "$DEPTH" --mkfs-sample 0 --lat-probe --probe-rw "$PROBE_RW" --metrics "http://$METRICS_ADDR/metrics"
+		elif [ "${BENCH_SCALE_PROFILE:-0}" = 1 ] && [ $rep = 1 ] && [ $mode = csi ]; then
 			for rw in $RWS; do
 				profile $label --mode csi --pid "$PLUGIN_PID" --endpoint "unix://$SOCK" --volumes 1 --rw "$rw" \
 					--jobs "$jobs" --iodepth "$adepth" --mkfs-sample 0
