@@ -113,7 +113,7 @@ profile() {
 		echo "bench-scale: profile $_what: $(tail -5 /tmp/perf-run.out)"
 		return 0
 	fi
-	sed -n "s/^SCALE /PROFILED $_what /p" /tmp/perf-run.out
+	sed -n -e "s/^SCALE /PROFILED $_what /p" -e "s/^LAT /PROFILED $_what /p" /tmp/perf-run.out
 	for _view in "dso:--no-children --sort comm,dso --percent-limit 1.5" "self:--no-children --sort sym --percent-limit 0.7" \
 		"plugin:--no-children --comms csi-fastblk --sort sym --percent-limit 1" "children:--children --sort sym --percent-limit 8"; do
 		# shellcheck disable=SC2086
