@@ -76,7 +76,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		c.devices.IOWQWorkers = uint32(n)
 		return err
 	})
-	fs.StringVar(&c.devices.NearQueues, "ublk-near-queues", "auto", "benchmarks only: pin the ublk server threads one per CPU and serve each device queue on the thread of a CPU the kernel maps to it: auto (where the server runs one thread per CPU it may use), on or off")
+	fs.BoolVar(&c.devices.NearQueues, "ublk-near-queues", false, "benchmarks only: pin ublk server threads one per CPU and place each device queue on the thread of a CPU the kernel maps to it")
 	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
 	ablateFlag(fs, &c.devices)

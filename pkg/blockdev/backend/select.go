@@ -60,9 +60,9 @@ type Config struct {
 	ZeroCopy     string
 	PollInFlight int
 	PinThreads   bool
-	// NearQueues is ublk.ServerConfig.NearQueues: auto, on or off ("" =
-	// auto).
-	NearQueues  string
+	// NearQueues pins the threads and places each queue on the thread of
+	// a CPU blk-mq maps to it (ublk.ThreadConfig.Near).
+	NearQueues  bool
 	IOWQWorkers uint32
 	// ablationConfig has Ablate, the techniques of the ublk server
 	// threads to switch off, in benchmark builds (-tags ablation) only.

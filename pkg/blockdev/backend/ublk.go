@@ -47,27 +47,19 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 			return nil, ublkErr("ublk backend", err)
 		}
 	}
-	var near ublk.Mode // "": auto
-	if cfg.NearQueues != "" {
-		var err error
-		if near, err = ublk.ParseMode("ublk near queues", cfg.NearQueues); err != nil {
-			return nil, ublkErr("ublk backend", err)
-		}
-	}
 	ablation, err := cfg.ablation()
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
 	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
-		StateDir:   filepath.Join(cfg.DataDir, blockdev.UblkStateDir),
-		Owner:      cfg.Owner,
-		BatchIO:    batch,
-		ZeroCopy:   zc,
-		Threads:    cfg.Threads,
-		Thread:     ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, IOWQWorkers: cfg.IOWQWorkers},
-		NearQueues: near,
-		Queue:      ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
-		Report:     cfg.Report,
+		StateDir: filepath.Join(cfg.DataDir, blockdev.UblkStateDir),
+		Owner:    cfg.Owner,
+		BatchIO:  batch,
+		ZeroCopy: zc,
+		Threads:  cfg.Threads,
+		Thread:   ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers},
+		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
+		Report:   cfg.Report,
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)

@@ -49,7 +49,7 @@ func TestControlQueueAffinity(t *testing.T) {
 	}
 }
 
-// TestServerNearQueues checks that with NearQueues on each queue of a
+// TestServerNearQueues checks that with ThreadConfig.Near each queue of a
 // device is served by the thread pinned to a CPU the kernel maps to the
 // queue, where the spread (least loaded thread first) would not: devices
 // of two queues, one before and one after a device of one queue, get
@@ -62,7 +62,7 @@ func TestServerNearQueues(t *testing.T) {
 	}
 	dir := scratchDir(t)
 	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: filepath.Join(dir, "state"),
-		NearQueues: ModeOn})
+		Thread: ThreadConfig{Near: true}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,30 +88,6 @@ func TestServerNearQueues(t *testing.T) {
 			if !slices.Contains(near, cpu) {
 				t.Errorf("%s queue %d on CPU %d, not one of the kernel's %v", id, q, cpu, near)
 			}
-		}
-	}
-}
-
-// TestServesNear pins when the server serves queues near their CPUs: on
-// or off as asked, and by default only where it chose one thread per CPU
-// the process may use, never with a thread count asked for or one a CPU
-// limit cut below the CPUs.
-func TestServesNear(t *testing.T) {
-	for _, c := range []struct {
-		name           string
-		mode           Mode
-		asked, n, cpus int
-		want           bool
-	}{
-		{"auto: a thread per CPU", ModeAuto, 0, 8, 8, true},
-		{"auto: CPU limit below the CPUs", ModeAuto, 0, 2, 128, false},
-		{"auto: thread count asked for", ModeAuto, 2, 2, 2, false},
-		{"on", ModeOn, 2, 2, 128, true},
-		{"off", ModeOff, 0, 8, 8, false},
-		{"unset is auto", "", 0, 4, 4, true},
-	} {
-		if got := servesNear(c.mode, c.asked, c.n, c.cpus); got != c.want {
-			t.Errorf("%s: servesNear(%q, %d, %d, %d) = %v, want %v", c.name, c.mode, c.asked, c.n, c.cpus, got, c.want)
 		}
 	}
 }

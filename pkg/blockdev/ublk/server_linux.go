@@ -51,18 +51,8 @@ type ServerConfig struct {
 	// (0 = one per CPU the process may use, at most its cgroup's CPU
 	// limit rounded up: cpuLimit).
 	Threads int
-	// Thread sizes each server thread (zero: defaults). Its Near is set
-	// by NearQueues.
+	// Thread sizes each server thread (zero: defaults).
 	Thread ThreadConfig
-	// NearQueues decides ThreadConfig.Near: the threads pinned one per CPU
-	// and each device queue served on the thread of a CPU blk-mq maps to
-	// it, so that requests and their completions stay on the CPU that
-	// submitted them ("" = auto). Auto turns it on where the server chose
-	// one thread per CPU the process may use (Threads 0 and no CPU limit
-	// below that count): a plugin held to fewer CPUs than it may run on
-	// pins nothing, as its few threads would be tied to CPUs that other
-	// work may hold.
-	NearQueues Mode
 	// Report, when set, is told what happens in the background with no
 	// caller to return it to (a server thread that fails); its arguments
 	// are klog.ErrorS's.
@@ -183,28 +173,13 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if n <= 0 {
 		n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
 	}
-	tc := cfg.Thread
-	tc.Near = servesNear(cfg.NearQueues, cfg.Threads, n, usableCPUs())
-	if s.threads, err = dataplane.NewThreads(n, tc); err != nil {
+	if s.threads, err = dataplane.NewThreads(n, cfg.Thread); err != nil {
 		ctl.Close()
 		return nil, nil, err
 	}
 	errs := s.adopt(ctx)
 	s.watchAll()
 	return s, errs, nil
-}
-
-// servesNear decides ServerConfig.NearQueues for a server of n threads,
-// asked for (asked; 0: the server chose n), in a process that may use cpus
-// CPUs.
-func servesNear(mode Mode, asked, n, cpus int) bool {
-	switch mode {
-	case ModeOn:
-		return true
-	case ModeOff:
-		return false
-	}
-	return asked <= 0 && n == cpus
 }
 
 // usableCPUs is how many CPUs the process may run on (its affinity mask).
