@@ -9,7 +9,7 @@
 #
 #   conformance.sh [whole]  every spec the driver definition selects, minus
 #                           the disruptive and serial ones (make
-#                           e2e-k8s-conformance; about an hour here)
+#                           e2e-k8s-conformance; about 35 minutes here)
 #   conformance.sh quick    one spec each of fs and block volumes, snapshot
 #                           restore, expansion and capacity (make e2e-k8s,
 #                           a few minutes); fails unless each pattern of
@@ -17,7 +17,7 @@
 #
 # CONFORMANCE_FOCUS / CONFORMANCE_SKIP (ginkgo regular expressions) replace
 # the focus and skip of either. CONFORMANCE_PROCS specs run at once (whole:
-# 3, quick: 1): most of a spec's time is spent waiting for pods and volumes,
+# 4, quick: 1): most of a spec's time is spent waiting for pods and volumes,
 # so parallel specs overlap their waits; [Serial] specs, which need the
 # cluster to themselves, are skipped in both. Reports go to
 # $K8S_WORK/logs/conformance (quick: $K8S_WORK/logs/conformance-quick).
@@ -45,7 +45,7 @@ whole)
 	focus="$driver"
 	skip='\[Disruptive\]|\[Serial\]|\[Feature:VolumeSnapshotDataSource\].*\[Slow\]'
 	out=$K8S_WORK/logs/conformance
-	procs=3
+	procs=4
 	;;
 quick)
 	focus="$driver ($(IFS='|'; echo "${quick[*]}"))"
