@@ -82,8 +82,9 @@ e2e-k8s:
 	hack/k8s/e2e.sh
 
 # e2e-k8s with the whole external storage suite instead of its quick subset:
-# every spec test/k8s/conformance/driver.yaml selects, an hour or more here;
-# CONFORMANCE_FOCUS and CONFORMANCE_SKIP narrow it (hack/k8s/conformance.sh).
+# every spec test/k8s/conformance/driver.yaml selects, CONFORMANCE_PROCS (4)
+# at once, about 35 minutes here; CONFORMANCE_FOCUS and CONFORMANCE_SKIP narrow
+# it (hack/k8s/conformance.sh).
 e2e-k8s-conformance:
 	E2E_K8S_CONFORMANCE=1 hack/k8s/e2e.sh
 

@@ -3,19 +3,24 @@
 # cluster of cluster.sh (chart installed, as test/k8s leaves it):
 #   storage-e2e.test -storage.testdriver=test/k8s/conformance/driver.yaml
 # (install.sh e2e: the storage suites of Kubernetes' e2e tests alone) run in
-# the control plane's network namespace, where the API server listens.
+# the control plane's network namespace, where the API server listens, by
+# the ginkgo CLI of the same module (install.sh e2e), which alone can run
+# specs in parallel processes.
 #
 #   conformance.sh [whole]  every spec the driver definition selects, minus
 #                           the disruptive and serial ones (make
-#                           e2e-k8s-conformance; an hour or more here)
+#                           e2e-k8s-conformance; about 35 minutes here)
 #   conformance.sh quick    one spec each of fs and block volumes, snapshot
 #                           restore, expansion and capacity (make e2e-k8s,
 #                           a few minutes); fails unless each pattern of
 #                           $quick selects exactly one spec
 #
 # CONFORMANCE_FOCUS / CONFORMANCE_SKIP (ginkgo regular expressions) replace
-# the focus and skip of either. Reports go to $K8S_WORK/logs/conformance
-# (quick: $K8S_WORK/logs/conformance-quick).
+# the focus and skip of either. CONFORMANCE_PROCS specs run at once (whole:
+# 4, quick: 1): most of a spec's time is spent waiting for pods and volumes,
+# so parallel specs overlap their waits; [Serial] specs, which need the
+# cluster to themselves, are skipped in both. Reports go to
+# $K8S_WORK/logs/conformance (quick: $K8S_WORK/logs/conformance-quick).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=hack/k8s/lib.sh
@@ -40,18 +45,22 @@ whole)
 	focus="$driver"
 	skip='\[Disruptive\]|\[Serial\]|\[Feature:VolumeSnapshotDataSource\].*\[Slow\]'
 	out=$K8S_WORK/logs/conformance
+	procs=4
 	;;
 quick)
 	focus="$driver ($(IFS='|'; echo "${quick[*]}"))"
 	skip='\[Disruptive\]|\[Serial\]'
 	out=$K8S_WORK/logs/conformance-quick
+	procs=1
 	[[ -n ${CONFORMANCE_FOCUS:-} ]] || want=${#quick[@]}
 	;;
 *) die "usage: conformance.sh [whole|quick]" ;;
 esac
 focus=${CONFORMANCE_FOCUS:-$focus}
 skip=${CONFORMANCE_SKIP:-$skip}
-[[ -x $K8S_BIN/storage-e2e.test ]] || die "$K8S_BIN/storage-e2e.test missing: run hack/k8s/install.sh e2e"
+procs=${CONFORMANCE_PROCS:-$procs}
+[[ -x $K8S_BIN/storage-e2e.test && -x $K8S_BIN/ginkgo ]] ||
+	die "$K8S_BIN/storage-e2e.test or ginkgo missing: run hack/k8s/install.sh e2e"
 [[ -e /run/netns/fbk-k8s-cp ]] || die "no cluster: run hack/k8s/cluster.sh up"
 # summary DIR writes DIR/summary: the count of specs selected, passed, failed
 # and skipped at run time (patterns the driver does not claim), then each
@@ -77,13 +86,16 @@ summary() {
 }
 
 rm -rf "$out" && mkdir -p "$out"
-log "storage-e2e.test ($mode): focus '$focus', skip '$skip'"
+log "storage-e2e.test ($mode, $procs procs): focus '$focus', skip '$skip'"
 rc=0
-nsenter --net=/run/netns/fbk-k8s-cp -- "$K8S_BIN/storage-e2e.test" \
+# The JUnit report is the e2e framework's (-report-dir), which the first
+# process writes for all of them at the end.
+nsenter --net=/run/netns/fbk-k8s-cp -- "$K8S_BIN/ginkgo" run --procs="$procs" \
+	--focus="$focus" --skip="$skip" --timeout=3h --no-color --succinct \
+	"$K8S_BIN/storage-e2e.test" -- \
 	-kubeconfig="$K8S_WORK/admin.kubeconfig" -kubectl-path="$K8S_BIN/kubectl" \
 	-storage.testdriver="$ROOT/test/k8s/conformance/driver.yaml" -repo-root="$ROOT" \
-	-report-dir="$out" -ginkgo.focus="$focus" -ginkgo.skip="$skip" \
-	-ginkgo.timeout=3h -ginkgo.no-color -ginkgo.succinct >"$out/e2e.log" 2>&1 || rc=$?
+	-report-dir="$out" >"$out/e2e.log" 2>&1 || rc=$?
 summary "$out"
 grep -E '^ *\[FAIL\]' "$out/e2e.log" >&2 || true
 cat "$out/summary" >&2

@@ -16,8 +16,8 @@
 #      neither node-driver-registrar nor livenessprobe is needed;
 #   6. e2e: storage-e2e.test (Kubernetes' external storage suite alone, from
 #      hack/k8s/storagesuite, in the wrapper module of step 3 and its build
-#      cache) and agnhost, and the test images (agnhost, glibc-dns-testing,
-#      nginx).
+#      cache), the ginkgo CLI that runs it in parallel, agnhost, and the test
+#      images (agnhost, glibc-dns-testing, nginx).
 # Safe to run repeatedly: each step is skipped when its result is cached in
 # $K8S_CACHE (a warm run takes seconds). Usage: install.sh [step...]
 set -euo pipefail
@@ -291,25 +291,31 @@ images() {
 # e2e builds, in kube's wrapper module and Go build cache, the external
 # storage e2e suite alone (storage-e2e.test: hack/k8s/storagesuite, Kubernetes'
 # storage suites and e2e framework, not the rest of test/e2e) with go test -c,
-# and agnhost (test/images/agnhost), which the suites' pods run; then the
-# agnhost image (the static binary on the busybox image's files) and the
-# other test images of the storage suites (see test_images).
+# the ginkgo CLI of the ginkgo version it links (conformance.sh runs the
+# suite's specs in parallel through it), and agnhost (test/images/agnhost),
+# which the suites' pods run; then the agnhost image (the static binary on
+# the busybox image's files) and the other test images of the storage suites
+# (see test_images).
 e2e() {
-	local id="e2e-$KUBE_VERSION" dir=$K8S_CACHE/src/kube-$KUBE_VERSION ver=${KUBE_VERSION#v}
+	local id="e2e-$KUBE_VERSION" dir=$K8S_CACHE/src/kube-$KUBE_VERSION ver=${KUBE_VERSION#v} b
 	local suite=$ROOT/hack/k8s/storagesuite/suite_test.go
 	kube
-	if ! stamp "$id" || ! cmp -s "$suite" "$dir/storagesuite/suite_test.go" ||
-		[[ ! -x $K8S_BIN/storage-e2e.test || ! -x $K8S_BIN/agnhost ]]; then
-		log "building storage-e2e.test and agnhost of Kubernetes $KUBE_VERSION"
+	local bins=(storage-e2e.test ginkgo agnhost) missing=0
+	for b in "${bins[@]}"; do [[ -x $K8S_BIN/$b ]] || missing=1; done
+	if ! stamp "$id" || ! cmp -s "$suite" "$dir/storagesuite/suite_test.go" || ((missing)); then
+		log "building ${bins[*]} of Kubernetes $KUBE_VERSION"
 		mkdir -p "$dir/storagesuite"
 		cp "$suite" "$dir/storagesuite/suite_test.go"
-		printf '%s\n' "//go:build tools" "" "package kube" "" 'import _ "k8s.io/kubernetes/test/images/agnhost"' >"$dir/agnhost.go"
+		rm -f "$dir/agnhost.go"
+		printf '%s\n' "//go:build tools" "" "package kube" "" "import (" \
+			'	_ "github.com/onsi/ginkgo/v2/ginkgo"' '	_ "k8s.io/kubernetes/test/images/agnhost"' ")" >"$dir/e2etools.go"
 		(cd "$dir" && go mod tidy)
 		local pkg=k8s.io/component-base/version major=${ver%%.*} minor
 		minor=${ver#*.}; minor=${minor%%.*}
 		local ld="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
 		(cd "$dir" && CGO_ENABLED=0 go test -c -trimpath -tags k8se2e -ldflags "$ld" \
 			-o "$K8S_BIN/storage-e2e.test" ./storagesuite)
+		(cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/ginkgo" github.com/onsi/ginkgo/v2/ginkgo)
 		(cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/agnhost" k8s.io/kubernetes/test/images/agnhost)
 		mark "$id"
 	fi

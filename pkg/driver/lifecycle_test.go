@@ -357,14 +357,23 @@ func TestLoopNodeRefusesRateLimits(t *testing.T) {
 // a volume into claims twice the source's size: the staged filesystem must
 // fill the larger device (Kubernetes' "provision correct filesystem size
 // when restoring snapshot to larger size pvc"), not keep the source's size.
-// xfs, which grows online here; ext4 needs CAP_SYS_RESOURCE to grow mounted.
+// ext4 grows before it is mounted: growing it mounted needs
+// CAP_SYS_RESOURCE, which this machine withholds; xfs grows mounted.
 func TestRestoreIntoLargerVolumeGrowsFilesystem(t *testing.T) {
 	requireRoot(t)
-	testgate.RequireTool(t, "mkfs.xfs")
+	for _, fs := range []string{"ext4", "xfs"} {
+		t.Run(fs, func(t *testing.T) {
+			testgate.RequireTool(t, "mkfs."+fs)
+			testRestoreIntoLarger(t, fs)
+		})
+	}
+}
+
+func testRestoreIntoLarger(t *testing.T, fs string) {
 	n := newTestNode(t, t.TempDir())
 	ctx := context.Background()
 	src := n.create("small-src", 320<<20, nil)
-	target := n.stage(src, mountCap("xfs", snw), false)
+	target := n.stage(src, mountCap(fs, snw), false)
 	if err := os.WriteFile(filepath.Join(target, "data"), []byte("kept"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +385,7 @@ func TestRestoreIntoLargerVolumeGrowsFilesystem(t *testing.T) {
 		n.create("large-restore", 640<<20, snapshotSource(snap.GetSnapshot().GetSnapshotId())),
 		n.create("large-clone", 640<<20, volumeSource(src)),
 	} {
-		target := n.stage(id, mountCap("xfs", snw), false)
+		target := n.stage(id, mountCap(fs, snw), false)
 		var st syscall.Statfs_t
 		if err := syscall.Statfs(target, &st); err != nil {
 			t.Fatal(err)
@@ -387,5 +396,54 @@ func TestRestoreIntoLargerVolumeGrowsFilesystem(t *testing.T) {
 		if got, err := os.ReadFile(filepath.Join(target, "data")); err != nil || string(got) != "kept" {
 			t.Errorf("volume %s: data %q, %v", id, got, err)
 		}
+	}
+}
+
+// TestRestageAfterControllerExpansionGrowsExt4 follows the kubelet through
+// Kubernetes' "resize volume when PVC is edited and the pod is re-created
+// on the same node after controller resize is finished": the volume is
+// unstaged, ControllerExpandVolume grows its file, and the new pod's stage
+// must find the filesystem at the new size before NodeExpandVolume is
+// called on the mounted volume, whose ext4 this machine cannot grow
+// (growing a mounted ext4 needs CAP_SYS_RESOURCE).
+func TestRestageAfterControllerExpansionGrowsExt4(t *testing.T) {
+	requireRoot(t)
+	testgate.RequireTool(t, "mkfs.ext4")
+	n := newTestNode(t, t.TempDir())
+	ctx := context.Background()
+	const size, newSize = 64 << 20, 192 << 20
+	id := n.create("regrow", size, nil)
+	target := n.stage(id, mountCap("ext4", snw), false)
+	if err := os.WriteFile(filepath.Join(target, "keep"), []byte("still here"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	before, err := fsstat.Stat(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.unstage(id)
+	if _, err := n.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}}); err != nil {
+		t.Fatal(err)
+	}
+	target = n.stage(id, mountCap("ext4", snw), false)
+	staged, err := fsstat.Stat(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if staged.TotalBytes < 2*before.TotalBytes {
+		t.Errorf("staged after growing to %d bytes: filesystem %d → %d bytes; want it about 3× larger",
+			int64(newSize), before.TotalBytes, staged.TotalBytes)
+	}
+	resp, err := n.node.NodeExpandVolume(ctx, &csi.NodeExpandVolumeRequest{VolumeId: id, VolumePath: target,
+		CapacityRange: &csi.CapacityRange{RequiredBytes: newSize}})
+	if err != nil {
+		t.Fatalf("NodeExpandVolume after the stage: %v", err)
+	}
+	if resp.GetCapacityBytes() != newSize {
+		t.Errorf("capacity = %d, want %d", resp.GetCapacityBytes(), newSize)
+	}
+	if b, err := os.ReadFile(filepath.Join(target, "keep")); err != nil || string(b) != "still here" {
+		t.Errorf("data after the regrowth: %q, %v", b, err)
 	}
 }

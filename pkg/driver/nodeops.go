@@ -1,16 +1,20 @@
 package driver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"k8s.io/klog/v2"
 	mount "k8s.io/mount-utils"
+	utilexec "k8s.io/utils/exec"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
@@ -67,6 +71,11 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 		return nil
 	}
 	opts := c.GetMount().GetMountFlags()
+	if strings.HasPrefix(ns.FsType, "ext") && !isReadOnlyMode(c) && !slices.Contains(opts, "ro") {
+		if err := d.growExtUnmounted(ctx, v.ID, ns.Device); err != nil {
+			return errors.Join(err, d.undoStage(ctx, v.ID))
+		}
+	}
 	if ns.FsType == "xfs" {
 		// A restored snapshot or a clone carries its source's XFS UUID;
 		// without nouuid the kernel refuses to mount both on one node.
@@ -79,6 +88,7 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 	// A volume restored or cloned into a larger size has its source's
 	// filesystem on a larger device: grow it to the device, as the claim
 	// asked (a failure leaves the volume unstaged, not smaller than asked).
+	// xfs grows only mounted; an ext filesystem has already grown above.
 	if v.SourceSnapshotID == "" && v.SourceVolumeID == "" {
 		klog.InfoS("volume staged", "volumeID", v.ID, "stagingPath", staging, "fsType", ns.FsType)
 		return nil
@@ -87,6 +97,46 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 		return errors.Join(err, d.unmountIfMounted(staging), d.undoStage(ctx, v.ID))
 	}
 	klog.InfoS("volume staged", "volumeID", v.ID, "stagingPath", staging, "fsType", ns.FsType)
+	return nil
+}
+
+// growExtUnmounted grows the ext filesystem on dev to the device before it
+// is mounted. The device is larger than its filesystem when the volume was
+// restored or cloned into a larger size, or grown by ControllerExpandVolume
+// while it was not staged (the kubelet then stages it and asks
+// NodeExpandVolume to grow the filesystem). Offline growth needs no
+// CAP_SYS_RESOURCE, which growing a mounted ext4 does and which containers
+// may lack, and resize2fs on the mounted filesystem then has nothing to do.
+// An unformatted device or another filesystem is left to the mount.
+func (d *Driver) growExtUnmounted(ctx context.Context, id, dev string) error {
+	fs, err := fsstat.ReadExtSize(dev)
+	if errors.Is(err, blockdev.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	size, err := blkdev.Size(dev)
+	if err != nil {
+		return err
+	}
+	if size-fs.Bytes() < fs.BlockSize {
+		return nil
+	}
+	// resize2fs refuses a filesystem mounted since its last full check, or
+	// with a journal to replay (a snapshot of a mounted volume has one).
+	// e2fsck exits 1 or 2 when it corrected errors, 4 or more when it
+	// could not.
+	if out, err := d.exec.CommandContext(ctx, "e2fsck", "-f", "-p", dev).CombinedOutput(); err != nil {
+		var ee utilexec.ExitError
+		if !errors.As(err, &ee) || ee.ExitStatus() >= 4 {
+			return fmt.Errorf("check the ext filesystem on %s before growing it: %w: %s", dev, err, bytes.TrimSpace(out))
+		}
+	}
+	if out, err := d.exec.CommandContext(ctx, "resize2fs", dev).CombinedOutput(); err != nil {
+		return fmt.Errorf("grow the ext filesystem on %s from %d to %d bytes: %w: %s", dev, fs.Bytes(), size, err, bytes.TrimSpace(out))
+	}
+	klog.InfoS("filesystem grown to its device before mounting", "volumeID", id, "device", dev, "fromBytes", fs.Bytes(), "toBytes", size)
 	return nil
 }
 
