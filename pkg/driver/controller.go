@@ -74,6 +74,9 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	defer unlock()
 
+	if spec.SourceNode != "" {
+		return s.d.pull(ctx, req, spec)
+	}
 	if src := spec.SourceVolumeID; src != "" {
 		// Hold the source steady: no stage, unstage or delete while it
 		// is cloned, and a mounted source is frozen for the copy.
@@ -134,17 +137,15 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (store.VolumeSpec,
 	}
 	if src := req.GetVolumeContentSource(); src != nil {
 		switch {
-		// A source on another node: ResourceExhausted, on which the
-		// external-provisioner sends the claim back to the scheduler
-		// (it removes the selected-node annotation), so the pod may land
-		// on the source's node; the message is the claim's event.
+		// A source on another node is pulled from there over the peer
+		// channel (pull.go); without the channel, ResourceExhausted.
 		case src.GetSnapshot() != nil:
 			if src.GetSnapshot().GetSnapshotId() == "" {
 				return spec, invalid("snapshot source has no ID")
 			}
 			id, err := s.d.localID(src.GetSnapshot().GetSnapshotId(), "snapshot", codes.ResourceExhausted)
 			if err != nil {
-				return spec, s.d.sourceElsewhere("snapshot", src.GetSnapshot().GetSnapshotId())
+				return spec, s.d.remoteSource(&spec, "snapshot", src.GetSnapshot().GetSnapshotId())
 			}
 			spec.SourceSnapshotID = id
 		case src.GetVolume() != nil:
@@ -153,7 +154,7 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (store.VolumeSpec,
 			}
 			id, err := s.d.localID(src.GetVolume().GetVolumeId(), "volume", codes.ResourceExhausted)
 			if err != nil {
-				return spec, s.d.sourceElsewhere("volume", src.GetVolume().GetVolumeId())
+				return spec, s.d.remoteSource(&spec, "volume", src.GetVolume().GetVolumeId())
 			}
 			spec.SourceVolumeID = id
 		default:
@@ -274,13 +275,17 @@ func (d *Driver) topology() *csi.Topology {
 
 func (d *Driver) csiVolume(v blockdev.Volume, src *csi.VolumeContentSource) *csi.Volume {
 	if src == nil {
+		srcID := d.publicID
+		if v.SourceNode != "" {
+			srcID = func(id string) string { return id + "-" + v.SourceNode }
+		}
 		switch {
 		case v.SourceSnapshotID != "":
 			src = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
-				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: d.publicID(v.SourceSnapshotID)}}}
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: srcID(v.SourceSnapshotID)}}}
 		case v.SourceVolumeID != "":
 			src = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
-				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: d.publicID(v.SourceVolumeID)}}}
+				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: srcID(v.SourceVolumeID)}}}
 		}
 	}
 	return &csi.Volume{
@@ -307,6 +312,9 @@ func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		return nil, err
 	}
 	defer unlock()
+	if err := s.d.cancelPull(ctx, id); err != nil {
+		return nil, err
+	}
 	v, err := s.d.store.Volume(id)
 	if errors.Is(err, blockdev.ErrNotFound) {
 		return &csi.DeleteVolumeResponse{}, nil

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -52,6 +53,8 @@ type recorder struct {
 	calls   []any
 	callers []Identity
 	block   bool // wait for the call's end instead of answering
+	// files are the sources OpenSource serves, by ID.
+	files map[string]string
 }
 
 func (r *recorder) note(ctx context.Context, req any) error {
@@ -86,6 +89,26 @@ func (r *recorder) ExpandVolume(ctx context.Context, req *csi.ControllerExpandVo
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: req.GetCapacityRange().GetRequiredBytes(), NodeExpansionRequired: true}, nil
 }
 
+func (r *recorder) OpenSource(ctx context.Context, req *ReadRequest) (*os.File, int64, error) {
+	if err := r.note(ctx, req); err != nil {
+		return nil, 0, err
+	}
+	path, ok := r.files[req.ID]
+	if !ok {
+		return nil, 0, status.Errorf(codes.NotFound, "no source %q", req.ID)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, st.Size(), nil
+}
+
 func (r *recorder) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -94,7 +117,7 @@ func (r *recorder) count() int {
 
 // serve runs a peer server of h with creds on 127.0.0.1 and returns its
 // address.
-func serve(t *testing.T, creds *Credentials, h Handler) string {
+func serve(t *testing.T, creds *Credentials, h Handler, opts ...grpc.ServerOption) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -102,7 +125,7 @@ func serve(t *testing.T, creds *Credentials, h Handler) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- NewServer(creds, h).Serve(ctx, lis) }()
+	go func() { done <- NewServerWith(creds, h, opts...).Serve(ctx, lis) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -1,0 +1,244 @@
+package peer
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash"
+	"hash/crc32"
+	"io"
+	"os"
+	"time"
+
+	"golang.org/x/sys/unix"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// A stream sends only the allocated extents of its source (SEEK_DATA and
+// SEEK_HOLE), and of those only the blocks that are not all zeros: the
+// receiver's file starts sparse, so holes stay holes. Each frame of data
+// has its CRC-32C; the end frame has the count of data bytes and a SHA-256
+// over every frame of data (offset, length, data) in order, so that a
+// frame lost, repeated or moved fails as surely as a flipped bit.
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// zeroBlock is the unit in which all-zero data is left out.
+const zeroBlock = 4096
+
+// digest is the whole-stream digest both ends compute.
+type digest struct{ h hash.Hash }
+
+func newDigest() digest { return digest{h: sha256.New()} }
+
+func (d digest) add(off int64, data []byte) {
+	var hdr [16]byte
+	binary.BigEndian.PutUint64(hdr[:8], uint64(off))
+	binary.BigEndian.PutUint64(hdr[8:], uint64(len(data)))
+	d.h.Write(hdr[:])
+	d.h.Write(data)
+}
+
+func (d digest) sum() (s [32]byte) {
+	copy(s[:], d.h.Sum(nil))
+	return s
+}
+
+// send streams the data of f (size bytes) through emit at most rate data
+// bytes per second (0: no limit).
+func send(ctx context.Context, f *os.File, size, rate int64, emit func(*Frame) error) error {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat source: %w", err)
+	}
+	if err := emit(&Frame{Type: FrameHeader, Size: size, Alloc: min(st.Blocks*512, size)}); err != nil {
+		return err
+	}
+	d, p := newDigest(), pacer{rate: rate, start: time.Now()}
+	var sent int64
+	buf := make([]byte, MaxChunk)
+	fd := int(f.Fd())
+	for off := int64(0); off < size; {
+		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			break // no data after off
+		}
+		if err != nil {
+			return fmt.Errorf("seek data at %d: %w", off, err)
+		}
+		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("seek hole at %d: %w", start, err)
+		}
+		end = min(end, size)
+		for off = start; off < end; {
+			n := int(min(end-off, MaxChunk))
+			if _, err := f.ReadAt(buf[:n], off); err != nil {
+				return fmt.Errorf("read at %d: %w", off, err)
+			}
+			for _, r := range nonZeroRuns(buf[:n]) {
+				data := buf[r[0]:r[1]]
+				at := off + int64(r[0])
+				d.add(at, data)
+				if err := emit(&Frame{Type: FrameData, Offset: at, CRC: crc32.Checksum(data, castagnoli), Data: data}); err != nil {
+					return err
+				}
+				sent += int64(len(data))
+				if err := p.wait(ctx, len(data)); err != nil {
+					return err
+				}
+			}
+			off += int64(n)
+		}
+	}
+	return emit(&Frame{Type: FrameEnd, Bytes: sent, Digest: d.sum()})
+}
+
+// nonZeroRuns returns the [from, to) ranges of b's zeroBlock-sized blocks
+// that are not all zeros, adjacent ones merged.
+func nonZeroRuns(b []byte) [][2]int {
+	var runs [][2]int
+	zero := make([]byte, zeroBlock)
+	for i := 0; i < len(b); i += zeroBlock {
+		j := min(i+zeroBlock, len(b))
+		if bytes.Equal(b[i:j], zero[:j-i]) {
+			continue
+		}
+		if n := len(runs); n > 0 && runs[n-1][1] == i {
+			runs[n-1][1] = j
+		} else {
+			runs = append(runs, [2]int{i, j})
+		}
+	}
+	return runs
+}
+
+// pacer holds a sender to a rate of bytes per second.
+type pacer struct {
+	rate  int64
+	start time.Time
+	sent  int64
+}
+
+// wait records n bytes sent and sleeps until the rate allows them.
+func (p *pacer) wait(ctx context.Context, n int) error {
+	p.sent += int64(n)
+	if p.rate <= 0 {
+		return ctx.Err()
+	}
+	due := p.start.Add(time.Duration(float64(p.sent) / float64(p.rate) * float64(time.Second)))
+	d := time.Until(due)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Sink takes the data a stream brings.
+type Sink interface {
+	// Start is called with the source's size and allocated bytes (the
+	// most data to come) before any data; it returns where the data
+	// goes.
+	Start(size, alloc int64) (io.WriterAt, error)
+	// Progress is called after each frame of data with the data bytes
+	// written so far.
+	Progress(written int64)
+}
+
+// Received sums up a verified stream.
+type Received struct {
+	Size  int64 // the source's size
+	Bytes int64 // data bytes received (the rest were holes or zeros)
+}
+
+// receive reads a stream with next and writes its data to sink, checking
+// every frame and the end. A frame out of order or out of bounds, a
+// checksum that does not match, or a stream that ends without its end
+// frame is DataLoss; so is a source that does not fit the sink.
+func receive(next func(*Frame) error, sink Sink) (Received, error) {
+	var got Received
+	var hdr Frame
+	if err := next(&hdr); err != nil {
+		return got, err
+	}
+	if hdr.Type != FrameHeader || hdr.Size <= 0 {
+		return got, corrupt("first frame %q of size %d, want a header with a positive size", hdr.Type, hdr.Size)
+	}
+	got.Size = hdr.Size
+	w, err := sink.Start(hdr.Size, hdr.Alloc)
+	if err != nil {
+		return got, err
+	}
+	d := newDigest()
+	var next0 int64 // the first offset the next frame may have
+	for {
+		var f Frame
+		if err := next(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				return got, corrupt("stream ended after %d bytes without its end frame", got.Bytes)
+			}
+			return got, err
+		}
+		switch f.Type {
+		case FrameData:
+			end := f.Offset + int64(len(f.Data))
+			if f.Offset < next0 || end > got.Size {
+				return got, corrupt("data frame [%d, %d) out of order or beyond the size %d", f.Offset, end, got.Size)
+			}
+			if c := crc32.Checksum(f.Data, castagnoli); c != f.CRC {
+				return got, corrupt("data frame at %d: CRC-32C %08x, frame says %08x", f.Offset, c, f.CRC)
+			}
+			if _, err := w.WriteAt(f.Data, f.Offset); err != nil {
+				return got, fmt.Errorf("write at %d: %w", f.Offset, err)
+			}
+			d.add(f.Offset, f.Data)
+			got.Bytes += int64(len(f.Data))
+			next0 = end
+			sink.Progress(got.Bytes)
+		case FrameEnd:
+			if f.Bytes != got.Bytes || f.Digest != d.sum() {
+				return got, corrupt("end of stream: %d bytes and digest %x, the sender's %d and %x", got.Bytes, d.sum(), f.Bytes, f.Digest)
+			}
+			if err := next(new(Frame)); !errors.Is(err, io.EOF) {
+				if err == nil {
+					return got, corrupt("frames after the end")
+				}
+				return got, err
+			}
+			return got, nil
+		default:
+			return got, corrupt("unexpected frame %q", f.Type)
+		}
+	}
+}
+
+func corrupt(format string, args ...any) error {
+	return status.Errorf(codes.DataLoss, "corrupt data stream: %s", fmt.Sprintf(format, args...))
+}
+
+// readData serves the stream ReadData: it decodes the request, lets the
+// Handler open the source, and sends it.
+func readData(srv any, ss grpc.ServerStream) error {
+	req := new(ReadRequest)
+	if err := ss.RecvMsg(req); err != nil {
+		return status.Errorf(codes.InvalidArgument, "read request: %v", err)
+	}
+	f, size, err := srv.(Handler).OpenSource(ss.Context(), req)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return send(ss.Context(), f, size, req.Rate, func(fr *Frame) error { return ss.SendMsg(fr) })
+}
