@@ -66,6 +66,14 @@ func (p *peerChannel) ExpandVolume(ctx context.Context, tag string, req *csi.Con
 	return c.ExpandVolume(ctx, tag, req)
 }
 
+func (p *peerChannel) CreateVolume(ctx context.Context, tag string, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	c := p.client.Load()
+	if c == nil {
+		return nil, errPeerNotReady
+	}
+	return c.CreateVolume(ctx, tag, req)
+}
+
 func (p *peerChannel) ReadData(ctx context.Context, tag string, req *peer.ReadRequest, sink peer.Sink, idle time.Duration) (peer.Received, error) {
 	c := p.client.Load()
 	if c == nil {

@@ -75,6 +75,9 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	defer unlock()
 
 	if spec.SourceNode != "" {
+		if req.GetParameters()[ParamCrossNodeSource] == crossNodeHandoff {
+			return s.d.handoff(ctx, req, spec.SourceNode)
+		}
 		return s.d.pull(ctx, req, spec)
 	}
 	if src := spec.SourceVolumeID; src != "" {

@@ -329,12 +329,57 @@ func TestPeerOpenSourceRefuses(t *testing.T) {
 	}
 }
 
-// TestTransferRateParam: the class's transferRate is bytes per second of
-// at least 1Mi (a frame of data must come well within the idle cut), or 0.
-func TestTransferRateParam(t *testing.T) {
+// TestCrossNodeParams: the class's transferRate is bytes per second of
+// at least 1Mi (a frame of data must come well within the idle cut), or 0;
+// crossNodeSource is pull or handoff.
+func TestCrossNodeParams(t *testing.T) {
 	for v, ok := range map[string]bool{"0": true, "1Mi": true, "200Mi": true, "1G": true, "1": false, "512Ki": false, "-1": false, "fast": false, "": false} {
 		if err := checkParams(map[string]string{ParamTransferRate: v}); (err == nil) != ok {
 			t.Errorf("transferRate %q: %v, want accepted %v", v, err, ok)
+		}
+	}
+	for v, ok := range map[string]bool{"pull": true, "handoff": true, "": false, "Pull": false, "copy": false} {
+		if err := checkParams(map[string]string{ParamCrossNodeSource: v}); (err == nil) != ok {
+			t.Errorf("crossNodeSource %q: %v, want accepted %v", v, err, ok)
+		}
+	}
+}
+
+// TestHandoffAcrossNodes: with crossNodeSource=handoff, n2 has n1 make the
+// restore from n1's snapshot and answers with n1's volume and topology
+// (so that the scheduler moves the pod to n1); nothing is made on n2 and
+// a repeated call gives the same answer. n1 makes volumes for a peer only
+// from its own sources.
+func TestHandoffAcrossNodes(t *testing.T) {
+	requireRoot(t)
+	n1, n2, _ := peerNodesWith(t, "loop")
+	vol := n1.create("pvc-src", 8<<20, nil)
+	n1.writeExtents(vol, [][2]int64{{0, 1 << 20}})
+	snap := n1.snapshot("snap-src", vol)
+	files := n2.dataFiles()
+	params := map[string]string{ParamCrossNodeSource: "handoff"}
+	for i := range 2 {
+		v, err := n2.createFrom("pvc-handoff", 8<<20, snapshotSource(snap), params, time.Minute)
+		if err != nil {
+			t.Fatalf("handoff %d: %v", i, err)
+		}
+		if !strings.HasSuffix(v.GetVolumeId(), "-n1") || v.GetAccessibleTopology()[0].GetSegments()[TopologyKey] != "n1" ||
+			v.GetContentSource().GetSnapshot().GetSnapshotId() != snap {
+			t.Fatalf("handoff %d: %v, want n1's volume and topology", i, v)
+		}
+		if fileSum(t, n1.file(v.GetVolumeId())) != fileSum(t, n1.file(snap)) {
+			t.Fatalf("handoff %d: n1's volume differs from the snapshot", i)
+		}
+	}
+	if now := n2.dataFiles(); now != files {
+		t.Errorf("n2 made something:\n%s", now)
+	}
+	svc := n1.d.PeerService()
+	for _, src := range []*csi.VolumeContentSource{nil, snapshotSource(blockdev.SnapshotID("x") + "-n2"), volumeSource("../../etc/passwd-n2")} {
+		_, err := svc.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: "pvc-peer", VolumeContentSource: src,
+			VolumeCapabilities: []*csi.VolumeCapability{mountCap("", snw)}})
+		if status.Code(err) != codes.InvalidArgument {
+			t.Errorf("peer CreateVolume from %v: %v, want InvalidArgument", src, err)
 		}
 	}
 }

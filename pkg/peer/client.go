@@ -68,6 +68,15 @@ func (c *Client) ExpandVolume(ctx context.Context, tag string, req *csi.Controll
 	return resp, c.call(ctx, tag, methodExpand, r, resp)
 }
 
+// CreateVolume asks the plugin of the node tagged tag to make a volume
+// from one of its own sources and returns its answer. Secrets stay here.
+func (c *Client) CreateVolume(ctx context.Context, tag string, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	r := proto.Clone(req).(*csi.CreateVolumeRequest)
+	r.Secrets = nil
+	resp := new(csi.CreateVolumeResponse)
+	return resp, c.call(ctx, tag, methodCreate, r, resp)
+}
+
 // ReadData asks the plugin of the node tagged tag for the data req names
 // and writes it to sink (see receive: every frame and the whole stream are
 // checked). The stream lasts until the data is in, ctx ends, or either end

@@ -89,6 +89,13 @@ func (r *recorder) ExpandVolume(ctx context.Context, req *csi.ControllerExpandVo
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: req.GetCapacityRange().GetRequiredBytes(), NodeExpansionRequired: true}, nil
 }
 
+func (r *recorder) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	if err := r.note(ctx, req); err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: "v1-n1", CapacityBytes: req.GetCapacityRange().GetRequiredBytes()}}, nil
+}
+
 func (r *recorder) OpenSource(ctx context.Context, req *ReadRequest) (*os.File, int64, error) {
 	if err := r.note(ctx, req); err != nil {
 		return nil, 0, err
@@ -163,11 +170,19 @@ func TestForward(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "modify volume v1-n1 on node n1: refused") {
 		t.Errorf("refused ModifyVolume: %v, want the peer's InvalidArgument", err)
 	}
-	if h.count() != 3 {
-		t.Fatalf("peer got %d calls, want 3", h.count())
+	cresp, err := c.CreateVolume(ctx, "n1", &csi.CreateVolumeRequest{Name: "pvc-1", CapacityRange: &csi.CapacityRange{RequiredBytes: 4 << 20},
+		Secrets: map[string]string{"token": "s3cret"}})
+	if err != nil || cresp.GetVolume().GetVolumeId() != "v1-n1" || cresp.GetVolume().GetCapacityBytes() != 4<<20 {
+		t.Fatalf("CreateVolume: %v, %v; want the peer's answer", cresp, err)
+	}
+	if h.count() != 4 {
+		t.Fatalf("peer got %d calls, want 4", h.count())
 	}
 	if s := h.calls[0].(*csi.ControllerModifyVolumeRequest).GetSecrets(); len(s) != 0 {
 		t.Errorf("secrets reached the peer: %v", s)
+	}
+	if s := h.calls[3].(*csi.CreateVolumeRequest).GetSecrets(); len(s) != 0 {
+		t.Errorf("secrets of CreateVolume reached the peer: %v", s)
 	}
 	if h.callers[0] != n2 {
 		t.Errorf("caller %v, want %v", h.callers[0], n2)

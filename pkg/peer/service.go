@@ -20,6 +20,9 @@ import (
 type Handler interface {
 	ModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
 	ExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
+	// CreateVolume makes on this node a volume from a source of this
+	// node, handed off by the node the provisioner asked.
+	CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error)
 	// OpenSource opens for reading what a ReadData stream sends: a
 	// snapshot as it is, or a point-in-time copy of a volume that
 	// takes no name (unlinked) and goes when the file is closed; and
@@ -34,6 +37,7 @@ const (
 	serviceName    = "fastblk.peer.v1.Peer"
 	methodModify   = "/" + serviceName + "/ModifyVolume"
 	methodExpand   = "/" + serviceName + "/ExpandVolume"
+	methodCreate   = "/" + serviceName + "/CreateVolume"
 	methodReadData = "/" + serviceName + "/ReadData"
 )
 
@@ -49,6 +53,7 @@ var serviceDesc = grpc.ServiceDesc{
 	Methods: []grpc.MethodDesc{
 		{MethodName: "ModifyVolume", Handler: unary(methodModify, Handler.ModifyVolume)},
 		{MethodName: "ExpandVolume", Handler: unary(methodExpand, Handler.ExpandVolume)},
+		{MethodName: "CreateVolume", Handler: unary(methodCreate, Handler.CreateVolume)},
 	},
 	Streams: []grpc.StreamDesc{
 		{StreamName: "ReadData", Handler: readData, ServerStreams: true},
