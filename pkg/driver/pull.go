@@ -114,22 +114,6 @@ func (ps *pulls) list() []*pull {
 	return out
 }
 
-// remoteSource records in spec a source that lives on the node tagged
-// tag, to pull from there; without the peer channel it is sourceElsewhere.
-func (d *Driver) remoteSource(spec *store.VolumeSpec, kind, id string) error {
-	storeID, tag := splitID(id)
-	if d.cfg.Peers == nil {
-		return d.sourceElsewhere(kind, id)
-	}
-	spec.SourceNode = tag
-	if kind == "snapshot" {
-		spec.SourceSnapshotID = storeID
-	} else {
-		spec.SourceVolumeID = storeID
-	}
-	return nil
-}
-
 // pull answers CreateVolume for a volume whose source is on another node
 // (spec.SourceNode): the volume if it exists or its copy ends within the
 // call's deadline, else Aborted with the progress (see the top of the

@@ -13,10 +13,11 @@ import (
 	"os"
 	"time"
 
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/filecopy"
 )
 
 // A stream sends only the allocated extents of its source (SEEK_DATA and
@@ -52,32 +53,23 @@ func (d digest) sum() (s [32]byte) {
 // send streams the data of f (size bytes) through emit at most rate data
 // bytes per second (0: no limit).
 func send(ctx context.Context, f *os.File, size, rate int64, emit func(*Frame) error) error {
-	var st unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
-		return fmt.Errorf("stat source: %w", err)
+	alloc, err := filecopy.AllocatedBytes(f)
+	if err != nil {
+		return err
 	}
-	if err := emit(&Frame{Type: FrameHeader, Size: size, Alloc: min(st.Blocks*512, size)}); err != nil {
+	extents, err := filecopy.DataExtents(f, size)
+	if err != nil {
+		return err
+	}
+	if err := emit(&Frame{Type: FrameHeader, Size: size, Alloc: min(alloc, size)}); err != nil {
 		return err
 	}
 	d, p := newDigest(), pacer{rate: rate, start: time.Now()}
 	var sent int64
 	buf := make([]byte, MaxChunk)
-	fd := int(f.Fd())
-	for off := int64(0); off < size; {
-		start, err := unix.Seek(fd, off, unix.SEEK_DATA)
-		if errors.Is(err, unix.ENXIO) {
-			break // no data after off
-		}
-		if err != nil {
-			return fmt.Errorf("seek data at %d: %w", off, err)
-		}
-		end, err := unix.Seek(fd, start, unix.SEEK_HOLE)
-		if err != nil {
-			return fmt.Errorf("seek hole at %d: %w", start, err)
-		}
-		end = min(end, size)
-		for off = start; off < end; {
-			n := int(min(end-off, MaxChunk))
+	for _, e := range extents {
+		for off := e[0]; off < e[1]; {
+			n := int(min(e[1]-off, MaxChunk))
 			if _, err := f.ReadAt(buf[:n], off); err != nil {
 				return fmt.Errorf("read at %d: %w", off, err)
 			}
