@@ -137,12 +137,16 @@ func (d *Driver) pull(ctx context.Context, req *csi.CreateVolumeRequest, spec st
 	if spec.SourceVolumeID != "" {
 		kind, srcID = peer.SourceVolume, spec.SourceVolumeID
 	}
+	// The copy's context is its own, not the call's: only DeleteVolume
+	// (cancelPull) ends it.
+	copyCtx, cancel := context.WithCancel(context.Background())
 	p := &pull{id: id, source: srcID + "-" + spec.SourceNode, kind: kind, node: spec.SourceNode, spec: spec,
-		explicit: check.SizeBytes != 0, started: time.Now(), done: make(chan struct{})}
+		explicit: check.SizeBytes != 0, started: time.Now(), cancel: cancel, done: make(chan struct{})}
 	if q := d.pulls.add(p); q != p {
+		cancel()
 		p = q // a retry: wait for the copy in flight
 	} else {
-		d.startPull(p)
+		d.startPull(copyCtx, p)
 	}
 	wait := maxPullWait
 	if dl, ok := ctx.Deadline(); ok {
@@ -166,14 +170,11 @@ func (d *Driver) pull(ctx context.Context, req *csi.CreateVolumeRequest, spec st
 	return answer(p.vol)
 }
 
-// startPull copies p's data in the background, with a context of its own
-// that only DeleteVolume (cancelPull) ends.
-func (d *Driver) startPull(p *pull) {
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
+// startPull copies p's data in the background under ctx.
+func (d *Driver) startPull(ctx context.Context, p *pull) {
 	klog.InfoS("pulling volume data from another node", "volumeID", p.id, "name", p.spec.Name, "source", p.source, "kind", p.kind, "node", p.node)
 	go func() {
-		defer cancel()
+		defer p.cancel()
 		v, err := d.runPull(ctx, p)
 		if err != nil {
 			klog.ErrorS(err, "pull failed", "volumeID", p.id, "source", p.source, "received", p.received.Load(), "took", time.Since(p.started))
@@ -275,9 +276,7 @@ func (d *Driver) cancelPull(ctx context.Context, id string) error {
 	if p == nil {
 		return nil
 	}
-	if p.cancel != nil {
-		p.cancel()
-	}
+	p.cancel()
 	select {
 	case <-p.done:
 	case <-ctx.Done():
