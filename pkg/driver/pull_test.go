@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"io/fs"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,28 +21,22 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
 
-// writeExtents writes random data at each [offset, length) of the volume
-// id's file on n (not in use: no device).
+// writeExtents writes data at each [offset, length) of extents into the
+// volume id's file on n (not in use: no device).
 func (n *testNode) writeExtents(id string, extents [][2]int64) {
 	n.t.Helper()
-	f, err := os.OpenFile(n.d.store.VolumeFile(storeVolumeID(id)), os.O_WRONLY, 0)
-	if err != nil {
-		n.t.Fatal(err)
+	for i, e := range extents {
+		testfs.WriteAt(n.t, n.d.store.VolumeFile(storeVolumeID(id)), e[0], int(e[1]), byte(i+1))
 	}
-	defer f.Close()
-	rng := rand.New(rand.NewPCG(uint64(len(id)), 7))
-	for _, e := range extents {
-		b := make([]byte, e[1])
-		for i := range b {
-			b[i] = byte(rng.Uint32() | 1)
-		}
-		if _, err := f.WriteAt(b, e[0]); err != nil {
-			n.t.Fatal(err)
-		}
-	}
-	if err := f.Sync(); err != nil {
-		n.t.Fatal(err)
-	}
+}
+
+// source makes on n a volume of size bytes with data at extents and a
+// snapshot of it, and returns their IDs.
+func (n *testNode) source(size int64, extents [][2]int64) (vol, snap string) {
+	n.t.Helper()
+	vol = n.create("pvc-src", size, nil)
+	n.writeExtents(vol, extents)
+	return vol, n.snapshot("snap-src", vol)
 }
 
 func (n *testNode) snapshot(name, vol string) string {
@@ -104,9 +97,7 @@ func (n *testNode) createFrom(name string, size int64, src *csi.VolumeContentSou
 func TestPullSnapshotAcrossNodes(t *testing.T) {
 	requireRoot(t)
 	n1, n2, _ := peerNodesWith(t, "loop")
-	vol := n1.create("pvc-src", 64<<20, nil)
-	n1.writeExtents(vol, [][2]int64{{0, 64 << 10}, {5 << 20, 3 << 20}, {60 << 20, 1 << 20}})
-	snap := n1.snapshot("snap-src", vol)
+	_, snap := n1.source(64<<20, [][2]int64{{0, 64 << 10}, {5 << 20, 3 << 20}, {60 << 20, 1 << 20}})
 	before := fileSum(t, n1.file(snap))
 
 	for i := range 2 {
@@ -191,9 +182,7 @@ func (s flipStream) SendMsg(m any) error {
 func TestPullCorruptFails(t *testing.T) {
 	requireRoot(t)
 	n1, n2, _ := peerNodesWith(t, "loop", flipBits())
-	vol := n1.create("pvc-src", 8<<20, nil)
-	n1.writeExtents(vol, [][2]int64{{0, 1 << 20}})
-	snap := n1.snapshot("snap-src", vol)
+	_, snap := n1.source(8<<20, [][2]int64{{0, 1 << 20}})
 	files := n2.dataFiles()
 	_, err := n2.createFrom("pvc-restore", 8<<20, snapshotSource(snap), nil, time.Minute)
 	if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), "CRC-32C") {
@@ -211,9 +200,7 @@ func TestPullCorruptFails(t *testing.T) {
 func TestPullInterrupted(t *testing.T) {
 	requireRoot(t)
 	n1, n2, srv := peerNodesWith(t, "loop")
-	vol := n1.create("pvc-src", 16<<20, nil)
-	n1.writeExtents(vol, [][2]int64{{0, 8 << 20}})
-	snap := n1.snapshot("snap-src", vol)
+	_, snap := n1.source(16<<20, [][2]int64{{0, 8 << 20}})
 	params := map[string]string{ParamTransferRate: "4Mi"} // 2 s
 	files := n2.dataFiles()
 
@@ -254,9 +241,7 @@ func TestPullInterrupted(t *testing.T) {
 func TestPullDeleteCancels(t *testing.T) {
 	requireRoot(t)
 	n1, n2, _ := peerNodesWith(t, "loop")
-	vol := n1.create("pvc-src", 16<<20, nil)
-	n1.writeExtents(vol, [][2]int64{{0, 8 << 20}})
-	snap := n1.snapshot("snap-src", vol)
+	_, snap := n1.source(16<<20, [][2]int64{{0, 8 << 20}})
 	files := n2.dataFiles()
 	params := map[string]string{ParamTransferRate: "1Mi"}
 	if _, err := n2.createFrom("pvc-restore", 16<<20, snapshotSource(snap), params, 500*time.Millisecond); status.Code(err) != codes.Aborted {
@@ -344,9 +329,7 @@ func TestCrossNodeParams(t *testing.T) {
 func TestHandoffAcrossNodes(t *testing.T) {
 	requireRoot(t)
 	n1, n2, _ := peerNodesWith(t, "loop")
-	vol := n1.create("pvc-src", 8<<20, nil)
-	n1.writeExtents(vol, [][2]int64{{0, 1 << 20}})
-	snap := n1.snapshot("snap-src", vol)
+	_, snap := n1.source(8<<20, [][2]int64{{0, 1 << 20}})
 	files := n2.dataFiles()
 	params := map[string]string{ParamCrossNodeSource: "handoff"}
 	for i := range 2 {

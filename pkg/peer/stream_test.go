@@ -3,7 +3,6 @@ package peer
 import (
 	"bytes"
 	"io"
-	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,33 +17,29 @@ import (
 	"github.com/fastblk/csi-fastblk/internal/testfs"
 )
 
-// sparseSource writes a file of size bytes with random data at each
-// [offset, length) of extents (holes elsewhere) and one all-zero written
-// block, and returns its path and the data bytes that must travel.
+// sparseSource writes a file of size bytes with data at each [offset,
+// length) of extents (holes elsewhere) and one all-zero written block, and
+// returns its path and the data bytes that must travel.
 func sparseSource(t testing.TB, size int64, extents [][2]int64) (string, int64) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "source")
-	f, err := os.Create(path)
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+	var data int64
+	for i, e := range extents {
+		testfs.WriteAt(t, path, e[0], int(e[1]), byte(i+1))
+		data += e[1]
+	}
+	// Written zeros are allocated, but need not travel.
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(1, 2))
-	var data int64
-	for _, e := range extents {
-		b := make([]byte, e[1])
-		for i := range b {
-			b[i] = byte(rng.Uint32() | 1)
-		}
-		if _, err := f.WriteAt(b, e[0]); err != nil {
-			t.Fatal(err)
-		}
-		data += e[1]
-	}
-	// Written zeros are allocated, but need not travel.
 	if _, err := f.WriteAt(make([]byte, zeroBlock), size-zeroBlock); err != nil {
 		t.Fatal(err)
 	}
@@ -76,21 +71,6 @@ func (s *fileSink) Start(size, _ int64) (io.WriterAt, error) {
 
 func (s *fileSink) Progress(n int64) { s.progress.Store(n) }
 
-func sameFiles(t testing.TB, a, b string) {
-	t.Helper()
-	da, err := os.ReadFile(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := os.ReadFile(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(da, db) {
-		t.Fatalf("%s and %s differ (%d and %d bytes)", a, b, len(da), len(db))
-	}
-}
-
 // streamPeers serves src as "s1-n1" from n1 (with opts) and returns n2's
 // client of it.
 func streamPeers(t *testing.T, src string, opts ...grpc.ServerOption) (*Client, *recorder) {
@@ -116,7 +96,7 @@ func TestReadData(t *testing.T) {
 	if want := data + zeroBlock - 512; got.Size != size || got.Bytes != want || sink.progress.Load() != want {
 		t.Errorf("received %+v, progress %d; want size %d and %d data bytes", got, sink.progress.Load(), size, want)
 	}
-	sameFiles(t, src, sink.path)
+	testfs.SamePrefix(t, src, sink.path)
 	if b, sb := testfs.Allocated(t, sink.path), testfs.Allocated(t, src); b > sb || b > data+1<<20 {
 		t.Errorf("the copy takes %d bytes of disk, the source %d for %d bytes of data: holes were filled", b, sb, data)
 	}
