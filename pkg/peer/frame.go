@@ -15,6 +15,7 @@ import (
 // keep the proto codec.
 //
 //	request: version 1 | kind 1 | rate 8 | len(ID) 1 | ID | len(target) 1 | target
+//	wait:    'W' (the source is being prepared; only before the header)
 //	header:  'H' | size 8 | allocated 8
 //	data:    'D' | offset 8 | crc32c 4 | data (the rest of the message)
 //	end:     'E' | data bytes 8 | sha256 32
@@ -69,14 +70,16 @@ type ReadRequest struct {
 type FrameType byte
 
 const (
+	FrameWait   FrameType = 'W'
 	FrameHeader FrameType = 'H'
 	FrameData   FrameType = 'D'
 	FrameEnd    FrameType = 'E'
 )
 
-// Frame is one message of a data stream: a header with the source's size,
-// then frames of data at increasing offsets, then an end with the number
-// of data bytes and a digest of the whole stream (see digest).
+// Frame is one message of a data stream: waits while the sender prepares
+// the source, a header with the source's size, then frames of data at
+// increasing offsets, then an end with the number of data bytes and a
+// digest of the whole stream (see digest).
 type Frame struct {
 	Type   FrameType
 	Size   int64    // header: the source's size in bytes
@@ -147,6 +150,8 @@ func cutString(b []byte) (string, []byte, error) {
 func (f *Frame) MarshalBinary() ([]byte, error) {
 	b := []byte{byte(f.Type)}
 	switch f.Type {
+	case FrameWait:
+		return b, nil
 	case FrameHeader:
 		b = binary.BigEndian.AppendUint64(b, uint64(f.Size))
 		return binary.BigEndian.AppendUint64(b, uint64(f.Alloc)), nil
@@ -172,6 +177,12 @@ func (f *Frame) UnmarshalBinary(b []byte) error {
 	}
 	var want int
 	switch FrameType(b[0]) {
+	case FrameWait:
+		if len(b) != 1 {
+			return fmt.Errorf("frame %q of %d bytes, want 1", b[0], len(b))
+		}
+		*f = Frame{Type: FrameWait}
+		return nil
 	case FrameHeader:
 		want = 1 + 8 + 8
 	case FrameData:

@@ -53,8 +53,9 @@ type recorder struct {
 	calls   []any
 	callers []Identity
 	block   bool // wait for the call's end instead of answering
-	// files are the sources OpenSource serves, by ID.
+	// files are the sources OpenSource serves, by ID, after delay.
 	files map[string]string
+	delay time.Duration
 }
 
 func (r *recorder) note(ctx context.Context, req any) error {
@@ -100,6 +101,7 @@ func (r *recorder) OpenSource(ctx context.Context, req *ReadRequest) (*os.File, 
 	if err := r.note(ctx, req); err != nil {
 		return nil, 0, err
 	}
+	time.Sleep(r.delay)
 	path, ok := r.files[req.ID]
 	if !ok {
 		return nil, 0, status.Errorf(codes.NotFound, "no source %q", req.ID)

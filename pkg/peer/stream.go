@@ -162,8 +162,13 @@ type Received struct {
 func receive(next func(*Frame) error, sink Sink) (Received, error) {
 	var got Received
 	var hdr Frame
-	if err := next(&hdr); err != nil {
-		return got, err
+	for hdr.Type == 0 || hdr.Type == FrameWait {
+		if err := next(&hdr); err != nil {
+			if errors.Is(err, io.EOF) {
+				return got, corrupt("stream ended before its header")
+			}
+			return got, err
+		}
 	}
 	if hdr.Type != FrameHeader || hdr.Size <= 0 {
 		return got, corrupt("first frame %q of size %d, want a header with a positive size", hdr.Type, hdr.Size)
@@ -220,17 +225,48 @@ func corrupt(format string, args ...any) error {
 	return status.Errorf(codes.DataLoss, "corrupt data stream: %s", fmt.Sprintf(format, args...))
 }
 
+// waitEvery is how often the sender says it is still there while it
+// prepares the source (a copy of a volume where the filesystem cannot
+// reflink takes as long as the data takes to copy), so that the receiver
+// can cut a stream that brings nothing for a while without cutting a slow
+// source.
+var waitEvery = 10 * time.Second
+
 // readData serves the stream ReadData: it decodes the request, lets the
-// Handler open the source, and sends it.
+// Handler open the source (sending wait frames meanwhile), and sends it.
 func readData(srv any, ss grpc.ServerStream) error {
 	req := new(ReadRequest)
 	if err := ss.RecvMsg(req); err != nil {
 		return status.Errorf(codes.InvalidArgument, "read request: %v", err)
 	}
-	f, size, err := srv.(Handler).OpenSource(ss.Context(), req)
-	if err != nil {
-		return err
+	type source struct {
+		f    *os.File
+		size int64
+		err  error
 	}
-	defer f.Close()
-	return send(ss.Context(), f, size, req.Rate, func(fr *Frame) error { return ss.SendMsg(fr) })
+	opened := make(chan source, 1)
+	go func() {
+		f, size, err := srv.(Handler).OpenSource(ss.Context(), req)
+		opened <- source{f, size, err}
+	}()
+	tick := time.NewTicker(waitEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case src := <-opened:
+			if src.err != nil {
+				return src.err
+			}
+			defer src.f.Close()
+			return send(ss.Context(), src.f, src.size, req.Rate, func(fr *Frame) error { return ss.SendMsg(fr) })
+		case <-tick.C:
+			if err := ss.SendMsg(&Frame{Type: FrameWait}); err != nil {
+				// The receiver is gone: its context ends the opening.
+				if src := <-opened; src.f != nil {
+					src.f.Close()
+				}
+				return err
+			}
+		}
+	}
 }

@@ -185,6 +185,22 @@ func TestReadDataIdle(t *testing.T) {
 	}
 }
 
+// TestReadDataSlowSource: a source that takes longer to prepare than the
+// idle cut (a copy of a volume) keeps its stream with wait frames.
+func TestReadDataSlowSource(t *testing.T) {
+	defer func(w time.Duration) { waitEvery = w }(waitEvery)
+	waitEvery = 50 * time.Millisecond
+	src, _ := sparseSource(t, 1<<20, [][2]int64{{0, 4096}})
+	ca := newCA(t)
+	addr := serve(t, newCreds(t, ca, n1), &recorder{files: map[string]string{"s1-n1": src}, delay: time.Second})
+	c := NewClient(newCreds(t, ca, n2), Static{"n1": {Node: "n1", Addr: addr}})
+	sink := newFileSink(t)
+	if _, err := c.ReadData(callCtx(t), "n1", &ReadRequest{Kind: SourceSnapshot, ID: "s1-n1"}, sink, 300*time.Millisecond); err != nil {
+		t.Fatalf("ReadData of a source slower than the idle cut: %v", err)
+	}
+	testfs.SamePrefix(t, src, sink.path)
+}
+
 // TestReadDataSourceRefused: the peer's refusal comes back as it gave it.
 func TestReadDataSourceRefused(t *testing.T) {
 	src, _ := sparseSource(t, 1<<20, nil)
@@ -197,6 +213,7 @@ func TestReadDataSourceRefused(t *testing.T) {
 
 func TestFrameRoundTrip(t *testing.T) {
 	for _, f := range []Frame{
+		{Type: FrameWait},
 		{Type: FrameHeader, Size: 1 << 30, Alloc: 4096},
 		{Type: FrameData, Offset: 8192, CRC: 0xdeadbeef, Data: []byte("data")},
 		{Type: FrameEnd, Bytes: 4, Digest: [32]byte{1, 2, 3}},
@@ -259,7 +276,7 @@ func FuzzStream(f *testing.F) {
 	}
 	d := newDigest()
 	d.add(4096, []byte("abcd"))
-	f.Add(enc(Frame{Type: FrameHeader, Size: 8192}, Frame{Type: FrameData, Offset: 4096, CRC: 0xae5b8e70, Data: []byte("abcd")},
+	f.Add(enc(Frame{Type: FrameWait}, Frame{Type: FrameHeader, Size: 8192}, Frame{Type: FrameData, Offset: 4096, CRC: 0xae5b8e70, Data: []byte("abcd")},
 		Frame{Type: FrameEnd, Bytes: 4, Digest: d.sum()}))
 	f.Add(enc(Frame{Type: FrameHeader, Size: 4096}, Frame{Type: FrameData, Offset: 4094, Data: []byte("abcd")}))
 	req, _ := (&ReadRequest{Kind: SourceSnapshot, ID: "../../etc/passwd-n1", Target: "x"}).MarshalBinary()
