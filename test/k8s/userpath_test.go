@@ -737,6 +737,51 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}
 	}
 }
 
+// TestRestoreHandoff restores n1's snapshot with a StorageClass whose
+// crossNodeSource is handoff, for a pod that prefers n2: the scheduler
+// first picks n2, whose plugin has n1's make the volume and answers with
+// n1's topology; the scheduler then finds the claim bound to a volume of
+// n1 and runs the pod there, with the snapshot's data.
+func TestRestoreHandoff(t *testing.T) {
+	c := requireChart(t)
+	c.apply(t, `apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: fastblk-handoff}
+provisioner: `+driver+`
+volumeBindingMode: WaitForFirstConsumer
+parameters: {crossNodeSource: handoff}
+`)
+	t.Cleanup(func() { _, _ = c.kubectl("delete", "storageclass", "fastblk-handoff", "--ignore-not-found") })
+	c.apply(t, pvc("ho-src", "256Mi", ""))
+	c.startPod(t, pod{name: "ho-w", claim: "ho-src", node: "n1", restartNever: true,
+		script: "echo handoff > /data/f; sha256sum /data/f > /data/f.sha256; sync"})
+	c.waitPodPhase(t, "ho-w", "Succeeded", 2*time.Minute)
+	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: ho-snap, namespace: %s}
+spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: ho-src}}
+`, testNS))
+	eventually(t, 2*time.Minute, "VolumeSnapshot ho-snap ready", func() (bool, string) {
+		out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", "ho-snap", "-o", "jsonpath={.status.readyToUse}")
+		return out == "true", out
+	})
+	c.apply(t, pvc("ho-r", "256Mi", "  storageClassName: fastblk-handoff\n"+
+		"  dataSource: {name: ho-snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
+	start := time.Now()
+	c.startPod(t, pod{name: "ho-r", claim: "ho-r", prefer: "n2", restartNever: true, script: "sha256sum -c /data/f.sha256"})
+	c.waitPodPhase(t, "ho-r", "Succeeded", 4*time.Minute)
+	if on := c.volumeNode(t, "ho-r"); on != "n1" {
+		t.Errorf("the handed-off restore was provisioned on %s, want n1 (the snapshot's node)", on)
+	}
+	if ran := c.jsonpath(t, "{.spec.nodeName}", "-n", testNS, "get", "pod", "ho-r"); ran != "n1" {
+		t.Errorf("the pod ran on %s, want n1", ran)
+	}
+	if logs := c.logs(t, "ho-r"); !strings.Contains(logs, "/data/f: OK") {
+		t.Errorf("the handed-off restore holds different data:\n%s", logs)
+	}
+	t.Logf("handed-off restore done in %v", time.Since(start).Round(time.Second))
+}
+
 func lastLines(s string, n int) string {
 	l := strings.Split(strings.TrimSpace(s), "\n")
 	if len(l) > n {
