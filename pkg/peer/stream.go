@@ -158,7 +158,7 @@ type Received struct {
 // receive reads a stream with next and writes its data to sink, checking
 // every frame and the end. A frame out of order or out of bounds, a
 // checksum that does not match, or a stream that ends without its end
-// frame is DataLoss; so is a source that does not fit the sink.
+// frame is DataLoss; the sink's refusal of the source comes back as it is.
 func receive(next func(*Frame) error, sink Sink) (Received, error) {
 	var got Received
 	var hdr Frame
@@ -190,9 +190,10 @@ func receive(next func(*Frame) error, sink Sink) (Received, error) {
 		}
 		switch f.Type {
 		case FrameData:
-			end := f.Offset + int64(len(f.Data))
-			if f.Offset < next0 || end > got.Size {
-				return got, corrupt("data frame [%d, %d) out of order or beyond the size %d", f.Offset, end, got.Size)
+			// Offset is not negative (decoding checks), but Offset+len
+			// may overflow: compare against the size less the length.
+			if f.Offset < next0 || f.Offset > got.Size-int64(len(f.Data)) {
+				return got, corrupt("data frame of %d bytes at %d out of order or beyond the size %d", len(f.Data), f.Offset, got.Size)
 			}
 			if c := crc32.Checksum(f.Data, castagnoli); c != f.CRC {
 				return got, corrupt("data frame at %d: CRC-32C %08x, frame says %08x", f.Offset, c, f.CRC)
@@ -202,7 +203,7 @@ func receive(next func(*Frame) error, sink Sink) (Received, error) {
 			}
 			d.add(f.Offset, f.Data)
 			got.Bytes += int64(len(f.Data))
-			next0 = end
+			next0 = f.Offset + int64(len(f.Data))
 			sink.Progress(got.Bytes)
 		case FrameEnd:
 			if f.Bytes != got.Bytes || f.Digest != d.sum() {

@@ -2,6 +2,7 @@ package peer
 
 import (
 	"bytes"
+	"hash/crc32"
 	"io"
 	"os"
 	"path/filepath"
@@ -251,7 +252,7 @@ func (s *boundedSink) Start(size, _ int64) (io.WriterAt, error) {
 }
 
 func (s *boundedSink) WriteAt(p []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(p)) > s.size || len(p) > MaxChunk {
+	if off < 0 || off > s.size-int64(len(p)) || len(p) > MaxChunk {
 		s.t.Fatalf("write of %d bytes at %d, outside [0, %d)", len(p), off, s.size)
 	}
 	return len(p), nil
@@ -276,9 +277,11 @@ func FuzzStream(f *testing.F) {
 	}
 	d := newDigest()
 	d.add(4096, []byte("abcd"))
-	f.Add(enc(Frame{Type: FrameWait}, Frame{Type: FrameHeader, Size: 8192}, Frame{Type: FrameData, Offset: 4096, CRC: 0xae5b8e70, Data: []byte("abcd")},
+	crc := crc32.Checksum([]byte("abcd"), castagnoli)
+	f.Add(enc(Frame{Type: FrameWait}, Frame{Type: FrameHeader, Size: 8192}, Frame{Type: FrameData, Offset: 4096, CRC: crc, Data: []byte("abcd")},
 		Frame{Type: FrameEnd, Bytes: 4, Digest: d.sum()}))
-	f.Add(enc(Frame{Type: FrameHeader, Size: 4096}, Frame{Type: FrameData, Offset: 4094, Data: []byte("abcd")}))
+	f.Add(enc(Frame{Type: FrameHeader, Size: 4096}, Frame{Type: FrameData, Offset: 4094, CRC: crc, Data: []byte("abcd")}))
+	f.Add(enc(Frame{Type: FrameHeader, Size: 8192}, Frame{Type: FrameData, Offset: 1<<63 - 2, CRC: crc, Data: []byte("abcd")}))
 	req, _ := (&ReadRequest{Kind: SourceSnapshot, ID: "../../etc/passwd-n1", Target: "x"}).MarshalBinary()
 	f.Add(req)
 	f.Fuzz(func(t *testing.T, b []byte) {
