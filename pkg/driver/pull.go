@@ -58,6 +58,7 @@ type pull struct {
 	node       string           // the source's node tag
 	spec       store.VolumeSpec // the target, with its smallest size
 	explicit   bool             // the request named a size
+	limit      int64            // the request's limit bytes (0: none)
 	started    time.Time
 	size       atomic.Int64 // the source's size, once known
 	alloc      atomic.Int64 // the most data to come, once known
@@ -141,7 +142,7 @@ func (d *Driver) pull(ctx context.Context, req *csi.CreateVolumeRequest, spec st
 	// (cancelPull) ends it.
 	copyCtx, cancel := context.WithCancel(context.Background())
 	p := &pull{id: id, source: srcID + "-" + spec.SourceNode, kind: kind, node: spec.SourceNode, spec: spec,
-		explicit: check.SizeBytes != 0, started: time.Now(), cancel: cancel, done: make(chan struct{})}
+		explicit: check.SizeBytes != 0, limit: req.GetCapacityRange().GetLimitBytes(), started: time.Now(), cancel: cancel, done: make(chan struct{})}
 	if q := d.pulls.add(p); q != p {
 		cancel()
 		p = q // a retry: wait for the copy in flight
@@ -239,7 +240,11 @@ func (s *pullSink) Start(size, alloc int64) (io.WriterAt, error) {
 	}
 	spec := p.spec
 	if size > spec.SizeBytes && !p.explicit {
-		spec.SizeBytes = size // as sizeFromSource: at least the source
+		// As sizeFromSource: at least the source, within the limit.
+		if p.limit > 0 && size > p.limit {
+			return nil, status.Errorf(codes.OutOfRange, "the source is %d bytes, above the limit %d", size, p.limit)
+		}
+		spec.SizeBytes = size
 	}
 	if spec.SizeBytes < size {
 		return nil, status.Errorf(codes.OutOfRange, "the source is %d bytes, above the volume's size %d", size, spec.SizeBytes)

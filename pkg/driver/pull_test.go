@@ -130,6 +130,11 @@ func TestPullSnapshotAcrossNodes(t *testing.T) {
 	if _, err := n2.createFrom("pvc-small", 32<<20, snapshotSource(snap), nil, time.Minute); status.Code(err) != codes.OutOfRange {
 		t.Errorf("restore into a volume smaller than the snapshot: %v, want OutOfRange", err)
 	}
+	_, err = n2.ctrl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: "pvc-limited", CapacityRange: &csi.CapacityRange{LimitBytes: 32 << 20},
+		VolumeCapabilities: []*csi.VolumeCapability{mountCap("", snw)}, VolumeContentSource: snapshotSource(snap)})
+	if status.Code(err) != codes.OutOfRange {
+		t.Errorf("restore with a limit below the snapshot's size: %v, want OutOfRange", err)
+	}
 }
 
 // TestPullCloneAcrossNodes: a clone on n2 of n1's volume pulls a
