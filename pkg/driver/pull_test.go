@@ -130,6 +130,10 @@ func TestPullSnapshotAcrossNodes(t *testing.T) {
 	if _, err := n2.createFrom("pvc-small", 32<<20, snapshotSource(snap), nil, time.Minute); status.Code(err) != codes.OutOfRange {
 		t.Errorf("restore into a volume smaller than the snapshot: %v, want OutOfRange", err)
 	}
+	full, err := n2.createFrom("pvc-full", 64<<20, snapshotSource(snap), map[string]string{ParamPreallocation: "full"}, time.Minute)
+	if err != nil || fileSum(t, n2.file(full.GetVolumeId())) != before || testfs.Allocated(t, n2.file(full.GetVolumeId())) < 64<<20 {
+		t.Errorf("a preallocated restore: %v, %v; want the snapshot's data in a file allocated all through", full, err)
+	}
 	_, err = n2.ctrl.CreateVolume(context.Background(), &csi.CreateVolumeRequest{Name: "pvc-limited", CapacityRange: &csi.CapacityRange{LimitBytes: 32 << 20},
 		VolumeCapabilities: []*csi.VolumeCapability{mountCap("", snw)}, VolumeContentSource: snapshotSource(snap)})
 	if status.Code(err) != codes.OutOfRange {
