@@ -66,6 +66,22 @@ func (p *peerChannel) ExpandVolume(ctx context.Context, tag string, req *csi.Con
 	return c.ExpandVolume(ctx, tag, req)
 }
 
+func (p *peerChannel) CreateVolume(ctx context.Context, tag string, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	c := p.client.Load()
+	if c == nil {
+		return nil, errPeerNotReady
+	}
+	return c.CreateVolume(ctx, tag, req)
+}
+
+func (p *peerChannel) ReadData(ctx context.Context, tag string, req *peer.ReadRequest, sink peer.Sink, idle time.Duration) (peer.Received, error) {
+	c := p.client.Load()
+	if c == nil {
+		return peer.Received{}, errPeerNotReady
+	}
+	return c.ReadData(ctx, tag, req, sink, idle)
+}
+
 // check validates the flags and fills the namespace from the pod's.
 func (c *peerConfig) check() error {
 	if c.address == "" {

@@ -205,6 +205,10 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 			fmt.Fprintf(w, "  %s: %s\n", id, st.Held[id])
 		}
 	}
+	for _, p := range st.Pulls {
+		fmt.Fprintf(w, "COPYING into %s (%s) from %s on node %s: %s of at most %s of data received (source %s) in %.0fs\n",
+			p.VolumeID, p.Name, p.Source, p.SourceNode, human(p.ReceivedBytes), human(p.ExpectedBytes), human(p.SizeBytes), p.Seconds)
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tLIMIT\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")

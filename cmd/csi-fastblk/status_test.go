@@ -95,3 +95,13 @@ func TestPrintStatusQuarantined(t *testing.T) {
 		t.Errorf("status shows a quarantine without one:\n%s", b.String())
 	}
 }
+
+// TestPrintStatusPulls shows each copy in flight from another node.
+func TestPrintStatusPulls(t *testing.T) {
+	var b strings.Builder
+	printStatus(&b, driver.NodeStatus{Pulls: []driver.PullStatus{{VolumeID: "v1", Name: "pvc-1", Source: "s1-n1", SourceNode: "n1",
+		SizeBytes: 1 << 30, ExpectedBytes: 512 << 20, ReceivedBytes: 128 << 20, Seconds: 3}}})
+	if !strings.Contains(b.String(), "COPYING into v1 (pvc-1) from s1-n1 on node n1: ") {
+		t.Errorf("status does not show the copy:\n%s", b.String())
+	}
+}

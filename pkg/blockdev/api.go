@@ -21,9 +21,13 @@ type Volume struct {
 	MutableParams map[string]string `json:"mutableParams,omitempty"`
 	// SourceSnapshotID or SourceVolumeID is set when the volume was
 	// created from a snapshot or cloned from another volume.
-	SourceSnapshotID string    `json:"sourceSnapshotID,omitempty"`
-	SourceVolumeID   string    `json:"sourceVolumeID,omitempty"`
-	CreatedAt        time.Time `json:"createdAt"`
+	SourceSnapshotID string `json:"sourceSnapshotID,omitempty"`
+	SourceVolumeID   string `json:"sourceVolumeID,omitempty"`
+	// SourceNode is the tag of the node the source lives on (as in CSI
+	// IDs) when that is not this node: the data was pulled from there
+	// over the peer channel. Empty for a local source.
+	SourceNode string    `json:"sourceNode,omitempty"`
+	CreatedAt  time.Time `json:"createdAt"`
 	// Preallocation says how the backing file takes its disk blocks:
 	// all at create and at each expansion, or ("") as it is written.
 	Preallocation Preallocation `json:"preallocation,omitempty"`

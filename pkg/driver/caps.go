@@ -32,6 +32,19 @@ const (
 	// are as fast as overwrites (see blockdev.Preallocation). "off" (the
 	// default) keeps the file sparse.
 	ParamPreallocation = "preallocation"
+	// ParamTransferRate bounds, in bytes per second, the copy of a source
+	// that lives on another node (a restore or clone pulled over the peer
+	// channel), so that both nodes' other volumes keep their disks;
+	// default 200Mi, at least 1Mi, 0 for no bound.
+	ParamTransferRate = "transferRate"
+	// ParamCrossNodeSource says how a volume whose source lives on
+	// another node is made: "pull" (the default) copies the data here
+	// over the peer channel; "handoff" has the source's node make it
+	// (a reflink there) and answers with that node's topology, so that
+	// the scheduler moves the pod to the source's node.
+	ParamCrossNodeSource = "crossNodeSource"
+	crossNodePull        = "pull"
+	crossNodeHandoff     = "handoff"
 	// Keys under this prefix are added by the external-provisioner
 	// (--extra-create-metadata) and are accepted; the volume keeps them
 	// with its other parameters, and the metrics name the PVC and PV
@@ -97,11 +110,20 @@ func checkParams(p map[string]string) error {
 			if !supportedFsTypes[v] {
 				return fmt.Errorf("parameter %s=%q: want ext4 or xfs", k, v)
 			}
+		case ParamCrossNodeSource:
+			if v != crossNodePull && v != crossNodeHandoff {
+				return fmt.Errorf("parameter %s=%q: want %s (copy the data to the node the pod is on, the default) or %s (make the volume on the source's node, and let the pod follow)",
+					k, v, crossNodePull, crossNodeHandoff)
+			}
+		case ParamTransferRate:
+			if r, err := ParseBandwidth(v); err != nil || (r != 0 && r < minTransferRate) {
+				return fmt.Errorf("parameter %s=%q: want bytes per second, at least 1Mi, or 0 for no bound (e.g. 200Mi)", k, v)
+			}
 		case ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth, ParamPreallocation:
 		default:
 			if !strings.HasPrefix(k, paramCSIPrefix) {
-				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s, %s, %s, %s)", k, ParamFsType,
-					ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth, ParamPreallocation)
+				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s, %s, %s, %s, %s, %s)", k, ParamFsType,
+					ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth, ParamPreallocation, ParamTransferRate, ParamCrossNodeSource)
 			}
 		}
 	}

@@ -74,6 +74,12 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	}
 	defer unlock()
 
+	if spec.SourceNode != "" {
+		if req.GetParameters()[ParamCrossNodeSource] == crossNodeHandoff {
+			return s.d.handoff(ctx, req, spec.SourceNode)
+		}
+		return s.d.pull(ctx, req, spec)
+	}
 	if src := spec.SourceVolumeID; src != "" {
 		// Hold the source steady: no stage, unstage or delete while it
 		// is cloned, and a mounted source is frozen for the copy.
@@ -134,17 +140,15 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (store.VolumeSpec,
 	}
 	if src := req.GetVolumeContentSource(); src != nil {
 		switch {
-		// A source on another node: ResourceExhausted, on which the
-		// external-provisioner sends the claim back to the scheduler
-		// (it removes the selected-node annotation), so the pod may land
-		// on the source's node; the message is the claim's event.
+		// A source on another node is pulled from there over the peer
+		// channel (pull.go); without the channel, ResourceExhausted.
 		case src.GetSnapshot() != nil:
 			if src.GetSnapshot().GetSnapshotId() == "" {
 				return spec, invalid("snapshot source has no ID")
 			}
 			id, err := s.d.localID(src.GetSnapshot().GetSnapshotId(), "snapshot", codes.ResourceExhausted)
 			if err != nil {
-				return spec, s.d.sourceElsewhere("snapshot", src.GetSnapshot().GetSnapshotId())
+				return spec, s.d.remoteSource(&spec, "snapshot", src.GetSnapshot().GetSnapshotId())
 			}
 			spec.SourceSnapshotID = id
 		case src.GetVolume() != nil:
@@ -153,7 +157,7 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (store.VolumeSpec,
 			}
 			id, err := s.d.localID(src.GetVolume().GetVolumeId(), "volume", codes.ResourceExhausted)
 			if err != nil {
-				return spec, s.d.sourceElsewhere("volume", src.GetVolume().GetVolumeId())
+				return spec, s.d.remoteSource(&spec, "volume", src.GetVolume().GetVolumeId())
 			}
 			spec.SourceVolumeID = id
 		default:
@@ -193,50 +197,6 @@ func sizeFor(cr *csi.CapacityRange) (int64, error) {
 	return size, nil
 }
 
-// cloneHold returns how to hold the volume src while the volume name is
-// cloned from it: nil when the clone exists already (a repeated call
-// copies nothing) or src is not in use; a missing src is left to the store
-// to report.
-func (d *Driver) cloneHold(name, src string) (store.Hold, error) {
-	if _, err := d.store.Volume(blockdev.VolumeID(name)); err == nil {
-		return nil, nil
-	}
-	v, err := d.store.Volume(src)
-	if err != nil {
-		return nil, nil
-	}
-	return d.holdFor(v)
-}
-
-// sizeFromSource makes a volume created from a source at least as large as
-// the source when the request named no size.
-func (d *Driver) sizeFromSource(spec *store.VolumeSpec, cr *csi.CapacityRange) error {
-	var srcSize int64
-	switch {
-	case spec.SourceSnapshotID != "":
-		snap, err := d.store.Snapshot(spec.SourceSnapshotID)
-		if err != nil {
-			return fmt.Errorf("source snapshot %s: %w", spec.SourceSnapshotID, err)
-		}
-		srcSize = snap.SizeBytes
-	case spec.SourceVolumeID != "":
-		v, err := d.store.Volume(spec.SourceVolumeID)
-		if err != nil {
-			return fmt.Errorf("source volume %s: %w", spec.SourceVolumeID, err)
-		}
-		srcSize = v.SizeBytes
-	default:
-		return nil
-	}
-	if cr.GetRequiredBytes() == 0 && spec.SizeBytes < srcSize {
-		if lim := cr.GetLimitBytes(); lim > 0 && srcSize > lim {
-			return fmt.Errorf("source is %d bytes, above the limit %d: %w", srcSize, lim, blockdev.ErrOutOfRange)
-		}
-		spec.SizeBytes = srcSize
-	}
-	return nil
-}
-
 // checkClass reports why CreateVolume would refuse a volume with these
 // StorageClass parameters on this node, or nil.
 func (d *Driver) checkClass(params map[string]string) error {
@@ -274,13 +234,17 @@ func (d *Driver) topology() *csi.Topology {
 
 func (d *Driver) csiVolume(v blockdev.Volume, src *csi.VolumeContentSource) *csi.Volume {
 	if src == nil {
+		srcID := d.publicID
+		if v.SourceNode != "" {
+			srcID = func(id string) string { return id + "-" + v.SourceNode }
+		}
 		switch {
 		case v.SourceSnapshotID != "":
 			src = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Snapshot{
-				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: d.publicID(v.SourceSnapshotID)}}}
+				Snapshot: &csi.VolumeContentSource_SnapshotSource{SnapshotId: srcID(v.SourceSnapshotID)}}}
 		case v.SourceVolumeID != "":
 			src = &csi.VolumeContentSource{Type: &csi.VolumeContentSource_Volume{
-				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: d.publicID(v.SourceVolumeID)}}}
+				Volume: &csi.VolumeContentSource_VolumeSource{VolumeId: srcID(v.SourceVolumeID)}}}
 		}
 	}
 	return &csi.Volume{
@@ -307,6 +271,9 @@ func (s *Controller) DeleteVolume(ctx context.Context, req *csi.DeleteVolumeRequ
 		return nil, err
 	}
 	defer unlock()
+	if err := s.d.cancelPull(ctx, id); err != nil {
+		return nil, err
+	}
 	v, err := s.d.store.Volume(id)
 	if errors.Is(err, blockdev.ErrNotFound) {
 		return &csi.DeleteVolumeResponse{}, nil

@@ -36,8 +36,9 @@ type Config struct {
 	// grows the file, the device and the filesystem.
 	ControllerExpansion bool
 	// Peers forwards ControllerModifyVolume and ControllerExpandVolume for
-	// other nodes' volumes to their plugins (nil: refused with
-	// FailedPrecondition).
+	// other nodes' volumes to their plugins, and pulls the data of other
+	// nodes' snapshots and volumes for restores and clones (nil: refused
+	// with FailedPrecondition and ResourceExhausted).
 	Peers Forwarder
 }
 
@@ -52,6 +53,7 @@ type Driver struct {
 	exec    utilexec.Interface
 	locks   *keyLocks
 	tag     string // this node's tag in volume and snapshot IDs (ids.go)
+	pulls   pulls  // copies in flight from other nodes (pull.go)
 	// readiness is set before serving (AddReadinessCheck), read only after.
 	readiness []readinessCheck
 }

@@ -20,9 +20,11 @@ import (
 // plugin gets requests for objects of other nodes: a restore or clone whose
 // pod the scheduler placed on another node than its source, a
 // ControllerModifyVolume from the external-resizer's one leader. The tag
-// lets a plugin answer "on node X" (for a restore, ResourceExhausted, on
-// which the external-provisioner sends the claim back to the scheduler)
-// rather than NotFound, and keep NotFound for what exists nowhere. IDs
+// lets a plugin find the node that serves an object (for a restore or
+// clone, the node to pull the data from, or without the peer channel
+// ResourceExhausted, on which the external-provisioner sends the claim
+// back to the scheduler) or answer "on node X" rather than NotFound, and
+// keep NotFound for what exists nowhere. IDs
 // without a tag (volumes made before tags) are looked up here as they are.
 const (
 	storeIDLen  = 33 // blockdev's IDs: a kind letter and 32 hex digits
@@ -77,8 +79,8 @@ func tagNode(tag string) string {
 	return "node " + tag
 }
 
-// sourceElsewhere is CreateVolume's answer for a source on another node:
-// ResourceExhausted, on which the external-provisioner sends the claim back
+// sourceElsewhere is CreateVolume's answer for a source on another node
+// when the peer channel is off: ResourceExhausted, on which the external-provisioner sends the claim back
 // to the scheduler. The scheduler knows nothing of the source's node and
 // may pick the same node again; the message, an event on the claim, says
 // where the pod must run.

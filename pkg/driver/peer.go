@@ -3,13 +3,18 @@ package driver
 import (
 	"context"
 	"fmt"
+	"os"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
 
 // Forwarder sends a controller call for a volume of another node to the
@@ -18,6 +23,12 @@ import (
 type Forwarder interface {
 	ModifyVolume(ctx context.Context, tag string, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
 	ExpandVolume(ctx context.Context, tag string, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
+	// CreateVolume makes on that node a volume from a source of that
+	// node (a handoff).
+	CreateVolume(ctx context.Context, tag string, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error)
+	// ReadData streams the data of an object of that node into sink,
+	// checked (pull.go); a stream idle for idle is cut.
+	ReadData(ctx context.Context, tag string, req *peer.ReadRequest, sink peer.Sink, idle time.Duration) (peer.Received, error)
 }
 
 // NodeTag is the tag of the node nodeID in volume and snapshot IDs: what
@@ -62,6 +73,91 @@ func (p *PeerService) ExpandVolume(ctx context.Context, req *csi.ControllerExpan
 		return nil, err
 	}
 	return p.d.expandVolume(ctx, req, false)
+}
+
+// CreateVolume is a CreateVolume another node handed off to this one
+// (handoff): its source must be this node's own, so that the volume is
+// made here from it as any local restore or clone is, and never handed
+// off or pulled again. The requester's topology requirements (its own
+// node, with --strict-topology) do not apply: the volume goes where its
+// source is, and its topology says so.
+func (p *PeerService) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	src := req.GetVolumeContentSource()
+	id := src.GetSnapshot().GetSnapshotId() + src.GetVolume().GetVolumeId()
+	if _, tag := splitID(id); tag != p.d.tag {
+		return nil, status.Errorf(codes.InvalidArgument, "peer CreateVolume %q: its source %q is not an object of node %s", req.GetName(), id, p.d.cfg.NodeID)
+	}
+	r := proto.Clone(req).(*csi.CreateVolumeRequest)
+	r.AccessibilityRequirements = nil
+	caller, _ := peer.Caller(ctx)
+	klog.InfoS("volume handed off by a peer", "name", req.GetName(), "source", id, "peer", caller.Node)
+	return (&Controller{d: p.d}).CreateVolume(ctx, r)
+}
+
+// handoff answers CreateVolume for a volume whose source lives on the node
+// tagged tag by having that node make it (ParamCrossNodeSource=handoff):
+// the answer is that node's, its volume ID and topology, so the scheduler
+// moves the pod there.
+func (d *Driver) handoff(ctx context.Context, req *csi.CreateVolumeRequest, tag string) (*csi.CreateVolumeResponse, error) {
+	resp, err := d.cfg.Peers.CreateVolume(ctx, tag, req)
+	if err != nil {
+		return nil, err
+	}
+	klog.InfoS("volume handed off to the source's node", "volumeID", resp.GetVolume().GetVolumeId(), "name", req.GetName(), "node", tagNode(tag))
+	return resp, nil
+}
+
+// OpenSource opens what a peer pulls for a restore or clone (pkg/peer's
+// ReadData): a snapshot of this node as it is, or a point-in-time copy of
+// a volume of this node, taken as its snapshots are (held steady if in
+// use) and unlinked at once, so that nothing of it outlives the stream.
+// Only IDs of this node of the right kind are served; the source is only
+// read.
+func (p *PeerService) OpenSource(ctx context.Context, req *peer.ReadRequest) (*os.File, int64, error) {
+	d := p.d
+	storeID, tag := splitID(req.ID)
+	var f *os.File
+	var size int64
+	var err error
+	switch req.Kind {
+	case peer.SourceSnapshot:
+		if tag != d.tag || !blockdev.IsSnapshotID(storeID) {
+			return nil, 0, status.Errorf(codes.InvalidArgument, "peer read of %q: not a snapshot ID of node %s", req.ID, d.cfg.NodeID)
+		}
+		f, size, err = d.store.OpenSnapshot(ctx, storeID)
+	case peer.SourceVolume:
+		if err := d.checkPeerID(req.ID); err != nil {
+			return nil, 0, err
+		}
+		f, size, err = d.copyForPeer(ctx, storeID)
+	default:
+		return nil, 0, status.Errorf(codes.InvalidArgument, "peer read of %q: unknown %v", req.ID, req.Kind)
+	}
+	if err != nil {
+		return nil, 0, toStatus(err)
+	}
+	caller, _ := peer.Caller(ctx)
+	klog.InfoS("sending data to a peer", "source", storeID, "kind", req.Kind, "for", req.Target, "peer", caller.Node, "size", size, "rate", req.Rate)
+	return f, size, nil
+}
+
+// copyForPeer takes the point-in-time copy of the volume id a peer
+// clones, holding the volume as a local clone does.
+func (d *Driver) copyForPeer(ctx context.Context, id string) (*os.File, int64, error) {
+	unlock, err := d.lockVolume(ctx, id)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer unlock()
+	v, err := d.store.Volume(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	hold, err := d.holdFor(v)
+	if err != nil {
+		return nil, 0, err
+	}
+	return d.store.CopyVolume(ctx, id, hold)
 }
 
 // checkPeerID accepts only a volume ID of this node: a store ID of the

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -24,6 +25,25 @@ import (
 // joined by the peer channel over mutual TLS on 127.0.0.1: n1 serves its
 // PeerService, n2 forwards to it. stop ends n1's peer server.
 func peerNodes(t *testing.T, kind string) (n1, n2 *testNode, stop func()) {
+	n1, n2, srv := peerNodesWith(t, kind)
+	return n1, n2, srv.stop
+}
+
+// peerServer is n1's peer server, which a test may stop, kill and start
+// again on the same address.
+type peerServer struct {
+	t      testing.TB
+	n      *testNode
+	creds  *peer.Credentials
+	opts   []grpc.ServerOption
+	addr   string
+	srv    *peer.Server
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// peerNodesWith is peerNodes with options for n1's server (interceptors).
+func peerNodesWith(t *testing.T, kind string, opts ...grpc.ServerOption) (n1, n2 *testNode, srv *peerServer) {
 	t.Helper()
 	n1 = newTestNodeWith(t, t.TempDir(), "n1", kind)
 	n2 = newTestNodeOn(t, t.TempDir(), "n2")
@@ -38,26 +58,50 @@ func peerNodes(t *testing.T, kind string) (n1, n2 *testNode, stop func()) {
 		}
 		return c
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- peer.NewServer(creds("n1"), n1.d.PeerService(), LogAndRecover).Serve(ctx, lis) }()
-	var once bool
-	stop = func() {
-		if !once {
-			once = true
-			cancel()
-			if err := <-done; err != nil {
-				t.Errorf("peer server: %v", err)
-			}
+	srv = &peerServer{t: t, n: n1, creds: creds("n1"), opts: append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(LogAndRecover)}, opts...),
+		addr: "127.0.0.1:0"}
+	srv.start()
+	t.Cleanup(srv.stop)
+	t.Cleanup(func() { // before n1 stops: no copy outlives the test
+		for _, p := range n2.d.pulls.list() {
+			n2.d.cancelPull(context.Background(), p.id)
 		}
+	})
+	n2.d.cfg.Peers = peer.NewClient(creds("n2"), peer.Static{NodeTag("n1"): {Node: "n1", Addr: srv.addr}})
+	return n1, n2, srv
+}
+
+// start serves n1's PeerService on the server's address.
+func (s *peerServer) start() {
+	s.t.Helper()
+	lis, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		s.t.Fatal(err)
 	}
-	t.Cleanup(stop)
-	n2.d.cfg.Peers = peer.NewClient(creds("n2"), peer.Static{NodeTag("n1"): {Node: "n1", Addr: lis.Addr().String()}})
-	return n1, n2, stop
+	s.addr = lis.Addr().String()
+	var ctx context.Context
+	ctx, s.cancel = context.WithCancel(context.Background())
+	s.done = make(chan error, 1)
+	s.srv = peer.NewServerWith(s.creds, s.n.d.PeerService(), s.opts...)
+	go func(done chan error) { done <- s.srv.Serve(ctx, lis) }(s.done)
+}
+
+// stop ends the server as the plugin's shutdown does. Idempotent.
+func (s *peerServer) stop() {
+	if s.cancel == nil {
+		return
+	}
+	s.cancel()
+	if err := <-s.done; err != nil {
+		s.t.Errorf("peer server: %v", err)
+	}
+	s.cancel = nil
+}
+
+// kill cuts every connection and stream at once, as a crash does.
+func (s *peerServer) kill() {
+	s.srv.Stop()
+	s.stop()
 }
 
 // TestForwardToOwningNode: ControllerExpandVolume and

@@ -45,6 +45,9 @@ type NodeStatus struct {
 	// serve (blockdev.HeldReporter) to why. The plugin stays healthy
 	// (a restart would not resolve it); an operator must act.
 	Held map[string]string `json:"held,omitempty"`
+	// Pulls are the copies from other nodes in flight (restores and
+	// clones whose source lives elsewhere).
+	Pulls []PullStatus `json:"pulls,omitempty"`
 }
 
 // VolumeStatus describes one volume and, when attached, its device.
@@ -94,6 +97,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 		st.FilesystemFree = fs.AvailableBytes
 	}
 	st.Snapshots = len(d.store.Snapshots())
+	st.Pulls = d.pullStatus()
 	st.Quarantined = d.store.Quarantined()
 	if q, ok := d.backend.(blockdev.Quarantiner); ok {
 		st.Quarantined = append(st.Quarantined, q.Quarantined()...)

@@ -27,6 +27,8 @@ var (
 	// them without relabelling (scrape with honor_labels: the target's own
 	// namespace label would otherwise rename this one exported_namespace).
 	volLabels = []string{"volume_id", "name", "namespace", "persistentvolumeclaim", "persistentvolume"}
+	// pullLabels name a copy in flight: its target and its source.
+	pullLabels = []string{"volume_id", "name", "namespace", "persistentvolumeclaim", "source", "source_node"}
 
 	descBuild     = prometheus.NewDesc(ns+"_build_info", "Always 1; the labels are facts fixed for the life of the plugin process: its version, VCS revision, Go version, backend and kernel release.", []string{"version", "revision", "goversion", "backend", "kernel"}, nil)
 	descUp        = prometheus.NewDesc(ns+"_healthy", "1 when the plugin's backend and data directory are usable.", nil, nil)
@@ -54,6 +56,9 @@ var (
 	descLimBytes  = prometheus.NewDesc(ns+"_volume_limit_bytes_per_second", "The volume's rate limit in bytes read plus written per second (absent without one).", volLabels, nil)
 	descThrottled = prometheus.NewDesc(ns+"_volume_throttled_ios_total", "I/Os the volume's rate limits held back.", volLabels, nil)
 	descThrotTime = prometheus.NewDesc(ns+"_volume_throttled_seconds_total", "Time I/Os waited for the volume's rate limits.", volLabels, nil)
+	descPullRecv  = prometheus.NewDesc(ns+"_pull_received_bytes", "Data bytes received so far by a copy in flight from another node (a restore or clone whose source lives there).", pullLabels, nil)
+	descPullExp   = prometheus.NewDesc(ns+"_pull_expected_bytes", "The most data bytes a copy in flight from another node will receive (the source's allocated bytes; holes and zeros do not travel).", pullLabels, nil)
+	descPullSize  = prometheus.NewDesc(ns+"_pull_source_size_bytes", "Size of the source of a copy in flight from another node.", pullLabels, nil)
 	descFallback  = prometheus.NewDesc(ns+"_backend_fallback", "1 when --backend auto serves with loop devices although the node has ublk, labelled with why (absent otherwise).", []string{"reason"}, nil)
 )
 
@@ -80,7 +85,7 @@ func NewCollector(status StatusFunc, startup Startup) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuild, descUp, descFSFree, descAlloc, descCapAvail, descCapTotal, descVolumes, descSnapshots, descQuarant, descPids, descSize,
 		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency,
-		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback} {
+		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback, descPullRecv, descPullExp, descPullSize} {
 		ch <- d
 	}
 }
@@ -111,6 +116,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descQuarant, float64(len(st.Quarantined)))
 	if st.PidsHeadroom != nil {
 		gauge(descPids, float64(*st.PidsHeadroom))
+	}
+	for _, p := range st.Pulls {
+		l := []string{p.VolumeID, p.Name, p.PVCNamespace, p.PVCName, p.Source, p.SourceNode}
+		gauge(descPullRecv, float64(p.ReceivedBytes), l...)
+		gauge(descPullExp, float64(p.ExpectedBytes), l...)
+		gauge(descPullSize, float64(p.SizeBytes), l...)
 	}
 	for _, v := range st.Volumes {
 		l := []string{v.ID, v.Name, v.PVCNamespace, v.PVCName, v.PVName}

@@ -35,6 +35,8 @@ var attached = driver.NodeStatus{
 				LatencyCounts: []uint64{4, 15}, LatencySum: 0.05, LatencyCount: 15, Throttled: 7, ThrottledSeconds: 0.25}},
 		{ID: "v2", Name: "pvc-2", SizeBytes: 1 << 20, Limits: qos.Limits{BytesPerSecond: 100 << 20}},
 	},
+	Pulls: []driver.PullStatus{{VolumeID: "v3", Name: "pvc-3", PVCNamespace: "apps", PVCName: "restored", Source: "s1-n1", SourceNode: "n1",
+		SizeBytes: 1 << 30, ExpectedBytes: 512 << 20, ReceivedBytes: 4096}},
 }
 
 // TestCollectorReportsVolumes checks every per-volume family is derived
@@ -58,6 +60,8 @@ func TestCollectorReportsVolumes(t *testing.T) {
 		{"fastblk_volume_device_state", `fastblk_volume_device_state{backend="ublk",name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",state="live",volume_id="v1"} 1`},
 		{"fastblk_volume_size_bytes", `fastblk_volume_size_bytes{name="pvc-2",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="v2"} 1.048576e+06`},
 		{"fastblk_volume_allocated_bytes", `fastblk_volume_allocated_bytes{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 4096`},
+		{"fastblk_pull_received_bytes", `fastblk_pull_received_bytes{name="pvc-3",namespace="apps",persistentvolumeclaim="restored",source="s1-n1",source_node="n1",volume_id="v3"} 4096`},
+		{"fastblk_pull_expected_bytes", `fastblk_pull_expected_bytes{name="pvc-3",namespace="apps",persistentvolumeclaim="restored",source="s1-n1",source_node="n1",volume_id="v3"} 5.36870912e+08`},
 		{"fastblk_node_capacity_available_bytes", `fastblk_node_capacity_available_bytes 100`},
 		{"fastblk_node_filesystem_free_bytes", `fastblk_node_filesystem_free_bytes 150`},
 		{"fastblk_healthy", "fastblk_healthy 1\n"},

@@ -2,7 +2,9 @@ package peer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -66,6 +68,78 @@ func (c *Client) ExpandVolume(ctx context.Context, tag string, req *csi.Controll
 	return resp, c.call(ctx, tag, methodExpand, r, resp)
 }
 
+// CreateVolume asks the plugin of the node tagged tag to make a volume
+// from one of its own sources and returns its answer. Secrets stay here.
+func (c *Client) CreateVolume(ctx context.Context, tag string, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	r := proto.Clone(req).(*csi.CreateVolumeRequest)
+	r.Secrets = nil
+	resp := new(csi.CreateVolumeResponse)
+	return resp, c.call(ctx, tag, methodCreate, r, resp)
+}
+
+// ReadData asks the plugin of the node tagged tag for the data req names
+// and writes it to sink (see receive: every frame and the whole stream are
+// checked). The stream lasts until the data is in, ctx ends, or either end
+// fails; a stream idle for idle (no frame) is cut, so that a peer gone
+// without a word (a node down, a cut network) does not hold it for ever.
+func (c *Client) ReadData(ctx context.Context, tag string, req *ReadRequest, sink Sink, idle time.Duration) (Received, error) {
+	conn, p, err := c.dial(ctx, tag)
+	if err != nil {
+		return Received{}, err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	errIdle := status.Errorf(codes.Unavailable, "plugin of node %s at %s sent nothing for %v", p.Node, p.Addr, idle)
+	watchdog := time.AfterFunc(idle, func() { cancel(errIdle) })
+	defer watchdog.Stop()
+	desc := &serviceDesc.Streams[0]
+	st, err := conn.NewStream(ctx, desc, methodReadData, grpc.CallContentSubtype(xferCodec), grpc.MaxCallRecvMsgSize(maxFrame))
+	if err == nil {
+		err = st.SendMsg(req)
+	}
+	if err == nil {
+		err = st.CloseSend()
+	}
+	if err != nil {
+		return Received{}, c.unavailable(p, err)
+	}
+	got, err := receive(func(f *Frame) error {
+		err := st.RecvMsg(f)
+		watchdog.Reset(idle)
+		return err
+	}, sink)
+	if cause := context.Cause(ctx); errors.Is(cause, errIdle) {
+		return got, errIdle
+	}
+	return got, c.unavailable(p, err)
+}
+
+// dial resolves the plugin of the node tagged tag and makes a connection
+// of its own to it.
+func (c *Client) dial(ctx context.Context, tag string) (*grpc.ClientConn, Peer, error) {
+	p, err := c.res.Resolve(ctx, tag)
+	if err != nil {
+		return nil, p, status.Errorf(codes.Unavailable, "find the plugin of node tag %s: %v", tag, err)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+p.Addr,
+		grpc.WithTransportCredentials(credentials.NewTLS(c.creds.ClientConfig(p.Node))),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)))
+	if err != nil {
+		return nil, p, status.Errorf(codes.Unavailable, "plugin of node %s at %s: %v", p.Node, p.Addr, err)
+	}
+	return conn, p, nil
+}
+
+// unavailable names the peer in an Unavailable error; other errors are
+// the peer's answer and come back as they are.
+func (c *Client) unavailable(p Peer, err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable {
+		return status.Errorf(codes.Unavailable, "plugin of node %s at %s: %s", p.Node, p.Addr, st.Message())
+	}
+	return err
+}
+
 // call makes one call on a connection of its own: calls are rare (a
 // resize, a change of class) and a fresh resolution and handshake each
 // time means a restarted peer's new address and certificate are used at
@@ -73,20 +147,10 @@ func (c *Client) ExpandVolume(ctx context.Context, tag string, req *csi.Controll
 // answer comes back as it is; a peer that cannot be found or reached is
 // Unavailable, which callers retry.
 func (c *Client) call(ctx context.Context, tag, method string, req, resp any) error {
-	p, err := c.res.Resolve(ctx, tag)
+	conn, p, err := c.dial(ctx, tag)
 	if err != nil {
-		return status.Errorf(codes.Unavailable, "find the plugin of node tag %s: %v", tag, err)
-	}
-	conn, err := grpc.NewClient("passthrough:///"+p.Addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(c.creds.ClientConfig(p.Node))),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)))
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "plugin of node %s at %s: %v", p.Node, p.Addr, err)
+		return err
 	}
 	defer conn.Close()
-	err = conn.Invoke(ctx, method, req, resp)
-	if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable {
-		return status.Errorf(codes.Unavailable, "plugin of node %s at %s: %s", p.Node, p.Addr, st.Message())
-	}
-	return err
+	return c.unavailable(p, conn.Invoke(ctx, method, req, resp))
 }

@@ -1,8 +1,11 @@
 // Package peer is the channel between the plugins of one installation: a
 // plugin asks the plugin of another node to do what only that node can do
-// to its own node-local objects. Today that is ControllerModifyVolume and
+// to its own node-local objects: ControllerModifyVolume and
 // ControllerExpandVolume, which the external-resizer's one leader sends to
-// its own node's plugin whatever node the volume lives on.
+// its own node's plugin whatever node the volume lives on; CreateVolume
+// from a source of that node (a handoff); and ReadData, a stream of a
+// snapshot's or volume's data for a restore or clone on another node,
+// checked frame by frame and end to end (stream.go, frame.go).
 //
 // The channel is gRPC over mutual TLS 1.3. Every plugin of an installation
 // shares one CA, kept in a Secret of the installation's namespace that the
@@ -14,9 +17,10 @@
 // node it meant to reach. docs/peer.md has the threat model.
 //
 // A peer names objects by ID only. The service carries the CSI messages of
-// the calls it forwards (stripped of secrets); what the receiving plugin
-// does with them is its Handler's business, which must validate IDs as it
-// does for the CSI socket. Messages are bounded in size.
+// the calls it forwards (stripped of secrets), and the stream's own
+// messages of a fixed binary layout; what the receiving plugin does with
+// them is its Handler's business, which must validate IDs as it does for
+// the CSI socket. Messages are bounded in size.
 //
 // Peers are found through the API server (PodResolver): the running pods
 // of the installation's DaemonSets, by node. Nothing is cached: every

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -52,6 +53,9 @@ type recorder struct {
 	calls   []any
 	callers []Identity
 	block   bool // wait for the call's end instead of answering
+	// files are the sources OpenSource serves, by ID, after delay.
+	files map[string]string
+	delay time.Duration
 }
 
 func (r *recorder) note(ctx context.Context, req any) error {
@@ -86,6 +90,34 @@ func (r *recorder) ExpandVolume(ctx context.Context, req *csi.ControllerExpandVo
 	return &csi.ControllerExpandVolumeResponse{CapacityBytes: req.GetCapacityRange().GetRequiredBytes(), NodeExpansionRequired: true}, nil
 }
 
+func (r *recorder) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	if err := r.note(ctx, req); err != nil {
+		return nil, err
+	}
+	return &csi.CreateVolumeResponse{Volume: &csi.Volume{VolumeId: "v1-n1", CapacityBytes: req.GetCapacityRange().GetRequiredBytes()}}, nil
+}
+
+func (r *recorder) OpenSource(ctx context.Context, req *ReadRequest) (*os.File, int64, error) {
+	if err := r.note(ctx, req); err != nil {
+		return nil, 0, err
+	}
+	time.Sleep(r.delay)
+	path, ok := r.files[req.ID]
+	if !ok {
+		return nil, 0, status.Errorf(codes.NotFound, "no source %q", req.ID)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, 0, err
+	}
+	return f, st.Size(), nil
+}
+
 func (r *recorder) count() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -94,7 +126,7 @@ func (r *recorder) count() int {
 
 // serve runs a peer server of h with creds on 127.0.0.1 and returns its
 // address.
-func serve(t *testing.T, creds *Credentials, h Handler) string {
+func serve(t *testing.T, creds *Credentials, h Handler, opts ...grpc.ServerOption) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -102,7 +134,7 @@ func serve(t *testing.T, creds *Credentials, h Handler) string {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- NewServer(creds, h).Serve(ctx, lis) }()
+	go func() { done <- NewServerWith(creds, h, opts...).Serve(ctx, lis) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -140,11 +172,19 @@ func TestForward(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "modify volume v1-n1 on node n1: refused") {
 		t.Errorf("refused ModifyVolume: %v, want the peer's InvalidArgument", err)
 	}
-	if h.count() != 3 {
-		t.Fatalf("peer got %d calls, want 3", h.count())
+	cresp, err := c.CreateVolume(ctx, "n1", &csi.CreateVolumeRequest{Name: "pvc-1", CapacityRange: &csi.CapacityRange{RequiredBytes: 4 << 20},
+		Secrets: map[string]string{"token": "s3cret"}})
+	if err != nil || cresp.GetVolume().GetVolumeId() != "v1-n1" || cresp.GetVolume().GetCapacityBytes() != 4<<20 {
+		t.Fatalf("CreateVolume: %v, %v; want the peer's answer", cresp, err)
+	}
+	if h.count() != 4 {
+		t.Fatalf("peer got %d calls, want 4", h.count())
 	}
 	if s := h.calls[0].(*csi.ControllerModifyVolumeRequest).GetSecrets(); len(s) != 0 {
 		t.Errorf("secrets reached the peer: %v", s)
+	}
+	if s := h.calls[3].(*csi.CreateVolumeRequest).GetSecrets(); len(s) != 0 {
+		t.Errorf("secrets of CreateVolume reached the peer: %v", s)
 	}
 	if h.callers[0] != n2 {
 		t.Errorf("caller %v, want %v", h.callers[0], n2)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
@@ -18,19 +20,31 @@ import (
 type Handler interface {
 	ModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
 	ExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
+	// CreateVolume makes on this node a volume from a source of this
+	// node, handed off by the node the provisioner asked.
+	CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error)
+	// OpenSource opens for reading what a ReadData stream sends: a
+	// snapshot as it is, or a point-in-time copy of a volume that
+	// takes no name (unlinked) and goes when the file is closed; and
+	// returns its size. The stream closes the file.
+	OpenSource(ctx context.Context, req *ReadRequest) (f *os.File, size int64, err error)
 }
 
-// The service is written out by hand (no generated stubs): its messages
-// are the CSI spec's own, and later services (streams of a volume's data)
-// join it as grpc.StreamDesc entries.
+// The service is written out by hand (no generated stubs): the unary
+// calls' messages are the CSI spec's own; the data stream's are in
+// frame.go.
 const (
-	serviceName  = "fastblk.peer.v1.Peer"
-	methodModify = "/" + serviceName + "/ModifyVolume"
-	methodExpand = "/" + serviceName + "/ExpandVolume"
+	serviceName    = "fastblk.peer.v1.Peer"
+	methodModify   = "/" + serviceName + "/ModifyVolume"
+	methodExpand   = "/" + serviceName + "/ExpandVolume"
+	methodCreate   = "/" + serviceName + "/CreateVolume"
+	methodReadData = "/" + serviceName + "/ReadData"
 )
 
-// maxMessage bounds every message of the unary calls: a CSI request of
-// an ID, a capacity and a few parameters is far smaller.
+// maxMessage bounds every message of the unary calls, and the request of
+// a stream: a CSI request of an ID, a capacity and a few parameters is
+// far smaller. A stream's frames have their own bound (maxFrame), which
+// the client sets on the stream alone.
 const maxMessage = 64 << 10
 
 var serviceDesc = grpc.ServiceDesc{
@@ -39,6 +53,10 @@ var serviceDesc = grpc.ServiceDesc{
 	Methods: []grpc.MethodDesc{
 		{MethodName: "ModifyVolume", Handler: unary(methodModify, Handler.ModifyVolume)},
 		{MethodName: "ExpandVolume", Handler: unary(methodExpand, Handler.ExpandVolume)},
+		{MethodName: "CreateVolume", Handler: unary(methodCreate, Handler.CreateVolume)},
+	},
+	Streams: []grpc.StreamDesc{
+		{StreamName: "ReadData", Handler: readData, ServerStreams: true},
 	},
 	Metadata: "fastblk/peer",
 }
@@ -67,23 +85,36 @@ type Server struct {
 // NewServer returns a server of h with creds; interceptors (logging,
 // recovery) run around every call.
 func NewServer(creds *Credentials, h Handler, interceptors ...grpc.UnaryServerInterceptor) *Server {
-	srv := grpc.NewServer(
+	return NewServerWith(creds, h, grpc.ChainUnaryInterceptor(interceptors...))
+}
+
+// NewServerWith returns a server of h with creds and further options
+// (interceptors of streams, say).
+func NewServerWith(creds *Credentials, h Handler, opts ...grpc.ServerOption) *Server {
+	srv := grpc.NewServer(append([]grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(creds.ServerConfig())),
 		grpc.MaxRecvMsgSize(maxMessage),
-		grpc.ChainUnaryInterceptor(interceptors...),
-	)
+	}, opts...)...)
 	srv.RegisterService(&serviceDesc, h)
 	return &Server{srv: srv}
 }
 
-// Serve serves on lis until ctx ends, then stops gracefully; it returns
-// what ended it (nil after ctx).
+// stopGrace is how long a stopping server lets calls and streams end.
+const stopGrace = 5 * time.Second
+
+// Serve serves on lis until ctx ends, then stops gracefully (cutting
+// streams still running after stopGrace); it returns what ended it (nil
+// after ctx).
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
 		select {
 		case <-ctx.Done():
+			// Unary calls end in moments; a stream of a volume's
+			// data may not, and its receiver starts it again.
+			t := time.AfterFunc(stopGrace, s.srv.Stop)
+			defer t.Stop()
 			s.srv.GracefulStop()
 		case <-done:
 		}
@@ -94,6 +125,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	}
 	return err
 }
+
+// Stop stops the server at once, cutting every call and stream.
+func (s *Server) Stop() { s.srv.Stop() }
 
 // Caller is the identity of the peer that made the call in ctx, for logs.
 func Caller(ctx context.Context) (Identity, bool) {

@@ -68,6 +68,8 @@ func TestStorageClass(t *testing.T) {
 		{"preallocated", []string{"storageClass.preallocation=full"},
 			map[string]string{"csi.storage.k8s.io/fstype": "ext4", "preallocation": "full"}, false},
 		{"sparse", []string{"storageClass.preallocation=off"}, map[string]string{"csi.storage.k8s.io/fstype": "ext4"}, false},
+		{"cross-node handoff, slow pulls", []string{"storageClass.crossNodeSource=handoff", "storageClass.transferRate=50Mi"},
+			map[string]string{"csi.storage.k8s.io/fstype": "ext4", "crossNodeSource": "handoff", "transferRate": "50Mi"}, false},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

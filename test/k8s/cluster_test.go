@@ -204,6 +204,7 @@ func (c *cluster) nodeMounts(t *testing.T, node string) string {
 // /data (or, with block, as the device /dev/xvda).
 type pod struct {
 	name, claim, script, node string
+	prefer                    string // a node the scheduler should prefer
 	block                     bool
 	fsGroup                   int
 	restartNever              bool
@@ -220,6 +221,14 @@ spec:
 `, p.name, testNS, map[bool]string{true: "Never", false: "Always"}[p.restartNever])
 	if p.node != "" {
 		fmt.Fprintf(&b, "  nodeSelector: {kubernetes.io/hostname: %s}\n", p.node)
+	}
+	if p.prefer != "" {
+		fmt.Fprintf(&b, `  affinity:
+    nodeAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        preference: {matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [%s]}]}
+`, p.prefer)
 	}
 	if p.fsGroup != 0 {
 		fmt.Fprintf(&b, "  securityContext: {runAsUser: 1000, runAsGroup: 1000, fsGroup: %d}\n", p.fsGroup)

@@ -687,26 +687,22 @@ spec:
 	}
 }
 
-// TestRestoreFollowsSource restores snapshots of a volume on each node into
-// unpinned pods. A node-local snapshot can only be restored on its node, and
-// the scheduler knows nothing of snapshots: when it picks the other node,
-// that node's plugin sees the snapshot's node in its ID and answers
-// ResourceExhausted, on which the external-provisioner removes the claim's
-// selected-node annotation and the scheduler tries again. Its scoring is
-// deterministic, so it may pick the same wrong node for ever; each refusal
-// is a ProvisioningFailed event on the claim naming the snapshot's node and
-// the nodeSelector to use. The test waits for either the restore on the
-// snapshot's node or that event; after the event it does what the event
-// says (the pod pinned to the snapshot's node) and the restore must then
-// succeed there.
-func TestRestoreFollowsSource(t *testing.T) {
+// TestRestoreAcrossNodes restores snapshots of a volume on each node, and
+// clones it, into pods on the other node and into unpinned pods. The
+// plugin of the pod's node pulls the data from the source's node over the
+// peer channel (the StorageClass's default crossNodeSource: pull): every
+// restore and clone ends up on its pod's node with the source's data.
+// Before, the other node's plugin refused with ResourceExhausted and an
+// unpinned pod could be sent back to it for ever.
+func TestRestoreAcrossNodes(t *testing.T) {
 	c := requireChart(t)
-	for _, n := range nodes {
+	for i, n := range nodes {
+		other := nodes[(i+1)%len(nodes)]
 		t.Run(n, func(t *testing.T) {
 			src, snap := "src-"+n, "snap-"+n
 			c.apply(t, pvc(src, "256Mi", ""))
 			c.startPod(t, pod{name: "w-" + n, claim: src, node: n, restartNever: true,
-				script: "echo " + n + " > /data/f; sha256sum /data/f > /data/f.sha256; sync"})
+				script: "dd if=/dev/urandom of=/data/f bs=1M count=64 2>/dev/null; echo " + n + " >> /data/f; sha256sum /data/f > /data/f.sha256; sync"})
 			c.waitPodPhase(t, "w-"+n, "Succeeded", 2*time.Minute)
 			c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
 kind: VolumeSnapshot
@@ -717,49 +713,73 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}
 				out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", snap, "-o", "jsonpath={.status.readyToUse}")
 				return out == "true", out
 			})
-			for i := 1; i <= 2; i++ {
-				name := fmt.Sprintf("r%d-%s", i, n)
-				c.apply(t, pvc(name, "256Mi", "  dataSource: {name: "+snap+", kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
-				c.startPod(t, pod{name: name, claim: name, restartNever: true, script: "sha256sum -c /data/f.sha256"})
-			}
-			for i := 1; i <= 2; i++ {
-				name := fmt.Sprintf("r%d-%s", i, n)
+			fromSnap := "  dataSource: {name: " + snap + ", kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"
+			for _, tc := range []struct{ name, source, node string }{
+				{"rp-" + n, fromSnap, other}, // restore pinned to the other node
+				{"ru-" + n, fromSnap, ""},    // restore wherever the scheduler likes
+				{"cl-" + n, "  dataSource: {name: " + src + ", kind: PersistentVolumeClaim}\n", other}, // clone onto the other node
+			} {
 				start := time.Now()
-				refusal := ""
-				eventually(t, 3*time.Minute, "restore "+name+" of a snapshot on "+n+", or an event saying where it must run", func() (bool, string) {
-					phase, _ := c.kubectl("-n", testNS, "get", "pod", name, "-o", "jsonpath={.status.phase} {.spec.nodeName}")
-					if strings.HasPrefix(phase, "Failed") {
-						t.Fatalf("pod %s failed:\n%s", name, c.describe(name))
-					}
-					ev, _ := c.kubectl("-n", testNS, "get", "events", "--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name="+name,
-						"-o", "custom-columns=REASON:.reason,MESSAGE:.message,COUNT:.count", "--no-headers")
-					for _, l := range strings.Split(ev, "\n") {
-						if strings.HasPrefix(l, "ProvisioningFailed") && strings.Contains(l, "lives on node "+n) {
-							refusal = strings.Join(strings.Fields(l), " ")
-						}
-					}
-					node, _ := c.kubectl("-n", testNS, "get", "pvc", name, "-o", "jsonpath={.metadata.annotations.volume\\.kubernetes\\.io/selected-node}")
-					return strings.HasPrefix(phase, "Succeeded") || refusal != "", "pod " + phase + ", PVC for node " + node + ", PVC events:\n" + lastLines(ev, 2)
-				})
-				if refusal != "" {
-					if want := "nodeSelector " + topoKey + ": " + n; !strings.Contains(refusal, want) {
-						t.Errorf("the refusal does not say %q: %s", want, refusal)
-					}
-					t.Logf("%s: the scheduler picked the other node; the event: %s", name, refusal)
-					c.delete(t, "pod", name)
-					c.startPod(t, pod{name: name, claim: name, node: n, restartNever: true, script: "sha256sum -c /data/f.sha256"})
-					c.waitPodPhase(t, name, "Succeeded", 2*time.Minute)
+				c.apply(t, pvc(tc.name, "256Mi", tc.source))
+				c.startPod(t, pod{name: tc.name, claim: tc.name, node: tc.node, restartNever: true, script: "sha256sum -c /data/f.sha256"})
+				c.waitPodPhase(t, tc.name, "Succeeded", 4*time.Minute)
+				on := c.volumeNode(t, tc.name)
+				if tc.node != "" && on != tc.node {
+					t.Errorf("%s for a pod pinned to %s was provisioned on %s", tc.name, tc.node, on)
 				}
-				if on := c.volumeNode(t, name); on != n {
-					t.Errorf("restore %s of a snapshot on %s was provisioned on %s", name, n, on)
+				if logs := c.logs(t, tc.name); !strings.Contains(logs, "/data/f: OK") {
+					t.Errorf("%s holds different data:\n%s", tc.name, logs)
 				}
-				if logs := c.logs(t, name); !strings.Contains(logs, "/data/f: OK") {
-					t.Errorf("restore %s holds different data:\n%s", name, logs)
-				}
-				t.Logf("restore %s on %s after %v (pinned after a refusal: %v)", name, n, time.Since(start).Round(time.Second), refusal != "")
+				t.Logf("%s of a source on %s: on %s after %v", tc.name, n, on, time.Since(start).Round(time.Second))
+				c.delete(t, "pod", tc.name)
 			}
 		})
 	}
+}
+
+// TestRestoreHandoff restores n1's snapshot with a StorageClass whose
+// crossNodeSource is handoff, for a pod that prefers n2: the scheduler
+// first picks n2, whose plugin has n1's make the volume and answers with
+// n1's topology; the scheduler then finds the claim bound to a volume of
+// n1 and runs the pod there, with the snapshot's data.
+func TestRestoreHandoff(t *testing.T) {
+	c := requireChart(t)
+	c.apply(t, `apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: fastblk-handoff}
+provisioner: `+driver+`
+volumeBindingMode: WaitForFirstConsumer
+parameters: {crossNodeSource: handoff}
+`)
+	t.Cleanup(func() { _, _ = c.kubectl("delete", "storageclass", "fastblk-handoff", "--ignore-not-found") })
+	c.apply(t, pvc("ho-src", "256Mi", ""))
+	c.startPod(t, pod{name: "ho-w", claim: "ho-src", node: "n1", restartNever: true,
+		script: "echo handoff > /data/f; sha256sum /data/f > /data/f.sha256; sync"})
+	c.waitPodPhase(t, "ho-w", "Succeeded", 2*time.Minute)
+	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: ho-snap, namespace: %s}
+spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: ho-src}}
+`, testNS))
+	eventually(t, 2*time.Minute, "VolumeSnapshot ho-snap ready", func() (bool, string) {
+		out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", "ho-snap", "-o", "jsonpath={.status.readyToUse}")
+		return out == "true", out
+	})
+	c.apply(t, pvc("ho-r", "256Mi", "  storageClassName: fastblk-handoff\n"+
+		"  dataSource: {name: ho-snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
+	start := time.Now()
+	c.startPod(t, pod{name: "ho-r", claim: "ho-r", prefer: "n2", restartNever: true, script: "sha256sum -c /data/f.sha256"})
+	c.waitPodPhase(t, "ho-r", "Succeeded", 4*time.Minute)
+	if on := c.volumeNode(t, "ho-r"); on != "n1" {
+		t.Errorf("the handed-off restore was provisioned on %s, want n1 (the snapshot's node)", on)
+	}
+	if ran := c.jsonpath(t, "{.spec.nodeName}", "-n", testNS, "get", "pod", "ho-r"); ran != "n1" {
+		t.Errorf("the pod ran on %s, want n1", ran)
+	}
+	if logs := c.logs(t, "ho-r"); !strings.Contains(logs, "/data/f: OK") {
+		t.Errorf("the handed-off restore holds different data:\n%s", logs)
+	}
+	t.Logf("handed-off restore done in %v", time.Since(start).Round(time.Second))
 }
 
 func lastLines(s string, n int) string {

@@ -548,3 +548,35 @@ func allZero(p []byte) bool {
 	}
 	return true
 }
+
+// DataExtents returns the allocated ranges of f in [0, size) as
+// [start, end) pairs, in order (SEEK_DATA and SEEK_HOLE): what a copy
+// of f to another machine must send, holes left out.
+func DataExtents(f *os.File, size int64) ([][2]int64, error) {
+	fd := int(f.Fd())
+	holes, err := findHoles(fd, 0, size)
+	if err != nil {
+		return nil, err
+	}
+	var data [][2]int64
+	off := int64(0)
+	for _, h := range holes {
+		if h[0] > off {
+			data = append(data, [2]int64{off, h[0]})
+		}
+		off = h[1]
+	}
+	if off < size {
+		data = append(data, [2]int64{off, size})
+	}
+	return data, nil
+}
+
+// AllocatedBytes is the disk space f takes.
+func AllocatedBytes(f *os.File) (int64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", f.Name(), err)
+	}
+	return st.Blocks * 512, nil
+}

@@ -171,3 +171,38 @@ func TestAllocateWritten(t *testing.T) {
 		})
 	}
 }
+
+// TestDataExtents: the allocated ranges of a sparse file, in order, and
+// none past the size asked for.
+func TestDataExtents(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "f")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(file, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	testfs.WriteAt(t, file, 1<<20, 1<<20, 1)
+	testfs.WriteAt(t, file, 15<<20, 1<<20, 2)
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, tc := range []struct {
+		size int64
+		want string
+	}{
+		{16 << 20, "[[1048576 2097152] [15728640 16777216]]"},
+		{15<<20 + 4096, "[[1048576 2097152] [15728640 15732736]]"},
+		{1 << 20, "[]"},
+	} {
+		got, err := DataExtents(f, tc.size)
+		if err != nil || fmt.Sprint(got) != tc.want {
+			t.Errorf("DataExtents(%d) = %v, %v; want %s", tc.size, got, err, tc.want)
+		}
+	}
+	if n, err := AllocatedBytes(f); err != nil || n != testfs.Allocated(t, file) {
+		t.Errorf("AllocatedBytes = %d, %v", n, err)
+	}
+}

@@ -185,6 +185,8 @@ func validateVolume(v blockdev.Volume, id string) error {
 		return fmt.Errorf("volume %s: source snapshot %q is not a snapshot ID", id, v.SourceSnapshotID)
 	case v.SourceVolumeID != "" && !blockdev.IsVolumeID(v.SourceVolumeID):
 		return fmt.Errorf("volume %s: source volume %q is not a volume ID", id, v.SourceVolumeID)
+	case v.SourceNode != "" && (v.SourceSnapshotID+v.SourceVolumeID == "" || !validNodeTag(v.SourceNode)):
+		return fmt.Errorf("volume %s: source node %q without a source or not a node tag", id, v.SourceNode)
 	}
 	switch v.Preallocation {
 	case blockdev.PreallocOff, blockdev.PreallocFalloc, blockdev.PreallocFull:
@@ -203,6 +205,21 @@ func validateVolume(v blockdev.Volume, id string) error {
 		}
 	}
 	return nil
+}
+
+// validNodeTag reports whether tag can be a node's tag in CSI IDs: at
+// most 94 bytes (what an ID of 128 leaves), printable, no slash. It is
+// only ever shown, never a path; the check keeps a record honest.
+func validNodeTag(tag string) bool {
+	if len(tag) > 94 {
+		return false
+	}
+	for _, c := range []byte(tag) {
+		if c <= ' ' || c > '~' || c == '/' {
+			return false
+		}
+	}
+	return true
 }
 
 // absPath reports whether p is an absolute path without NUL bytes.

@@ -45,6 +45,10 @@ type VolumeSpec struct {
 	// At most one of these is set.
 	SourceSnapshotID string
 	SourceVolumeID   string
+	// SourceNode is the tag of the node the source lives on when it is
+	// not this one: the volume is made with BeginImport, not
+	// CreateVolume, and filled from there.
+	SourceNode string
 	// Hold holds a source volume that is in use steady while it is
 	// cloned (nil when it is not in use). It is not persisted.
 	Hold Hold

@@ -30,6 +30,9 @@ func (s *Store) CreateVolume(ctx context.Context, spec VolumeSpec) (blockdev.Vol
 	if err != nil {
 		return blockdev.Volume{}, err
 	}
+	if spec.SourceNode != "" {
+		return blockdev.Volume{}, fmt.Errorf("volume %q: its source is on node %s: import it (BeginImport): %w", spec.Name, spec.SourceNode, blockdev.ErrInvalid)
+	}
 	id := blockdev.VolumeID(spec.Name)
 	release, err := s.acquire(ctx, id, srcID)
 	if err != nil {
@@ -106,7 +109,7 @@ func sameVolume(v blockdev.Volume, spec VolumeSpec, size int64) error {
 		return fmt.Errorf("volume %q exists with size %d, not %d: %w", v.Name, v.SizeBytes, size, blockdev.ErrConflict)
 	case !maps.Equal(identityParams(v.Params), identityParams(spec.Params)):
 		return fmt.Errorf("volume %q exists with other parameters: %w", v.Name, blockdev.ErrConflict)
-	case v.SourceSnapshotID != spec.SourceSnapshotID || v.SourceVolumeID != spec.SourceVolumeID:
+	case v.SourceSnapshotID != spec.SourceSnapshotID || v.SourceVolumeID != spec.SourceVolumeID || v.SourceNode != spec.SourceNode:
 		return fmt.Errorf("volume %q exists with another source: %w", v.Name, blockdev.ErrConflict)
 	case v.Preallocation != spec.Preallocation:
 		return fmt.Errorf("volume %q exists with preallocation %q, not %q: %w", v.Name, v.Preallocation, spec.Preallocation, blockdev.ErrConflict)
