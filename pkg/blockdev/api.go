@@ -182,6 +182,10 @@ type AttachRequest struct {
 	// ErrNotSupported; one that can applies them to a device that is
 	// already attached.
 	Limits qos.Limits
+	// KeepAllocated says the file's blocks must stay allocated (a
+	// preallocated volume): a backend that can zeroes ranges in place
+	// instead of punching them out of the file.
+	KeepAllocated bool
 }
 
 // Backend turns volume files into block devices.

@@ -135,11 +135,12 @@ func (d *Driver) attachRequest(v blockdev.Volume) blockdev.AttachRequest {
 	}
 	lim, _ := limitsOf(v) // checked when the volume was created or modified
 	return blockdev.AttachRequest{
-		VolumeID:  v.ID,
-		File:      d.store.VolumeFile(v.ID),
-		SizeBytes: v.SizeBytes,
-		Tuning:    t,
-		Limits:    lim,
+		VolumeID:      v.ID,
+		File:          d.store.VolumeFile(v.ID),
+		SizeBytes:     v.SizeBytes,
+		Tuning:        t,
+		Limits:        lim,
+		KeepAllocated: v.Preallocated(),
 	}
 }
 

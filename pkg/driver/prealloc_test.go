@@ -82,8 +82,20 @@ func TestPreallocatedVolume(t *testing.T) {
 		t.Fatalf("CreateVolume of the name without preallocation = %v, want AlreadyExists", err)
 	}
 
-	n.stage(id, mountCap("ext4", snw), false)
+	target := n.stage(id, mountCap("ext4", snw), false)
 	allocated("staged with ext4", 16<<20)
+	// mkfs zeroed its inode tables (in place), so the kernel's lazy init
+	// will not: that zeroing reaches the device as a WRITE_ZEROES that
+	// may unmap, which the loop device turns into a hole in the file.
+	out, err := exec.Command("sh", "-c", "dumpe2fs \"$(findmnt -n -o SOURCE --target "+target+")\"").CombinedOutput()
+	if err != nil {
+		t.Fatalf("dumpe2fs: %v: %s", err, out)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "Group ") && strings.Contains(line, "(Blocks") && !strings.Contains(line, "ITABLE_ZEROED") {
+			t.Errorf("preallocated volume's ext4 left its inode table to the lazy init: %s", line)
+		}
+	}
 	n.unstage(id)
 	if _, err := n.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: id,
 		CapacityRange: &csi.CapacityRange{RequiredBytes: 24 << 20}}); err != nil {
@@ -92,7 +104,7 @@ func TestPreallocatedVolume(t *testing.T) {
 	allocated("expanded by the controller", 24<<20)
 	// Raw block: growing ext4 online needs CAP_SYS_RESOURCE, which a
 	// test sandbox may withhold; the file grows the same way.
-	target := n.stage(id, blockCap(snw), false)
+	target = n.stage(id, blockCap(snw), false)
 	// Its device takes no discard, which would punch the backing file.
 	if out, err := exec.Command("blkdiscard", "-f", target).CombinedOutput(); err == nil {
 		t.Errorf("blkdiscard of a preallocated volume's device succeeded: %s", out)

@@ -115,7 +115,7 @@ func (b *ublkBackend) Attach(ctx context.Context, req blockdev.AttachRequest) (b
 	recorded, _ := os.Readlink(filepath.Join(b.cfg.DevDir, req.VolumeID))
 	s, err := b.srv.Attach(ctx, ublk.AttachSpec{VolumeID: req.VolumeID, File: req.File, SizeBytes: req.SizeBytes,
 		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes), Limits: req.Limits,
-		RecordedDev: recorded})
+		KeepAllocated: req.KeepAllocated, RecordedDev: recorded})
 	if err != nil {
 		return blockdev.Device{}, ublkErr("attach "+req.VolumeID, err)
 	}

@@ -71,13 +71,9 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		return nil, err
 	}
 	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun,
-		NowaitWrites: s.nowaitWrites(file, nil), Limits: spec.Limits, Owner: s.owner}
+		NowaitWrites: s.nowaitWrites(file, nil), KeepAllocated: spec.KeepAllocated, Limits: spec.Limits, Owner: s.owner}
 	lim := qos.New(spec.Limits)
-	target := NullTarget()
-	if file != nil {
-		target = FileTarget(int(file.Fd()))
-	}
-	cfg := DeviceConfig{Target: target, SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
+	cfg := DeviceConfig{Target: st.target(file), SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
 		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads(), Persist: func(info DevInfo) error {
 			st.DevID, st.Flags = info.DevID, info.Flags
 			if spec.Null {

@@ -273,7 +273,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	}
 	lim := qos.New(st.Limits)
 	st.NowaitWrites = s.nowaitWrites(file, &st)
-	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: FileTarget(int(file.Fd())), DMAAlign: dio, Owner: s.owner,
+	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: st.target(file), DMAAlign: dio, Owner: s.owner,
 		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads()})
 	if err != nil {
 		if errors.Is(err, errQueuesLive) {

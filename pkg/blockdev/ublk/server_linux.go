@@ -71,6 +71,9 @@ type AttachSpec struct {
 	MaxIOBytes uint32
 	// Limits pace the device's reads and writes (zero: unlimited).
 	Limits qos.Limits
+	// KeepAllocated keeps the file's blocks allocated (a preallocated
+	// volume): see Target.KeepAllocated.
+	KeepAllocated bool
 	// Null serves a null target instead of File (benchmarks only).
 	Null bool
 	// RecordedDev is the block device the volume's record names (where

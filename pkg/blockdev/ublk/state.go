@@ -29,6 +29,9 @@ type State struct {
 	// NowaitWrites is the QueueOptions.NowaitWrites chosen at creation,
 	// kept when the device is re-adopted.
 	NowaitWrites bool `json:"nowaitWrites,omitempty"`
+	// KeepAllocated is AttachSpec.KeepAllocated, kept when the device is
+	// re-adopted.
+	KeepAllocated bool `json:"keepAllocated,omitempty"`
 	// Limits are the device's rate limits.
 	Limits qos.Limits `json:"limits,omitzero"`
 	// Flags are the negotiated UBLK_F_* flags.
@@ -316,4 +319,15 @@ func Quarantined(dir string) ([]string, error) {
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// target is the device's backing store: file, or the null target where
+// file is nil (benchmark devices).
+func (st State) target(file *os.File) Target {
+	if file == nil {
+		return NullTarget()
+	}
+	t := FileTarget(int(file.Fd()))
+	t.KeepAllocated = st.KeepAllocated
+	return t
 }

@@ -121,11 +121,7 @@ func (s *Server) rehome(ctx context.Context, id string, t *dataplane.Thread) err
 	if err := failAt(fpHealing); err != nil {
 		return fmt.Errorf("re-adopt %s: %w", id, err)
 	}
-	target := NullTarget()
-	if sv.file != nil {
-		target = FileTarget(int(sv.file.Fd()))
-	}
-	dev, err := RecoverDevice(ctx, s.ctl, old.ID(), DeviceConfig{Target: target, Owner: s.owner,
+	dev, err := RecoverDevice(ctx, s.ctl, old.ID(), DeviceConfig{Target: sv.st.target(sv.file), Owner: s.owner,
 		Queue: s.queueOptions(sv.st.NowaitWrites), Limiter: sv.lim, Threads: s.threads, Gate: old.gate})
 	if err != nil {
 		if errors.Is(err, errQueuesLive) {

@@ -69,14 +69,15 @@ type plan struct {
 //	WRITE         → write at off, len; FUA adds RWF_DSYNC
 //	FLUSH         → fsync with IORING_FSYNC_DATASYNC (fdatasync)
 //	DISCARD       → fallocate PUNCH_HOLE|KEEP_SIZE
-//	WRITE_ZEROES  → fallocate ZERO_RANGE|KEEP_SIZE with NOUNMAP,
-//	                PUNCH_HOLE|KEEP_SIZE otherwise (as the loop driver does)
+//	WRITE_ZEROES  → fallocate ZERO_RANGE|KEEP_SIZE with NOUNMAP or
+//	                Target.KeepAllocated, PUNCH_HOLE|KEEP_SIZE otherwise
+//	                (as the loop driver does)
 //	anything else → -EOPNOTSUPP
 //
 // A descriptor out of range (see request) fails with -EINVAL; the kernel
 // sends none, but a wrapped length or offset must not reach the file. The
 // null target completes every supported op at once.
-func planFor(r request, kind TargetKind) plan {
+func planFor(r request, t Target) plan {
 	var p plan
 	if r.outOfRange && r.op != uapi.IOOpFlush {
 		return plan{act: actFail, errno: -int32(unix.EINVAL)}
@@ -95,13 +96,13 @@ func planFor(r request, kind TargetKind) plan {
 		p.act, p.mode = actFallocate, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE
 	case uapi.IOOpWriteZeroes:
 		p.act, p.mode = actFallocate, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE
-		if r.flags&uapi.IOFlagNoUnmap != 0 {
+		if r.flags&uapi.IOFlagNoUnmap != 0 || t.KeepAllocated {
 			p.mode = unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE
 		}
 	default:
 		return plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}
 	}
-	if kind == TargetNull {
+	if t.Kind == TargetNull {
 		p.act = actComplete
 	}
 	return p

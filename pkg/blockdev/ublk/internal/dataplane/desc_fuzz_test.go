@@ -31,7 +31,7 @@ func FuzzPlanFor(f *testing.F) {
 	f.Fuzz(func(t *testing.T, opFlags, nrSectors uint32, startSector uint64) {
 		r := decodeDesc(opFlags, nrSectors, startSector)
 		for _, kind := range []TargetKind{TargetFile, TargetNull} {
-			p := planFor(r, kind)
+			p := planFor(r, Target{Kind: kind})
 			if p.act == actFail {
 				if p.errno >= 0 {
 					t.Fatalf("desc %#x/%d/%d: failed with errno %d", opFlags, nrSectors, startSector, p.errno)

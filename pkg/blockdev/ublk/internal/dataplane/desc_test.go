@@ -34,28 +34,35 @@ func TestDecodeDesc(t *testing.T) {
 func TestPlanFor(t *testing.T) {
 	punch := uint32(unix.FALLOC_FL_PUNCH_HOLE | unix.FALLOC_FL_KEEP_SIZE)
 	zero := uint32(unix.FALLOC_FL_ZERO_RANGE | unix.FALLOC_FL_KEEP_SIZE)
+	file, null := Target{Kind: TargetFile}, Target{Kind: TargetNull}
+	// A preallocated volume's discards are switched off at the device
+	// (blkdev.DisableDiscard); its write-zeroes keep the blocks.
+	kept := Target{Kind: TargetFile, KeepAllocated: true}
 	cases := []struct {
-		name string
-		req  request
-		kind TargetKind
-		want plan
+		name   string
+		req    request
+		target Target
+		want   plan
 	}{
-		{"read", request{op: uapi.IOOpRead}, TargetFile, plan{act: actRead}},
-		{"write", request{op: uapi.IOOpWrite}, TargetFile, plan{act: actWrite}},
-		{"fua write", request{op: uapi.IOOpWrite, flags: uapi.IOFlagFUA}, TargetFile, plan{act: actWrite, rwFlags: unix.RWF_DSYNC}},
-		{"flush", request{op: uapi.IOOpFlush}, TargetFile, plan{act: actFsync}},
-		{"discard", request{op: uapi.IOOpDiscard}, TargetFile, plan{act: actFallocate, mode: punch}},
-		{"write zeroes", request{op: uapi.IOOpWriteZeroes}, TargetFile, plan{act: actFallocate, mode: punch}},
-		{"write zeroes nounmap", request{op: uapi.IOOpWriteZeroes, flags: uapi.IOFlagNoUnmap}, TargetFile, plan{act: actFallocate, mode: zero}},
-		{"write same", request{op: uapi.IOOpWriteSame}, TargetFile, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
-		{"zone op", request{op: 15}, TargetFile, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
-		{"null read", request{op: uapi.IOOpRead}, TargetNull, plan{act: actComplete}},
-		{"null flush", request{op: uapi.IOOpFlush}, TargetNull, plan{act: actComplete}},
-		{"null unknown", request{op: 18}, TargetNull, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
+		{"read", request{op: uapi.IOOpRead}, file, plan{act: actRead}},
+		{"write", request{op: uapi.IOOpWrite}, file, plan{act: actWrite}},
+		{"fua write", request{op: uapi.IOOpWrite, flags: uapi.IOFlagFUA}, file, plan{act: actWrite, rwFlags: unix.RWF_DSYNC}},
+		{"flush", request{op: uapi.IOOpFlush}, file, plan{act: actFsync}},
+		{"discard", request{op: uapi.IOOpDiscard}, file, plan{act: actFallocate, mode: punch}},
+		{"write zeroes", request{op: uapi.IOOpWriteZeroes}, file, plan{act: actFallocate, mode: punch}},
+		{"write zeroes nounmap", request{op: uapi.IOOpWriteZeroes, flags: uapi.IOFlagNoUnmap}, file, plan{act: actFallocate, mode: zero}},
+		{"write zeroes kept allocated", request{op: uapi.IOOpWriteZeroes}, kept, plan{act: actFallocate, mode: zero}},
+		{"write zeroes nounmap kept allocated", request{op: uapi.IOOpWriteZeroes, flags: uapi.IOFlagNoUnmap}, kept, plan{act: actFallocate, mode: zero}},
+		{"discard kept allocated", request{op: uapi.IOOpDiscard}, kept, plan{act: actFallocate, mode: punch}},
+		{"write same", request{op: uapi.IOOpWriteSame}, file, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
+		{"zone op", request{op: 15}, file, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
+		{"null read", request{op: uapi.IOOpRead}, null, plan{act: actComplete}},
+		{"null flush", request{op: uapi.IOOpFlush}, null, plan{act: actComplete}},
+		{"null unknown", request{op: 18}, null, plan{act: actFail, errno: -int32(unix.EOPNOTSUPP)}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			if got := planFor(c.req, c.kind); got != c.want {
+			if got := planFor(c.req, c.target); got != c.want {
 				t.Fatalf("planFor = %+v, want %+v", got, c.want)
 			}
 		})

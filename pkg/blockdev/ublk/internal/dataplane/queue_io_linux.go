@@ -63,7 +63,7 @@ func (l *queueState) onCmd(tag uint16, res int32) error {
 func (l *queueState) accept(tag uint16) error {
 	t := &l.tags[tag]
 	t.req = l.descs.request(tag)
-	t.plan = planFor(t.req, l.cfg.Target.Kind)
+	t.plan = planFor(t.req, l.cfg.Target)
 	t.done, t.retries, t.start = 0, 0, monoNow()
 	l.q.stats.inFlight.Add(1)
 	l.s.serving++

@@ -20,6 +20,12 @@ type Target struct {
 	// it open until every queue using it has returned from Wait. Each
 	// queue registers it in its own ring, so one fd serves all queues.
 	FD int
+	// KeepAllocated keeps the file's blocks allocated: WRITE_ZEROES
+	// zeroes in place (ZERO_RANGE) even without NOUNMAP, where it would
+	// punch a hole (a preallocated volume, whose blocks are its promise
+	// of space). The kernel sends WRITE_ZEROES without NOUNMAP for ext4's
+	// inode-table zeroing and its zero-out of unwritten extents.
+	KeepAllocated bool
 }
 
 // FileTarget returns a target that serves I/O from the open file fd.
