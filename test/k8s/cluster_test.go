@@ -2,6 +2,7 @@ package k8s
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fastblk/csi-fastblk/internal/testgate"
+	fbdriver "github.com/fastblk/csi-fastblk/pkg/driver"
 )
 
 const (
@@ -283,4 +285,98 @@ func (c *cluster) volumeNode(t *testing.T, claim string) string {
 		t.Fatalf("PV %s of PVC %s has no node affinity", pv, claim)
 	}
 	return n
+}
+
+// waitLog waits for a running pod's log to contain s.
+func (c *cluster) waitLog(t *testing.T, pod, s string, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, "pod "+pod+" to log "+s, func() (bool, string) {
+		out, err := c.kubectl("-n", testNS, "logs", pod)
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(out, s), out + "\n" + c.describe(pod)
+	})
+}
+
+// nodeStatus is `csi-fastblk status --json` in node's plugin container.
+func (c *cluster) nodeStatus(t *testing.T, node string) fbdriver.NodeStatus {
+	t.Helper()
+	st, err := c.nodeStatusErr(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (c *cluster) nodeStatusErr(node string) (fbdriver.NodeStatus, error) {
+	var st fbdriver.NodeStatus
+	out, err := c.kubectl("-n", pluginNS, "get", "pods", "-l", "app.kubernetes.io/component=node",
+		"--field-selector", "spec.nodeName="+node+",status.phase=Running", "-o", "jsonpath={.items[0].metadata.name}")
+	if err != nil || strings.TrimSpace(out) == "" {
+		return st, fmt.Errorf("no running plugin pod on %s: %v", node, err)
+	}
+	raw, err := c.kubectl("-n", pluginNS, "exec", strings.TrimSpace(out), "-c", "csi-fastblk", "--", "csi-fastblk", "status", "--json")
+	if err != nil {
+		return st, fmt.Errorf("status of %s: %w", node, err)
+	}
+	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+		return st, fmt.Errorf("status of %s: %w: %q", node, err, raw)
+	}
+	return st, nil
+}
+
+// writtenSnapshot makes claim (size, the default class) on node, runs
+// script on it in a pod there, and takes VolumeSnapshot snap of it.
+func (c *cluster) writtenSnapshot(t *testing.T, snap, claim, size, node, script string) {
+	t.Helper()
+	c.apply(t, pvc(claim, size, ""))
+	w := "w-" + claim
+	c.startPod(t, pod{name: w, claim: claim, node: node, restartNever: true, script: script})
+	c.waitPodPhase(t, w, "Succeeded", 2*time.Minute)
+	c.delete(t, "pod", w)
+	c.snapshotClaim(t, snap, claim)
+}
+
+// snapshotClaim takes VolumeSnapshot snap of claim in the chart's class
+// and waits until it is ready, with README's kubectl wait.
+func (c *cluster) snapshotClaim(t *testing.T, snap, claim string) {
+	t.Helper()
+	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: %s, namespace: %s}
+spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}}
+`, snap, testNS, claim))
+	c.k(t, "-n", testNS, "wait", "volumesnapshot/"+snap, "--for=jsonpath={.status.readyToUse}=true", "--timeout=2m")
+}
+
+// objectFile is the data directory's ID of node's volume or snapshot
+// (sub "volumes" or "snapshots") of CSI handle, and its file on the host.
+func (c *cluster) objectFile(node, sub, handle string) (id, file string) {
+	id = strings.TrimSuffix(handle, "-"+node)
+	return id, filepath.Join(c.nodeDir(node), "data", sub, id+".img")
+}
+
+// waitGone waits for a cluster-scoped object to be deleted.
+func (c *cluster) waitGone(t *testing.T, kind, name string) {
+	t.Helper()
+	eventually(t, 2*time.Minute, kind+" "+name+" to go", func() (bool, string) {
+		out, err := c.kubectl("get", kind, name, "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", out
+	})
+}
+
+// storageClass makes StorageClass name of the driver, binding at the first
+// consumer, with params ("key: value, ..."), and deletes it when the test
+// ends.
+func (c *cluster) storageClass(t *testing.T, name, params string) {
+	t.Helper()
+	c.apply(t, fmt.Sprintf(`apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: %s}
+provisioner: %s
+volumeBindingMode: WaitForFirstConsumer
+parameters: {%s}
+`, name, driver, params))
+	t.Cleanup(func() { _, _ = c.kubectl("delete", "storageclass", name, "--ignore-not-found") })
 }

@@ -744,27 +744,8 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}
 // n1 and runs the pod there, with the snapshot's data.
 func TestRestoreHandoff(t *testing.T) {
 	c := requireChart(t)
-	c.apply(t, `apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: fastblk-handoff}
-provisioner: `+driver+`
-volumeBindingMode: WaitForFirstConsumer
-parameters: {crossNodeSource: handoff}
-`)
-	t.Cleanup(func() { _, _ = c.kubectl("delete", "storageclass", "fastblk-handoff", "--ignore-not-found") })
-	c.apply(t, pvc("ho-src", "256Mi", ""))
-	c.startPod(t, pod{name: "ho-w", claim: "ho-src", node: "n1", restartNever: true,
-		script: "echo handoff > /data/f; sha256sum /data/f > /data/f.sha256; sync"})
-	c.waitPodPhase(t, "ho-w", "Succeeded", 2*time.Minute)
-	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: ho-snap, namespace: %s}
-spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: ho-src}}
-`, testNS))
-	eventually(t, 2*time.Minute, "VolumeSnapshot ho-snap ready", func() (bool, string) {
-		out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", "ho-snap", "-o", "jsonpath={.status.readyToUse}")
-		return out == "true", out
-	})
+	c.storageClass(t, "fastblk-handoff", "crossNodeSource: handoff")
+	c.writtenSnapshot(t, "ho-snap", "ho-src", "256Mi", "n1", "echo handoff > /data/f; sha256sum /data/f > /data/f.sha256; sync")
 	c.apply(t, pvc("ho-r", "256Mi", "  storageClassName: fastblk-handoff\n"+
 		"  dataSource: {name: ho-snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
 	start := time.Now()
@@ -780,6 +761,99 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: ho-
 		t.Errorf("the handed-off restore holds different data:\n%s", logs)
 	}
 	t.Logf("handed-off restore done in %v", time.Since(start).Round(time.Second))
+}
+
+// TestMoveVolumeToAnotherNode follows README's "Moving a volume to another
+// node" step by step: a claim on n1 holds a file with its checksum and a
+// pattern after a hole; the app stops, n1 is cordoned as a drain does, the
+// claim is snapshotted, deleted and made again under the same name from
+// the snapshot, and the app's pod, the same spec as before (it prefers n1),
+// starts on n2 with the data. The old volume is gone from n1 and the
+// snapshot can be deleted after, the moved claim still reading.
+func TestMoveVolumeToAnotherNode(t *testing.T) {
+	c := requireChart(t)
+	const claim, snap = "mv", "mv-move"
+	start := time.Now()
+	c.apply(t, pvc(claim, "256Mi", ""))
+	// The app: writes once (unless the data is there), checks, then runs.
+	app := pod{name: "mv-app", claim: claim, prefer: "n1", script: `set -e
+if [ ! -e /data/f.sha256 ]; then
+  dd if=/dev/urandom of=/data/f bs=1M count=32 2>/dev/null
+  sha256sum /data/f > /data/f.sha256
+  printf 'fastblk-move' | dd of=/data/sparse bs=1M seek=100 conv=notrunc 2>/dev/null
+  sync
+fi
+sha256sum -c /data/f.sha256
+[ "$(dd if=/data/sparse bs=1M skip=100 2>/dev/null)" = fastblk-move ]
+[ "$(dd if=/data/sparse bs=1M count=100 2>/dev/null | tr -d '\000' | wc -c)" -eq 0 ]
+echo "pattern OK"
+sleep 3600`}
+	c.startPod(t, app)
+	c.waitPodPhase(t, app.name, "Running", 3*time.Minute)
+	c.waitLog(t, app.name, "pattern OK", time.Minute)
+	if on := c.volumeNode(t, claim); on != "n1" {
+		t.Fatalf("the claim was provisioned on %s, want n1 (the app prefers n1)", on)
+	}
+	oldPV := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", claim)
+	oldID, oldFile := c.objectFile("n1", "volumes", c.jsonpath(t, "{.spec.csi.volumeHandle}", "get", "pv", oldPV))
+	if _, err := os.Stat(oldFile); err != nil {
+		t.Fatalf("the volume's file on n1: %v", err)
+	}
+
+	// 1. Cordon the node, as kubectl drain does first.
+	c.k(t, "cordon", "n1")
+	t.Cleanup(func() { _, _ = c.kubectl("uncordon", "n1") })
+	// 2. Stop the app.
+	down := time.Now()
+	c.delete(t, "pod", app.name)
+	// 3. Snapshot the claim.
+	c.snapshotClaim(t, snap, claim)
+	// 4. Delete the claim: its volume on n1 goes with it.
+	c.k(t, "-n", testNS, "delete", "pvc", claim, "--timeout=2m")
+	// 5. Make it again under the same name from the snapshot.
+	c.apply(t, pvc(claim, "256Mi", "  storageClassName: fastblk\n"+
+		"  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: "+snap+"}\n"))
+	// 6. Start the app: n1 is cordoned, so the scheduler picks n2.
+	c.startPod(t, app)
+	c.waitPodPhase(t, app.name, "Running", 4*time.Minute)
+	c.waitLog(t, app.name, "pattern OK", time.Minute)
+	t.Logf("the app was down %v (stop, snapshot, claim again, copy, start)", time.Since(down).Round(time.Second))
+	if on := c.volumeNode(t, claim); on != "n2" {
+		t.Errorf("the moved claim's volume is on %s, want n2", on)
+	}
+	if ran := c.jsonpath(t, "{.spec.nodeName}", "-n", testNS, "get", "pod", app.name); ran != "n2" {
+		t.Errorf("the app ran on %s after the move, want n2", ran)
+	}
+	if logs := c.logs(t, app.name); !strings.Contains(logs, "/data/f: OK") {
+		t.Errorf("the moved claim holds different data:\n%s", logs)
+	}
+
+	// The old volume is gone: its PV, n1's record and file.
+	c.waitGone(t, "pv", oldPV)
+	for _, v := range c.nodeStatus(t, "n1").Volumes {
+		if v.ID == oldID || v.Name == oldPV {
+			t.Errorf("n1 still lists the old volume: %+v", v)
+		}
+	}
+	if _, err := os.Stat(oldFile); !os.IsNotExist(err) {
+		t.Errorf("the old volume's file is still on n1: %v", err)
+	}
+
+	// 7. Delete the snapshot: it goes from n1, and the claim still reads.
+	content := c.jsonpath(t, "{.status.boundVolumeSnapshotContentName}", "-n", testNS, "get", "volumesnapshot", snap)
+	_, snapFile := c.objectFile("n1", "snapshots", c.jsonpath(t, "{.status.snapshotHandle}", "get", "volumesnapshotcontent", content))
+	if _, err := os.Stat(snapFile); err != nil {
+		t.Errorf("the snapshot's file on n1: %v", err)
+	}
+	c.k(t, "-n", testNS, "delete", "volumesnapshot", snap, "--timeout=2m")
+	c.waitGone(t, "volumesnapshotcontent", content)
+	if _, err := os.Stat(snapFile); !os.IsNotExist(err) {
+		t.Errorf("the snapshot's file is still on n1 after its deletion: %v", err)
+	}
+	c.k(t, "-n", testNS, "exec", app.name, "--", "sha256sum", "-c", "/data/f.sha256")
+	c.delete(t, "pod", app.name)
+	c.delete(t, "pvc", claim)
+	t.Logf("move test took %v", time.Since(start).Round(time.Second))
 }
 
 func lastLines(s string, n int) string {
