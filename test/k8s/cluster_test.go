@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -299,6 +301,17 @@ func (c *cluster) waitLog(t *testing.T, pod, s string, timeout time.Duration) {
 	})
 }
 
+// claimEvents are a PVC's events, oldest first.
+func (c *cluster) claimEvents(claim string) string {
+	ev, err := c.kubectl("-n", testNS, "get", "events", "--sort-by=.lastTimestamp",
+		"--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name="+claim,
+		"-o", "custom-columns=REASON:.reason,COUNT:.count,FROM:.source.component,MESSAGE:.message", "--no-headers")
+	if err != nil {
+		return err.Error()
+	}
+	return ev
+}
+
 // nodeStatus is `csi-fastblk status --json` in node's plugin container.
 func (c *cluster) nodeStatus(t *testing.T, node string) fbdriver.NodeStatus {
 	t.Helper()
@@ -324,6 +337,75 @@ func (c *cluster) nodeStatusErr(node string) (fbdriver.NodeStatus, error) {
 		return st, fmt.Errorf("status of %s: %w: %q", node, err, raw)
 	}
 	return st, nil
+}
+
+// pluginPID is the host's PID of node's plugin process: `csi-fastblk
+// serve --node-id=<node>` in the cgroup of node's plugin pod (the nodes'
+// containers share the host's PID namespace).
+func (c *cluster) pluginPID(t *testing.T, node string) int {
+	t.Helper()
+	ready, detail := c.pluginPods(t)
+	if ready[node] == "" {
+		t.Fatalf("no ready plugin pod on %s:%s", node, detail)
+	}
+	uid := c.jsonpath(t, "{.metadata.uid}", "-n", pluginNS, "get", "pod", ready[node])
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err1 := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cg, err2 := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		if len(args) > 1 && filepath.Base(args[0]) == "csi-fastblk" && args[1] == "serve" &&
+			slices.Contains(args, "--node-id="+node) &&
+			(strings.Contains(string(cg), uid) || strings.Contains(string(cg), strings.ReplaceAll(uid, "-", "_"))) {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("want one plugin process of pod %s (uid %s) on %s, found %v", ready[node], uid, node, pids)
+	}
+	return pids[0]
+}
+
+// noVolumesWithoutPV fails for a volume on node, in its data directory or
+// in its plugin's status, that no PV holds (a copy's remains).
+func (c *cluster) noVolumesWithoutPV(t *testing.T, node string) {
+	t.Helper()
+	held := map[string]bool{}
+	out := c.k(t, "get", "pv", "-o", `jsonpath={range .items[*]}{.spec.csi.volumeHandle}{"\n"}{end}`)
+	for _, h := range strings.Fields(out) {
+		if id, ok := strings.CutSuffix(h, "-"+node); ok {
+			held[id] = true
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(c.nodeDir(node), "data", "volumes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if id, ok := strings.CutSuffix(e.Name(), ".img"); !ok || !held[id] {
+			t.Errorf("node %s: volumes/%s belongs to no PV", node, e.Name())
+		}
+	}
+	st := c.nodeStatus(t, node)
+	for _, v := range st.Volumes {
+		if !held[v.ID] {
+			t.Errorf("node %s lists volume %s (%s), which no PV holds", node, v.ID, v.Name)
+		}
+	}
+	if len(st.Pulls) > 0 {
+		t.Errorf("node %s still copies: %+v", node, st.Pulls)
+	}
 }
 
 // writtenSnapshot makes claim (size, the default class) on node, runs

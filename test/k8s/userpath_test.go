@@ -13,12 +13,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	fbdriver "github.com/fastblk/csi-fastblk/pkg/driver"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
 
@@ -854,6 +856,98 @@ sleep 3600`}
 	c.delete(t, "pod", app.name)
 	c.delete(t, "pvc", claim)
 	t.Logf("move test took %v", time.Since(start).Round(time.Second))
+}
+
+// TestRestoreSurvivesPluginKill restores n1's snapshot onto n2 through a
+// class whose transferRate (1Mi) makes the copy of its 20 MiB last about
+// 20 s, and kills a plugin in the middle of the copy: n1's (the source's)
+// pod is force-deleted, as an eviction or a lost node would take it; n2's
+// (the target's) plugin process is killed with SIGKILL, a crash that
+// leaves its pod and provisioner. Either way the copy fails, the
+// external-provisioner retries once the plugin is back, the next copy
+// starts afresh and the claim binds with the snapshot's data; n2 keeps
+// nothing of the interrupted copy. While the copy runs its progress shows
+// in n2's `csi-fastblk status`, and the failed copy's progress reaches
+// the claim as the provisioner's event.
+func TestRestoreSurvivesPluginKill(t *testing.T) {
+	c := requireChart(t)
+	c.storageClass(t, "fastblk-slow", "transferRate: 1Mi")
+	c.writtenSnapshot(t, "pk-snap", "pk-src", "128Mi", "n1",
+		"dd if=/dev/urandom of=/data/f bs=1M count=20 2>/dev/null; sha256sum /data/f > /data/f.sha256; sync")
+
+	for _, tc := range []struct {
+		name, claim string
+		kill        func(t *testing.T)
+		event       string // in the claim's events after the kill ("" for none)
+	}{
+		{"source pod deleted", "pk-r1", func(t *testing.T) {
+			ready, detail := c.pluginPods(t)
+			if ready["n1"] == "" {
+				t.Fatalf("no ready plugin pod on n1:%s", detail)
+			}
+			c.k(t, "-n", pluginNS, "delete", "pod", ready["n1"], "--grace-period=0", "--force")
+		}, "bytes of data received"},
+		// The provisioner beside the killed plugin exits when it loses
+		// the plugin's socket (csi-lib-utils' ExitOnConnectionLoss), so
+		// the call it had in flight may leave no event.
+		{"target process killed", "pk-r2", func(t *testing.T) {
+			ready, _ := c.pluginPods(t)
+			restarts := func() int {
+				n, _ := strconv.Atoi(c.jsonpath(t, `{.status.containerStatuses[?(@.name=="csi-fastblk")].restartCount}`, "-n", pluginNS, "get", "pod", ready["n2"]))
+				return n
+			}
+			before := restarts()
+			pid := c.pluginPID(t, "n2")
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill n2's plugin (pid %d): %v", pid, err)
+			}
+			eventually(t, 2*time.Minute, "n2's plugin container to restart in its pod", func() (bool, string) {
+				return restarts() > before, fmt.Sprintf("restartCount %d", restarts())
+			})
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			c.apply(t, pvc(tc.claim, "128Mi", "  storageClassName: fastblk-slow\n"+
+				"  dataSource: {name: pk-snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
+			c.startPod(t, pod{name: tc.claim, claim: tc.claim, node: "n2", restartNever: true, script: "sha256sum -c /data/f.sha256"})
+			var seen fbdriver.PullStatus
+			eventually(t, 2*time.Minute, "n2 to copy "+tc.claim+" (3 MiB in)", func() (bool, string) {
+				st, err := c.nodeStatusErr("n2")
+				if err != nil {
+					return false, err.Error()
+				}
+				for _, p := range st.Pulls {
+					if p.PVCName == tc.claim {
+						seen = p
+						return p.ReceivedBytes >= 3<<20, fmt.Sprintf("%+v", p)
+					}
+				}
+				return false, fmt.Sprintf("no copy for %s in n2's status: %+v", tc.claim, st.Pulls)
+			})
+			t.Logf("n2's status in the copy after %v: %d of at most %d bytes received from %s",
+				time.Since(start).Round(time.Second), seen.ReceivedBytes, seen.ExpectedBytes, seen.SourceNode)
+			killed := time.Now()
+			tc.kill(t)
+			c.waitPodPhase(t, tc.claim, "Succeeded", 4*time.Minute)
+			t.Logf("claim bound and checked %v after the kill (%v in all)",
+				time.Since(killed).Round(time.Second), time.Since(start).Round(time.Second))
+			if logs := c.logs(t, tc.claim); !strings.Contains(logs, "/data/f: OK") {
+				t.Errorf("%s holds different data:\n%s", tc.claim, logs)
+			}
+			if on := c.volumeNode(t, tc.claim); on != "n2" {
+				t.Errorf("%s was provisioned on %s, want n2", tc.claim, on)
+			}
+			ev := c.claimEvents(tc.claim)
+			t.Logf("events of claim %s:\n%s", tc.claim, ev)
+			if !strings.Contains(ev, tc.event) { // "" for none
+				t.Errorf("no event of claim %s says %q", tc.claim, tc.event)
+			}
+			c.waitPluginPods(t, 3*time.Minute)
+			c.noVolumesWithoutPV(t, "n2")
+			c.delete(t, "pod", tc.claim)
+		})
+	}
 }
 
 func lastLines(s string, n int) string {
