@@ -2,15 +2,19 @@ package k8s
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fastblk/csi-fastblk/internal/testgate"
+	fbdriver "github.com/fastblk/csi-fastblk/pkg/driver"
 )
 
 const (
@@ -283,4 +287,178 @@ func (c *cluster) volumeNode(t *testing.T, claim string) string {
 		t.Fatalf("PV %s of PVC %s has no node affinity", pv, claim)
 	}
 	return n
+}
+
+// waitLog waits for a running pod's log to contain s.
+func (c *cluster) waitLog(t *testing.T, pod, s string, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, "pod "+pod+" to log "+s, func() (bool, string) {
+		out, err := c.kubectl("-n", testNS, "logs", pod)
+		if err != nil {
+			return false, err.Error()
+		}
+		return strings.Contains(out, s), out + "\n" + c.describe(pod)
+	})
+}
+
+// claimEvents are a PVC's events, oldest first.
+func (c *cluster) claimEvents(claim string) string {
+	ev, err := c.kubectl("-n", testNS, "get", "events", "--sort-by=.lastTimestamp",
+		"--field-selector", "involvedObject.kind=PersistentVolumeClaim,involvedObject.name="+claim,
+		"-o", "custom-columns=REASON:.reason,COUNT:.count,FROM:.source.component,MESSAGE:.message", "--no-headers")
+	if err != nil {
+		return err.Error()
+	}
+	return ev
+}
+
+// nodeStatus is `csi-fastblk status --json` in node's plugin container.
+func (c *cluster) nodeStatus(t *testing.T, node string) fbdriver.NodeStatus {
+	t.Helper()
+	st, err := c.nodeStatusErr(node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func (c *cluster) nodeStatusErr(node string) (fbdriver.NodeStatus, error) {
+	var st fbdriver.NodeStatus
+	out, err := c.kubectl("-n", pluginNS, "get", "pods", "-l", "app.kubernetes.io/component=node",
+		"--field-selector", "spec.nodeName="+node+",status.phase=Running", "-o", "jsonpath={.items[0].metadata.name}")
+	if err != nil || strings.TrimSpace(out) == "" {
+		return st, fmt.Errorf("no running plugin pod on %s: %v", node, err)
+	}
+	raw, err := c.kubectl("-n", pluginNS, "exec", strings.TrimSpace(out), "-c", "csi-fastblk", "--", "csi-fastblk", "status", "--json")
+	if err != nil {
+		return st, fmt.Errorf("status of %s: %w", node, err)
+	}
+	if err := json.Unmarshal([]byte(raw), &st); err != nil {
+		return st, fmt.Errorf("status of %s: %w: %q", node, err, raw)
+	}
+	return st, nil
+}
+
+// pluginPID is the host's PID of node's plugin process: `csi-fastblk
+// serve --node-id=<node>` in the cgroup of node's plugin pod (the nodes'
+// containers share the host's PID namespace).
+func (c *cluster) pluginPID(t *testing.T, node string) int {
+	t.Helper()
+	ready, detail := c.pluginPods(t)
+	if ready[node] == "" {
+		t.Fatalf("no ready plugin pod on %s:%s", node, detail)
+	}
+	uid := c.jsonpath(t, "{.metadata.uid}", "-n", pluginNS, "get", "pod", ready[node])
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmd, err1 := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		cg, err2 := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmd), "\x00"), "\x00")
+		if len(args) > 1 && filepath.Base(args[0]) == "csi-fastblk" && args[1] == "serve" &&
+			slices.Contains(args, "--node-id="+node) &&
+			(strings.Contains(string(cg), uid) || strings.Contains(string(cg), strings.ReplaceAll(uid, "-", "_"))) {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("want one plugin process of pod %s (uid %s) on %s, found %v", ready[node], uid, node, pids)
+	}
+	return pids[0]
+}
+
+// noVolumesWithoutPV fails for a volume on node, in its data directory or
+// in its plugin's status, that no PV holds (a copy's remains).
+func (c *cluster) noVolumesWithoutPV(t *testing.T, node string) {
+	t.Helper()
+	held := map[string]bool{}
+	out := c.k(t, "get", "pv", "-o", `jsonpath={range .items[*]}{.spec.csi.volumeHandle}{"\n"}{end}`)
+	for _, h := range strings.Fields(out) {
+		if id, ok := strings.CutSuffix(h, "-"+node); ok {
+			held[id] = true
+		}
+	}
+	ents, err := os.ReadDir(filepath.Join(c.nodeDir(node), "data", "volumes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if id, ok := strings.CutSuffix(e.Name(), ".img"); !ok || !held[id] {
+			t.Errorf("node %s: volumes/%s belongs to no PV", node, e.Name())
+		}
+	}
+	st := c.nodeStatus(t, node)
+	for _, v := range st.Volumes {
+		if !held[v.ID] {
+			t.Errorf("node %s lists volume %s (%s), which no PV holds", node, v.ID, v.Name)
+		}
+	}
+	if len(st.Pulls) > 0 {
+		t.Errorf("node %s still copies: %+v", node, st.Pulls)
+	}
+}
+
+// writtenSnapshot makes claim (size, the default class) on node, runs
+// script on it in a pod there, and takes VolumeSnapshot snap of it.
+func (c *cluster) writtenSnapshot(t *testing.T, snap, claim, size, node, script string) {
+	t.Helper()
+	c.apply(t, pvc(claim, size, ""))
+	w := "w-" + claim
+	c.startPod(t, pod{name: w, claim: claim, node: node, restartNever: true, script: script})
+	c.waitPodPhase(t, w, "Succeeded", 2*time.Minute)
+	c.delete(t, "pod", w)
+	c.snapshotClaim(t, snap, claim)
+}
+
+// snapshotClaim takes VolumeSnapshot snap of claim in the chart's class
+// and waits until it is ready, with README's kubectl wait.
+func (c *cluster) snapshotClaim(t *testing.T, snap, claim string) {
+	t.Helper()
+	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: %s, namespace: %s}
+spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}}
+`, snap, testNS, claim))
+	c.k(t, "-n", testNS, "wait", "volumesnapshot/"+snap, "--for=jsonpath={.status.readyToUse}=true", "--timeout=2m")
+}
+
+// objectFile is the data directory's ID of node's volume or snapshot
+// (sub "volumes" or "snapshots") of CSI handle, and its file on the host.
+func (c *cluster) objectFile(node, sub, handle string) (id, file string) {
+	id = strings.TrimSuffix(handle, "-"+node)
+	return id, filepath.Join(c.nodeDir(node), "data", sub, id+".img")
+}
+
+// waitGone waits for a cluster-scoped object to be deleted.
+func (c *cluster) waitGone(t *testing.T, kind, name string) {
+	t.Helper()
+	eventually(t, 2*time.Minute, kind+" "+name+" to go", func() (bool, string) {
+		out, err := c.kubectl("get", kind, name, "--ignore-not-found", "-o", "name")
+		return err == nil && strings.TrimSpace(out) == "", out
+	})
+}
+
+// storageClass makes StorageClass name of the driver, binding at the first
+// consumer, with params ("key: value, ..."), and deletes it when the test
+// ends.
+func (c *cluster) storageClass(t *testing.T, name, params string) {
+	t.Helper()
+	c.apply(t, fmt.Sprintf(`apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata: {name: %s}
+provisioner: %s
+volumeBindingMode: WaitForFirstConsumer
+parameters: {%s}
+`, name, driver, params))
+	t.Cleanup(func() { _, _ = c.kubectl("delete", "storageclass", name, "--ignore-not-found") })
 }

@@ -13,12 +13,14 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	fbdriver "github.com/fastblk/csi-fastblk/pkg/driver"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
 
@@ -744,27 +746,8 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: %s}
 // n1 and runs the pod there, with the snapshot's data.
 func TestRestoreHandoff(t *testing.T) {
 	c := requireChart(t)
-	c.apply(t, `apiVersion: storage.k8s.io/v1
-kind: StorageClass
-metadata: {name: fastblk-handoff}
-provisioner: `+driver+`
-volumeBindingMode: WaitForFirstConsumer
-parameters: {crossNodeSource: handoff}
-`)
-	t.Cleanup(func() { _, _ = c.kubectl("delete", "storageclass", "fastblk-handoff", "--ignore-not-found") })
-	c.apply(t, pvc("ho-src", "256Mi", ""))
-	c.startPod(t, pod{name: "ho-w", claim: "ho-src", node: "n1", restartNever: true,
-		script: "echo handoff > /data/f; sha256sum /data/f > /data/f.sha256; sync"})
-	c.waitPodPhase(t, "ho-w", "Succeeded", 2*time.Minute)
-	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
-kind: VolumeSnapshot
-metadata: {name: ho-snap, namespace: %s}
-spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: ho-src}}
-`, testNS))
-	eventually(t, 2*time.Minute, "VolumeSnapshot ho-snap ready", func() (bool, string) {
-		out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", "ho-snap", "-o", "jsonpath={.status.readyToUse}")
-		return out == "true", out
-	})
+	c.storageClass(t, "fastblk-handoff", "crossNodeSource: handoff")
+	c.writtenSnapshot(t, "ho-snap", "ho-src", "256Mi", "n1", "echo handoff > /data/f; sha256sum /data/f > /data/f.sha256; sync")
 	c.apply(t, pvc("ho-r", "256Mi", "  storageClassName: fastblk-handoff\n"+
 		"  dataSource: {name: ho-snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
 	start := time.Now()
@@ -780,6 +763,191 @@ spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: ho-
 		t.Errorf("the handed-off restore holds different data:\n%s", logs)
 	}
 	t.Logf("handed-off restore done in %v", time.Since(start).Round(time.Second))
+}
+
+// TestMoveVolumeToAnotherNode follows README's "Moving a volume to another
+// node" step by step: a claim on n1 holds a file with its checksum and a
+// pattern after a hole; the app stops, n1 is cordoned as a drain does, the
+// claim is snapshotted, deleted and made again under the same name from
+// the snapshot, and the app's pod, the same spec as before (it prefers n1),
+// starts on n2 with the data. The old volume is gone from n1 and the
+// snapshot can be deleted after, the moved claim still reading.
+func TestMoveVolumeToAnotherNode(t *testing.T) {
+	c := requireChart(t)
+	const claim, snap = "mv", "mv-move"
+	start := time.Now()
+	c.apply(t, pvc(claim, "256Mi", ""))
+	// The app: writes once (unless the data is there), checks, then runs.
+	app := pod{name: "mv-app", claim: claim, prefer: "n1", script: `set -e
+if [ ! -e /data/f.sha256 ]; then
+  dd if=/dev/urandom of=/data/f bs=1M count=32 2>/dev/null
+  sha256sum /data/f > /data/f.sha256
+  printf 'fastblk-move' | dd of=/data/sparse bs=1M seek=100 conv=notrunc 2>/dev/null
+  sync
+fi
+sha256sum -c /data/f.sha256
+[ "$(dd if=/data/sparse bs=1M skip=100 2>/dev/null)" = fastblk-move ]
+[ "$(dd if=/data/sparse bs=1M count=100 2>/dev/null | tr -d '\000' | wc -c)" -eq 0 ]
+echo "pattern OK"
+sleep 3600`}
+	c.startPod(t, app)
+	c.waitPodPhase(t, app.name, "Running", 3*time.Minute)
+	c.waitLog(t, app.name, "pattern OK", time.Minute)
+	if on := c.volumeNode(t, claim); on != "n1" {
+		t.Fatalf("the claim was provisioned on %s, want n1 (the app prefers n1)", on)
+	}
+	oldPV := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", claim)
+	oldID, oldFile := c.objectFile("n1", "volumes", c.jsonpath(t, "{.spec.csi.volumeHandle}", "get", "pv", oldPV))
+	if _, err := os.Stat(oldFile); err != nil {
+		t.Fatalf("the volume's file on n1: %v", err)
+	}
+
+	// 1. Cordon the node, as kubectl drain does first.
+	c.k(t, "cordon", "n1")
+	t.Cleanup(func() { _, _ = c.kubectl("uncordon", "n1") })
+	// 2. Stop the app.
+	down := time.Now()
+	c.delete(t, "pod", app.name)
+	// 3. Snapshot the claim.
+	c.snapshotClaim(t, snap, claim)
+	// 4. Delete the claim: its volume on n1 goes with it.
+	c.k(t, "-n", testNS, "delete", "pvc", claim, "--timeout=2m")
+	// 5. Make it again under the same name from the snapshot.
+	c.apply(t, pvc(claim, "256Mi", "  storageClassName: fastblk\n"+
+		"  dataSource: {apiGroup: snapshot.storage.k8s.io, kind: VolumeSnapshot, name: "+snap+"}\n"))
+	// 6. Start the app: n1 is cordoned, so the scheduler picks n2.
+	c.startPod(t, app)
+	c.waitPodPhase(t, app.name, "Running", 4*time.Minute)
+	c.waitLog(t, app.name, "pattern OK", time.Minute)
+	t.Logf("the app was down %v (stop, snapshot, claim again, copy, start)", time.Since(down).Round(time.Second))
+	if on := c.volumeNode(t, claim); on != "n2" {
+		t.Errorf("the moved claim's volume is on %s, want n2", on)
+	}
+	if ran := c.jsonpath(t, "{.spec.nodeName}", "-n", testNS, "get", "pod", app.name); ran != "n2" {
+		t.Errorf("the app ran on %s after the move, want n2", ran)
+	}
+	if logs := c.logs(t, app.name); !strings.Contains(logs, "/data/f: OK") {
+		t.Errorf("the moved claim holds different data:\n%s", logs)
+	}
+
+	// The old volume is gone: its PV, n1's record and file.
+	c.waitGone(t, "pv", oldPV)
+	for _, v := range c.nodeStatus(t, "n1").Volumes {
+		if v.ID == oldID || v.Name == oldPV {
+			t.Errorf("n1 still lists the old volume: %+v", v)
+		}
+	}
+	if _, err := os.Stat(oldFile); !os.IsNotExist(err) {
+		t.Errorf("the old volume's file is still on n1: %v", err)
+	}
+
+	// 7. Delete the snapshot: it goes from n1, and the claim still reads.
+	content := c.jsonpath(t, "{.status.boundVolumeSnapshotContentName}", "-n", testNS, "get", "volumesnapshot", snap)
+	_, snapFile := c.objectFile("n1", "snapshots", c.jsonpath(t, "{.status.snapshotHandle}", "get", "volumesnapshotcontent", content))
+	if _, err := os.Stat(snapFile); err != nil {
+		t.Errorf("the snapshot's file on n1: %v", err)
+	}
+	c.k(t, "-n", testNS, "delete", "volumesnapshot", snap, "--timeout=2m")
+	c.waitGone(t, "volumesnapshotcontent", content)
+	if _, err := os.Stat(snapFile); !os.IsNotExist(err) {
+		t.Errorf("the snapshot's file is still on n1 after its deletion: %v", err)
+	}
+	c.k(t, "-n", testNS, "exec", app.name, "--", "sha256sum", "-c", "/data/f.sha256")
+	c.delete(t, "pod", app.name)
+	c.delete(t, "pvc", claim)
+	t.Logf("move test took %v", time.Since(start).Round(time.Second))
+}
+
+// TestRestoreSurvivesPluginKill restores n1's snapshot onto n2 through a
+// class whose transferRate (1Mi) makes the copy of its 20 MiB last about
+// 20 s, and kills a plugin in the middle of the copy: n1's (the source's)
+// pod is force-deleted, as an eviction or a lost node would take it; n2's
+// (the target's) plugin process is killed with SIGKILL, a crash that
+// leaves its pod and provisioner. Either way the copy fails, the
+// external-provisioner retries once the plugin is back, the next copy
+// starts afresh and the claim binds with the snapshot's data; n2 keeps
+// nothing of the interrupted copy. While the copy runs its progress shows
+// in n2's `csi-fastblk status`, and the failed copy's progress reaches
+// the claim as the provisioner's event.
+func TestRestoreSurvivesPluginKill(t *testing.T) {
+	c := requireChart(t)
+	c.storageClass(t, "fastblk-slow", "transferRate: 1Mi")
+	c.writtenSnapshot(t, "pk-snap", "pk-src", "128Mi", "n1",
+		"dd if=/dev/urandom of=/data/f bs=1M count=20 2>/dev/null; sha256sum /data/f > /data/f.sha256; sync")
+
+	for _, tc := range []struct {
+		name, claim string
+		kill        func(t *testing.T)
+		event       string // in the claim's events after the kill ("" for none)
+	}{
+		{"source pod deleted", "pk-r1", func(t *testing.T) {
+			ready, detail := c.pluginPods(t)
+			if ready["n1"] == "" {
+				t.Fatalf("no ready plugin pod on n1:%s", detail)
+			}
+			c.k(t, "-n", pluginNS, "delete", "pod", ready["n1"], "--grace-period=0", "--force")
+		}, "bytes of data received"},
+		// The provisioner beside the killed plugin exits when it loses
+		// the plugin's socket (csi-lib-utils' ExitOnConnectionLoss), so
+		// the call it had in flight may leave no event.
+		{"target process killed", "pk-r2", func(t *testing.T) {
+			ready, _ := c.pluginPods(t)
+			restarts := func() int {
+				n, _ := strconv.Atoi(c.jsonpath(t, `{.status.containerStatuses[?(@.name=="csi-fastblk")].restartCount}`, "-n", pluginNS, "get", "pod", ready["n2"]))
+				return n
+			}
+			before := restarts()
+			pid := c.pluginPID(t, "n2")
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill n2's plugin (pid %d): %v", pid, err)
+			}
+			eventually(t, 2*time.Minute, "n2's plugin container to restart in its pod", func() (bool, string) {
+				return restarts() > before, fmt.Sprintf("restartCount %d", restarts())
+			})
+		}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := time.Now()
+			c.apply(t, pvc(tc.claim, "128Mi", "  storageClassName: fastblk-slow\n"+
+				"  dataSource: {name: pk-snap, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
+			c.startPod(t, pod{name: tc.claim, claim: tc.claim, node: "n2", restartNever: true, script: "sha256sum -c /data/f.sha256"})
+			var seen fbdriver.PullStatus
+			eventually(t, 2*time.Minute, "n2 to copy "+tc.claim+" (3 MiB in)", func() (bool, string) {
+				st, err := c.nodeStatusErr("n2")
+				if err != nil {
+					return false, err.Error()
+				}
+				for _, p := range st.Pulls {
+					if p.PVCName == tc.claim {
+						seen = p
+						return p.ReceivedBytes >= 3<<20, fmt.Sprintf("%+v", p)
+					}
+				}
+				return false, fmt.Sprintf("no copy for %s in n2's status: %+v", tc.claim, st.Pulls)
+			})
+			t.Logf("n2's status in the copy after %v: %d of at most %d bytes received from %s",
+				time.Since(start).Round(time.Second), seen.ReceivedBytes, seen.ExpectedBytes, seen.SourceNode)
+			killed := time.Now()
+			tc.kill(t)
+			c.waitPodPhase(t, tc.claim, "Succeeded", 4*time.Minute)
+			t.Logf("claim bound and checked %v after the kill (%v in all)",
+				time.Since(killed).Round(time.Second), time.Since(start).Round(time.Second))
+			if logs := c.logs(t, tc.claim); !strings.Contains(logs, "/data/f: OK") {
+				t.Errorf("%s holds different data:\n%s", tc.claim, logs)
+			}
+			if on := c.volumeNode(t, tc.claim); on != "n2" {
+				t.Errorf("%s was provisioned on %s, want n2", tc.claim, on)
+			}
+			ev := c.claimEvents(tc.claim)
+			t.Logf("events of claim %s:\n%s", tc.claim, ev)
+			if !strings.Contains(ev, tc.event) { // "" for none
+				t.Errorf("no event of claim %s says %q", tc.claim, tc.event)
+			}
+			c.waitPluginPods(t, 3*time.Minute)
+			c.noVolumesWithoutPV(t, "n2")
+			c.delete(t, "pod", tc.claim)
+		})
+	}
 }
 
 func lastLines(s string, n int) string {
