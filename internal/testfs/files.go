@@ -68,3 +68,20 @@ func SamePrefix(t testing.TB, a, b string) {
 		t.Fatalf("%s has data past %s's end", b, a)
 	}
 }
+
+// DropCache writes back file's dirty pages and drops its pages from the
+// page cache, so that the next reads of it come from the disk.
+func DropCache(t testing.TB, file string) {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Fadvise(int(f.Fd()), 0, 0, unix.FADV_DONTNEED); err != nil {
+		t.Fatal(err)
+	}
+}

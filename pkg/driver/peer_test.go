@@ -45,8 +45,14 @@ type peerServer struct {
 // peerNodesWith is peerNodes with options for n1's server (interceptors).
 func peerNodesWith(t *testing.T, kind string, opts ...grpc.ServerOption) (n1, n2 *testNode, srv *peerServer) {
 	t.Helper()
+	return peerNodesIn(t, kind, t.TempDir(), opts...)
+}
+
+// peerNodesIn is peerNodesWith with n2's directory dir2.
+func peerNodesIn(t *testing.T, kind, dir2 string, opts ...grpc.ServerOption) (n1, n2 *testNode, srv *peerServer) {
+	t.Helper()
 	n1 = newTestNodeWith(t, t.TempDir(), "n1", kind)
-	n2 = newTestNodeOn(t, t.TempDir(), "n2")
+	n2 = newTestNodeOn(t, dir2, "n2")
 	ca, err := peer.NewCA("test", time.Now())
 	if err != nil {
 		t.Fatal(err)
