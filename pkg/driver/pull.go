@@ -28,10 +28,11 @@ import (
 //
 // The copy runs in the background, not in the call: a copy of a large
 // volume may outlast the external-provisioner's timeout. A call waits for
-// it until shortly before its own deadline, or maxPullWait, and then
-// answers Aborted with the progress (non-final for the provisioner, which
-// retries with the same name and records the message as an event on the
-// claim); the retry that comes after the copy ended gets its outcome. A failed copy leaves nothing
+// it until shortly before its own deadline, or maxPullWait (firstPullWait
+// for the call that starts it), and then answers Aborted with the progress
+// (non-final for the provisioner, which retries with the same name and
+// records the message as an event on the claim); the retry that comes
+// after the copy ended gets its outcome. A failed copy leaves nothing
 // behind, and the next retry starts afresh. DeleteVolume of the target
 // cancels its copy. A crash of this plugin loses the copy (Open removes
 // the "creating" volume) and the retry starts afresh; a crash of the
@@ -50,6 +51,12 @@ const (
 	// minTransferRate keeps a frame of data well within pullIdle.
 	minTransferRate = 1 << 20
 )
+
+// firstPullWait is the longest the call that starts a copy waits for it,
+// so that a copy of a few minutes has its progress on the claim early; the
+// provisioner's first retry follows within seconds and waits maxPullWait.
+// A variable for tests.
+var firstPullWait = 20 * time.Second
 
 // pull is one copy in flight into the volume id.
 type pull struct {
@@ -143,13 +150,14 @@ func (d *Driver) pull(ctx context.Context, req *csi.CreateVolumeRequest, spec st
 	copyCtx, cancel := context.WithCancel(context.Background())
 	p := &pull{id: id, source: srcID + "-" + spec.SourceNode, kind: kind, node: spec.SourceNode, spec: spec,
 		explicit: check.SizeBytes != 0, limit: req.GetCapacityRange().GetLimitBytes(), started: time.Now(), cancel: cancel, done: make(chan struct{})}
+	wait := maxPullWait
 	if q := d.pulls.add(p); q != p {
 		cancel()
 		p = q // a retry: wait for the copy in flight
 	} else {
 		d.startPull(copyCtx, p)
+		wait = firstPullWait
 	}
-	wait := maxPullWait
 	if dl, ok := ctx.Deadline(); ok {
 		// Answer before the caller gives up, so that it gets the
 		// progress rather than its own DeadlineExceeded.

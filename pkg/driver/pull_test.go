@@ -245,6 +245,33 @@ func TestPullInterrupted(t *testing.T) {
 	}
 }
 
+// TestPullFirstCallAnswersEarly: the call that starts a copy answers
+// Aborted with the progress after firstPullWait even when its own deadline
+// is far (the provisioner's is an hour), so that the claim shows progress
+// early; the retry waits for the copy. Before, the first call waited up to
+// five minutes and a copy shorter than that left no event on the claim.
+func TestPullFirstCallAnswersEarly(t *testing.T) {
+	requireRoot(t)
+	defer func(w time.Duration) { firstPullWait = w }(firstPullWait)
+	firstPullWait = 300 * time.Millisecond
+	n1, n2, _ := peerNodesWith(t, "loop")
+	_, snap := n1.source(16<<20, [][2]int64{{0, 8 << 20}})
+	params := map[string]string{ParamTransferRate: "4Mi"} // 2 s
+
+	// The copy takes 2 s: a first call that waited for it would succeed.
+	_, err := n2.createFrom("pvc-restore", 16<<20, snapshotSource(snap), params, time.Hour)
+	if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "bytes of data received") {
+		t.Fatalf("the first call: %v, want Aborted with the progress", err)
+	}
+	v, err := n2.createFrom("pvc-restore", 16<<20, snapshotSource(snap), params, time.Hour)
+	if err != nil {
+		t.Fatalf("the retry, which waits for the copy: %v", err)
+	}
+	if fileSum(t, n2.file(v.GetVolumeId())) != fileSum(t, n1.file(snap)) {
+		t.Error("the restored volume differs from the snapshot")
+	}
+}
+
 // TestPullDeleteCancels: DeleteVolume of a volume whose copy is in flight
 // cancels the copy and leaves nothing; a create after that starts afresh.
 func TestPullDeleteCancels(t *testing.T) {
