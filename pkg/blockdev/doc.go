@@ -54,9 +54,9 @@
 // volume on ublk (backend/ublk.go HoldIO); a device flush
 // (quiesce.FlushDevice) and one reflink on loop. store.CreateSnapshot
 // (store/snapshot.go) then copies the volume file while it is live
-// (filecopy.MakeFile: a reflink, or a sparse-aware copy), holds the source
-// only while the copy catches up (filecopy.ResyncFile), releases it, and
-// makes the snapshot exist by writing its record atomically
+// (filecopy.CopyFile: a reflink, or a sparse-aware copy), holds the source
+// only while the copy catches up (filecopy.ResyncFile), releases it, syncs
+// the copy, and makes the snapshot exist by writing its record atomically
 // (store/record.go, <data dir>/meta/<id>.json). A crash at any point
 // leaves either no snapshot or a complete one: Open removes files without
 // records.

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -130,18 +131,25 @@ func TestPullSourceIOPS(t *testing.T) {
 		{"restore of a snapshot (block)", dev, n1.file(snap), snapshotSource(snap)},
 		{"clone of the volume (ext4)", file, n1.file(fs), volumeSource(fs)},
 	}
-	modes := []struct {
+	type copyMode struct {
 		name, rate       string
 		idlePrio, cached bool
-	}{
+	}
+	modes := []copyMode{
 		{"200Mi/s (default)", "", false, false}, {"unbounded", "0", false, false}, {"50Mi/s", "50Mi", false, false},
 		{"200Mi/s, plugin at idle I/O priority", "", true, false}, {"200Mi/s, snapshot in the page cache", "", false, true},
 	}
+	// FASTBLK_PULL_ONLY, a regexp on "<source>/<copy>", runs a part.
+	only := regexp.MustCompile(os.Getenv("FASTBLK_PULL_ONLY"))
+	want := func(src, mode string) bool { return only.MatchString(src + "/" + mode) }
 	type key struct{ src, rw, mode string }
 	idle, busy, ratio, took, cpu, stall := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}, map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
 	t.Logf("load average at the start: %s", loadAvg(t))
 	for rep := range 3 {
 		for _, s := range sources {
+			if !slices.ContainsFunc(modes, func(m copyMode) bool { return want(s.name, m.name) }) {
+				continue
+			}
 			for _, rw := range []string{"randread", "randwrite"} {
 				f := startIOPSLog(t, s.file, rw, half)
 				time.Sleep(time.Second) // fio ramps up
@@ -151,7 +159,7 @@ func TestPullSourceIOPS(t *testing.T) {
 				}
 				ws := map[string]window{}
 				for i, m := range modes {
-					if m.cached && s.src.GetSnapshot() == nil {
+					if m.cached && s.src.GetSnapshot() == nil || !want(s.name, m.name) {
 						continue
 					}
 					if !m.cached {

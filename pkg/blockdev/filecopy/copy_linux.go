@@ -19,6 +19,15 @@ import (
 // directory entry are durable when it returns. A stale file left by an
 // earlier failed attempt is replaced.
 func MakeFile(ctx context.Context, file, src string, size int64) error {
+	if err := CopyFile(ctx, file, src, size); err != nil {
+		return err
+	}
+	return SyncFile(file)
+}
+
+// CopyFile is MakeFile without the sync, for a copy that is made exact
+// (ResyncFile) before it is synced, or that need not outlive a crash.
+func CopyFile(ctx context.Context, file, src string, size int64) error {
 	if err := os.Remove(file); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove stale %s: %w", file, err)
 	}
@@ -35,7 +44,17 @@ func MakeFile(ctx context.Context, file, src string, size int64) error {
 	if err := unix.Ftruncate(out, size); err != nil {
 		return fmt.Errorf("truncate %s: %w", file, err)
 	}
-	if err := unix.Fsync(out); err != nil {
+	return nil
+}
+
+// SyncFile makes file and its directory entry durable.
+func SyncFile(file string) error {
+	fd, err := unix.Open(file, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", file, err)
+	}
+	defer unix.Close(fd)
+	if err := unix.Fsync(fd); err != nil {
 		return fmt.Errorf("sync %s: %w", file, err)
 	}
 	return atomicfile.SyncDir(filepath.Dir(file))
@@ -261,9 +280,11 @@ func cloneUnsupported(err error) bool {
 }
 
 // ResyncFile makes file, an earlier copy of src at least as large, hold
-// src's current content again, and syncs it: a reflink where the
-// filesystem shares extents, otherwise syncCopy, which writes only the
-// blocks that differ. The caller holds src steady.
+// src's current content again: a reflink where the filesystem shares
+// extents, otherwise syncCopy, which writes only the blocks that differ.
+// The caller holds src steady, and syncs file (SyncFile) after it has let
+// src go: the content is fixed once ResyncFile returns, and a sync inside
+// the hold would only lengthen it.
 func ResyncFile(ctx context.Context, file, src string) error {
 	out, err := unix.Open(file, unix.O_RDWR|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -281,9 +302,6 @@ func ResyncFile(ctx context.Context, file, src string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("update %s from %s: %w", file, src, err)
-	}
-	if err := unix.Fsync(out); err != nil {
-		return fmt.Errorf("sync %s: %w", file, err)
 	}
 	return nil
 }

@@ -201,7 +201,11 @@ func (s *Store) CopyVolume(ctx context.Context, id string, hold Hold) (*os.File,
 		return nil, 0, fmt.Errorf("copy volume %s: %w", id, err)
 	}
 	defer s.unreserve(key)
-	err = copyHeld(ctx, tmp, s.dataFile(id), v.SizeBytes, hold)
+	// Not synced: the copy is unlinked below and lives only while it is
+	// read; a sync would cost the volume's disk for nothing (fio on the
+	// volume saw 0.4-0.8 s without a completed I/O while 512 MiB were
+	// synced).
+	err = copyHeld(ctx, tmp, s.dataFile(id), v.SizeBytes, hold, false)
 	var f *os.File
 	if err == nil {
 		f, err = os.Open(tmp)

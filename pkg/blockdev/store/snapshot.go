@@ -81,7 +81,7 @@ func (s *Store) reserveCopy(id, src string) error {
 // the snapshot. Nothing is left behind on error.
 func (s *Store) takeSnapshot(ctx context.Context, snap blockdev.Snapshot, hold Hold) error {
 	file, src := s.dataFile(snap.ID), s.dataFile(snap.SourceVolumeID)
-	err := copyHeld(ctx, file, src, snap.SizeBytes, hold)
+	err := copyHeld(ctx, file, src, snap.SizeBytes, hold, true)
 	if err == nil {
 		err = s.writeRecord(snap.ID, record{State: stateReady, Snapshot: &snap})
 	}
@@ -110,8 +110,9 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 }
 
 // copyHeld makes file a copy of src (or an empty file when src is "") of
-// size bytes. When hold is set the source is in use, and hold keeps it steady
-// only while the copy catches up, not for the whole copy:
+// size bytes, synced when durable. When hold is set the source is in use,
+// and hold keeps it steady only while the copy catches up, not for the
+// whole copy:
 //
 //  1. copy while the source is live: a reflink, or a sparse copy that may
 //     miss writes made meanwhile;
@@ -119,15 +120,29 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 //  3. make the copy exact (filecopy.ResyncFile): reflink again where the filesystem
 //     can, else compare both files over the source's data and rewrite only
 //     the blocks that differ;
-//  4. make the copy durable, then release the source.
+//  4. release the source, then make the copy durable.
 //
 // The held window thus costs a reflink, or a read of the source's data
 // and of the copy's (mostly from the page cache the first pass filled) plus
-// the writes made during the first pass, instead of the whole copy.
-func copyHeld(ctx context.Context, file, src string, size int64, hold Hold) (err error) {
-	if err := filecopy.MakeFile(ctx, file, src, size); err != nil || hold == nil || src == "" {
+// the writes made during the first pass, instead of the whole copy and
+// its sync.
+func copyHeld(ctx context.Context, file, src string, size int64, hold Hold, durable bool) error {
+	if err := filecopy.CopyFile(ctx, file, src, size); err != nil {
 		return err
 	}
+	if hold != nil && src != "" {
+		if err := resyncHeld(ctx, file, src, hold); err != nil {
+			return err
+		}
+	}
+	if !durable {
+		return nil
+	}
+	return filecopy.SyncFile(file)
+}
+
+// resyncHeld brings file up to date with src while hold keeps src steady.
+func resyncHeld(ctx context.Context, file, src string, hold Hold) (err error) {
 	release, err := hold(ctx)
 	if err != nil {
 		return fmt.Errorf("hold source: %w", err)

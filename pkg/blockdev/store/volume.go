@@ -159,7 +159,7 @@ func (s *Store) source(id string) (file string, size int64, err error) {
 // leaves a data file without a record, which Open removes.
 func (s *Store) commitFile(ctx context.Context, id, src string, size int64, hold Hold, r record) error {
 	file := s.dataFile(id)
-	err := copyHeld(ctx, file, src, size, hold)
+	err := copyHeld(ctx, file, src, size, hold, true)
 	if err == nil && r.Volume != nil && r.Volume.Preallocated() {
 		// After the copy: its resync punches the holes of the source.
 		err = filecopy.Allocate(file, 0, size, r.Volume.Preallocation == blockdev.PreallocFull)
