@@ -22,7 +22,9 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
+	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/metrics"
+	"github.com/fastblk/csi-fastblk/pkg/snapshotowner"
 )
 
 type serveConfig struct {
@@ -34,6 +36,7 @@ type serveConfig struct {
 	statusAddress  string
 	exposeStatus   bool
 	reconcileRetry time.Duration
+	labelContents  bool
 	driver         driver.Config
 	peer           peerConfig
 	store          store.Config
@@ -99,6 +102,9 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		"local address for /status, which names volumes and paths: unix:///path or host:port "+
 			"(default: status.sock beside a unix CSI endpoint's socket; none disables)")
 	fs.BoolVar(&c.exposeStatus, "expose-status", false, "also serve /status on --metrics-address, to anyone who can reach it")
+	fs.BoolVar(&c.labelContents, "label-snapshot-contents", false,
+		"give VolumeSnapshotContents made by hand for this node's snapshots the label "+snapshotowner.ManagedBy+
+			" with this node's ID (which must be its node name), so that a csi-snapshotter in --node-deployment mode handles them; needs the API server")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
 		"how often to retry restoring staged volumes whose devices could not be restored at start, for example because the backing file system was not yet mounted (0 = never)")
 	return c
@@ -180,6 +186,14 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return err
 	}
 	go drv.WatchIOErrors(ctx, ioWatchInterval)
+	if cfg.labelContents {
+		api, err := kubeapi.InCluster()
+		if err != nil {
+			return fmt.Errorf("--label-snapshot-contents: %w", err)
+		}
+		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot}
+		go l.Run(ctx, contentLabelInterval)
+	}
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -268,6 +282,10 @@ func thawAbandoned(dataDir string) {
 // failed and for a full data directory (Driver.WatchIOErrors): a statfs
 // and the backend's counters, nothing that touches the disk.
 const ioWatchInterval = 2 * time.Second
+
+// contentLabelInterval is how often the plugin looks for hand-made
+// snapshot contents to label: a LIST of the unlabelled ones only.
+const contentLabelInterval = 10 * time.Second
 
 // retryReconcile calls Reconcile every interval until it succeeds or ctx
 // ends.

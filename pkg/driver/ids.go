@@ -50,6 +50,20 @@ func (d *Driver) publicID(id string) string {
 	return id + "-" + d.tag
 }
 
+// HoldsSnapshot reports whether the snapshot of CSI ID id is this node's:
+// tagged with this node, or untagged and in this node's store.
+func (d *Driver) HoldsSnapshot(id string) bool {
+	storeID, tag := splitID(id)
+	if !blockdev.IsSnapshotID(storeID) {
+		return false
+	}
+	if tag != "" {
+		return tag == d.tag
+	}
+	_, err := d.store.Snapshot(storeID)
+	return err == nil
+}
+
 // splitID splits a CSI ID into the store's ID and the node tag ("" for an
 // ID without one, or one that is not ours: the store answers NotFound).
 func splitID(id string) (storeID, tag string) {

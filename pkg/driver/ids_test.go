@@ -132,3 +132,32 @@ func TestNodeTags(t *testing.T) {
 		}
 	}
 }
+
+// TestHoldsSnapshot: a node holds the snapshots tagged with it and the
+// untagged ones in its store; not another node's, nor a volume's ID, nor
+// an untagged snapshot it does not have (what snapshotowner labels by).
+func TestHoldsSnapshot(t *testing.T) {
+	requireRoot(t)
+	n1 := newTestNodeOn(t, t.TempDir(), "n1")
+	n2 := newTestNodeOn(t, t.TempDir(), "n2")
+	vol := n1.create("pvc-source", 1<<20, nil)
+	snap, err := n1.ctrl.CreateSnapshot(context.Background(), &csi.CreateSnapshotRequest{Name: "snap-source", SourceVolumeId: vol})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := snap.GetSnapshot().GetSnapshotId()
+	storeID, _ := splitID(id)
+	for _, c := range []struct {
+		node *testNode
+		id   string
+		want bool
+	}{
+		{n1, id, true}, {n2, id, false},
+		{n1, storeID, true}, {n2, storeID, false}, // untagged: by the store
+		{n1, vol, false}, {n1, blockdev.SnapshotID("gone"), false}, {n1, "", false},
+	} {
+		if got := c.node.d.HoldsSnapshot(c.id); got != c.want {
+			t.Errorf("%s.HoldsSnapshot(%q) = %v, want %v", c.node.d.cfg.NodeID, c.id, got, c.want)
+		}
+	}
+}

@@ -89,7 +89,22 @@ func (c *Client) Create(ctx context.Context, path string, obj any) error {
 	return err
 }
 
+// MergePatch applies the JSON merge patch (RFC 7386) patch to the object
+// at path; an object that does not exist is ErrNotFound.
+func (c *Client) MergePatch(ctx context.Context, path string, patch any) error {
+	body, err := json.Marshal(patch)
+	if err != nil {
+		return fmt.Errorf("patch %s: %w", path, err)
+	}
+	_, err = c.send(ctx, http.MethodPatch, c.base+path, body, "application/merge-patch+json")
+	return err
+}
+
 func (c *Client) do(ctx context.Context, method, u string, body []byte) ([]byte, error) {
+	return c.send(ctx, method, u, body, "application/json")
+}
+
+func (c *Client) send(ctx context.Context, method, u string, body []byte, contentType string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -97,7 +112,7 @@ func (c *Client) do(ctx context.Context, method, u string, body []byte) ([]byte,
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	req.Header.Set("Accept", "application/json")
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {

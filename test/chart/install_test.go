@@ -611,10 +611,18 @@ func TestOptionalBranches(t *testing.T) {
 	if err := one(t, objs, "StorageClass").decode(&sc); err != nil || len(sc.MountOptions) != 1 || sc.MountOptions[0] != "noatime" {
 		t.Errorf("StorageClass mountOptions %v (%v), want [noatime]", sc.MountOptions, err)
 	}
-	// Without the snapshotter: no sidecar, no snapshotter RBAC.
+	// With the snapshotter the plugin labels hand-made snapshot contents
+	// for it; without: no sidecar, no snapshotter RBAC, no labelling
+	// (which uses the snapshotter's rights).
+	if _, ok := mustContainer(t, nodePod(t, render(t)), "csi-fastblk").arg("label-snapshot-contents"); !ok {
+		t.Error("the plugin does not label hand-made snapshot contents for the node's csi-snapshotter")
+	}
 	objs = render(t, "snapshotter.enabled=false")
 	if _, ok := nodePod(t, objs).container("csi-snapshotter"); ok {
 		t.Error("snapshotter.enabled=false still runs csi-snapshotter")
+	}
+	if _, ok := mustContainer(t, nodePod(t, objs), "csi-fastblk").arg("label-snapshot-contents"); ok {
+		t.Error("snapshotter.enabled=false: --label-snapshot-contents still set")
 	}
 	for _, o := range find(objs, "ClusterRole") {
 		if strings.HasSuffix(o.Metadata.Name, "-snapshotter") {

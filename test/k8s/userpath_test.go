@@ -689,6 +689,70 @@ spec:
 	}
 }
 
+// TestPreProvisionedSnapshot: a VolumeSnapshotContent made by hand for an
+// existing snapshot (a pre-provisioned snapshot, as for a snapshot brought
+// back from a backup) gets the managed-by label of the snapshot's node from
+// that node's plugin, so that the node's csi-snapshotter handles it: its
+// VolumeSnapshot becomes ready and a claim restored from it holds the
+// data. Before, no sidecar read the unlabelled content and the snapshot
+// never became ready (the storage suite's pre-provisioned specs timed out).
+func TestPreProvisionedSnapshot(t *testing.T) {
+	c := requireChart(t)
+	c.writtenClaim(t, "pre-src")
+	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: pre-dyn, namespace: %s}
+spec: {volumeSnapshotClassName: fastblk, source: {persistentVolumeClaimName: pre-src}}
+`, testNS))
+	eventually(t, 2*time.Minute, "VolumeSnapshot pre-dyn ready", func() (bool, string) {
+		out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", "pre-dyn", "-o", "jsonpath={.status.readyToUse}")
+		return out == "true", out
+	})
+	dyn := c.jsonpath(t, "{.status.boundVolumeSnapshotContentName}", "-n", testNS, "get", "volumesnapshot", "pre-dyn")
+	handle := c.jsonpath(t, "{.status.snapshotHandle}", "get", "volumesnapshotcontent", dyn)
+	node := c.volumeNode(t, "pre-src")
+
+	content := "pre-static-" + testNS
+	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshotContent
+metadata: {name: %s}
+spec:
+  deletionPolicy: Retain
+  driver: fastblk.csi.io
+  volumeSnapshotClassName: fastblk
+  source: {snapshotHandle: %s}
+  volumeSnapshotRef: {name: pre-static, namespace: %s}
+---
+apiVersion: snapshot.storage.k8s.io/v1
+kind: VolumeSnapshot
+metadata: {name: pre-static, namespace: %s}
+spec: {source: {volumeSnapshotContentName: %s}}
+`, content, handle, testNS, testNS, content))
+	start := time.Now()
+	eventually(t, 2*time.Minute, "VolumeSnapshot pre-static ready", func() (bool, string) {
+		out, _ := c.kubectl("-n", testNS, "get", "volumesnapshot", "pre-static", "-o", "jsonpath={.status.readyToUse} {.status.error}")
+		return strings.HasPrefix(out, "true"), out
+	})
+	label := c.jsonpath(t, `{.metadata.labels.snapshot\.storage\.kubernetes\.io/managed-by}`, "get", "volumesnapshotcontent", content)
+	t.Logf("hand-made content of %s's snapshot %s labelled %q, ready after %v", node, handle, label, time.Since(start).Round(time.Second))
+	if label != node {
+		t.Errorf("content %s labelled managed-by %q, want the snapshot's node %s", content, label, node)
+	}
+
+	c.apply(t, pvc("pre-restored", "1Gi", "  dataSource: {name: pre-static, kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"))
+	c.startPod(t, pod{name: "check-pre", claim: "pre-restored", restartNever: true, script: "sha256sum -c /data/file.sha256"})
+	c.waitPodPhase(t, "check-pre", "Succeeded", 4*time.Minute)
+	if logs := c.logs(t, "check-pre"); !strings.Contains(logs, "/data/file: OK") {
+		t.Errorf("the claim restored from the pre-provisioned snapshot holds different data:\n%s", logs)
+	}
+	c.delete(t, "pod", "check-pre")
+	c.delete(t, "pvc", "pre-restored")
+	c.delete(t, "volumesnapshot", "pre-static")
+	// Retain: the content stays, and with it nothing on disk (the snapshot
+	// is pre-dyn's, which TestCleanup deletes).
+	c.k(t, "delete", "volumesnapshotcontent", content, "--wait=true", "--timeout=120s")
+}
+
 // TestRestoreAcrossNodes restores snapshots of a volume on each node, and
 // clones it, into pods on the other node and into unpinned pods. The
 // plugin of the pod's node pulls the data from the source's node over the
