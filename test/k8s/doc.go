@@ -6,6 +6,10 @@
 // runs these tests with FASTBLK_K8S set to hack/k8s/cluster.sh; without it
 // they skip. The tests share the cluster but not their objects: each makes
 // the claims it uses, and the first that needs the chart installs it, so any
-// -run subset runs alone. After them e2e.sh runs the quick subset of
+// -run subset runs alone. go test runs them in file order, then source
+// order: TestHelmInstall and the tests before it in userpath_test.go try
+// installs of their own first, so a test that installs the chart belongs
+// in userpath_test.go after them (or in a file that sorts after it).
+// After them e2e.sh runs the quick subset of
 // Kubernetes' external storage suite on the same cluster (hack/k8s/conformance.sh).
 package k8s
