@@ -67,7 +67,7 @@ func TestPullFigures(t *testing.T) {
 		counter.bytes = 0
 		cpu0 := cpuTime(t)
 		start := time.Now()
-		v, err := tc.n.createFrom(name, 1<<30, snapshotSource(snap), params, 5*time.Minute)
+		v, err := tc.n.createPulled(name, 1<<30, snapshotSource(snap), params, 5*time.Minute)
 		took, cpu := time.Since(start), cpuTime(t)-cpu0
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
@@ -143,7 +143,9 @@ func TestPullSourceIOPS(t *testing.T) {
 	only := regexp.MustCompile(os.Getenv("FASTBLK_PULL_ONLY"))
 	want := func(src, mode string) bool { return only.MatchString(src + "/" + mode) }
 	type key struct{ src, rw, mode string }
-	idle, busy, ratio, took, cpu, stall := map[key][]float64{}, map[key][]float64{}, map[key][]float64{}, map[key][]float64{}, map[key][]float64{}, map[key][]float64{}
+	// Each measure's value per repetition.
+	type series struct{ idle, during, ratio, took, cpu, stall []float64 }
+	results := map[key]*series{}
 	t.Logf("load average at the start: %s", loadAvg(t))
 	for rep := range 3 {
 		for _, s := range sources {
@@ -176,7 +178,7 @@ func TestPullSourceIOPS(t *testing.T) {
 					}
 					cpu0 := cpuTime(t)
 					w.from = time.Now()
-					v, err := n2.createFrom(fmt.Sprintf("pvc-copy-%d", i), size, s.src, params, 5*time.Minute)
+					v, err := n2.createPulled(fmt.Sprintf("pvc-copy-%d", i), size, s.src, params, 5*time.Minute)
 					w.to = time.Now()
 					w.cpu = cpuTime(t) - cpu0
 					if m.idlePrio {
@@ -200,12 +202,13 @@ func TestPullSourceIOPS(t *testing.T) {
 					before, _ := windowIOPS(samples, w.idleFrom, w.from)
 					during, stalled := windowIOPS(samples, w.from, w.to)
 					secs := w.to.Sub(w.from).Seconds()
-					idle[k] = append(idle[k], before)
-					busy[k] = append(busy[k], during)
-					ratio[k] = append(ratio[k], during/before)
-					took[k] = append(took[k], secs)
-					cpu[k] = append(cpu[k], w.cpu.Seconds())
-					stall[k] = append(stall[k], stalled.Seconds())
+					r := results[k]
+					if r == nil {
+						r = &series{}
+						results[k] = r
+					}
+					r.idle, r.during, r.ratio = append(r.idle, before), append(r.during, during), append(r.ratio, during/before)
+					r.took, r.cpu, r.stall = append(r.took, secs), append(r.cpu, w.cpu.Seconds()), append(r.stall, stalled.Seconds())
 					t.Logf("run %d, %s, %s, copy at %s: %.0f IOPS idle, %.0f during the copy (x%.2f, at most %v without I/O), copy %.2f s, plugins' CPU %.2f s",
 						rep+1, s.name, rw, m.name, before, during, during/before, stalled.Round(time.Millisecond), secs, w.cpu.Seconds())
 				}
@@ -217,12 +220,12 @@ func TestPullSourceIOPS(t *testing.T) {
 	for _, s := range sources {
 		for _, rw := range []string{"randread", "randwrite"} {
 			for _, m := range modes {
-				k := key{s.name, rw, m.name}
-				if len(took[k]) == 0 {
+				r := results[key{s.name, rw, m.name}]
+				if r == nil {
 					continue
 				}
-				t.Logf("| %s | %s | %s | %.1f s | %.1f s | %.0f | %.0f | x%.2f (%s) | %.2f s (%s) |", s.name, rw, m.name, median(took[k]), median(cpu[k]),
-					median(idle[k]), median(busy[k]), median(ratio[k]), runs(ratio[k]), median(stall[k]), runs(stall[k]))
+				t.Logf("| %s | %s | %s | %.1f s | %.1f s | %.0f | %.0f | x%.2f (%s) | %.2f s (%s) |", s.name, rw, m.name, median(r.took), median(r.cpu),
+					median(r.idle), median(r.during), median(r.ratio), runs(r.ratio), median(r.stall), runs(r.stall))
 			}
 		}
 	}

@@ -89,6 +89,18 @@ func (n *testNode) createFrom(name string, size int64, src *csi.VolumeContentSou
 	return resp.GetVolume(), err
 }
 
+// createPulled is createFrom retried while it answers Aborted (a copy
+// still running), as the external-provisioner retries, until timeout.
+func (n *testNode) createPulled(name string, size int64, src *csi.VolumeContentSource, params map[string]string, timeout time.Duration) (*csi.Volume, error) {
+	end := time.Now().Add(timeout)
+	for {
+		v, err := n.createFrom(name, size, src, params, time.Until(end))
+		if status.Code(err) != codes.Aborted || time.Now().After(end) {
+			return v, err
+		}
+	}
+}
+
 // TestPullSnapshotAcrossNodes: a restore on n2 of n1's snapshot pulls its
 // data over the peer channel: the new volume is n2's, of the snapshot's
 // size, with the same bytes, and takes no more disk than the snapshot

@@ -75,7 +75,7 @@ func (c *Client) Get(ctx context.Context, path string, q url.Values) ([]byte, er
 	if len(q) > 0 {
 		u += "?" + q.Encode()
 	}
-	return c.do(ctx, http.MethodGet, u, nil)
+	return c.do(ctx, http.MethodGet, u, nil, "")
 }
 
 // Create POSTs the object obj to the collection at path; an object of the
@@ -85,7 +85,7 @@ func (c *Client) Create(ctx context.Context, path string, obj any) error {
 	if err != nil {
 		return fmt.Errorf("create in %s: %w", path, err)
 	}
-	_, err = c.do(ctx, http.MethodPost, c.base+path, body)
+	_, err = c.do(ctx, http.MethodPost, c.base+path, body, "application/json")
 	return err
 }
 
@@ -96,15 +96,12 @@ func (c *Client) MergePatch(ctx context.Context, path string, patch any) error {
 	if err != nil {
 		return fmt.Errorf("patch %s: %w", path, err)
 	}
-	_, err = c.send(ctx, http.MethodPatch, c.base+path, body, "application/merge-patch+json")
+	_, err = c.do(ctx, http.MethodPatch, c.base+path, body, "application/merge-patch+json")
 	return err
 }
 
-func (c *Client) do(ctx context.Context, method, u string, body []byte) ([]byte, error) {
-	return c.send(ctx, method, u, body, "application/json")
-}
-
-func (c *Client) send(ctx context.Context, method, u string, body []byte, contentType string) ([]byte, error) {
+// do sends a request with body (nil for none) of contentType.
+func (c *Client) do(ctx context.Context, method, u string, body []byte, contentType string) ([]byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
