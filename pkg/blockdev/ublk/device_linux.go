@@ -171,8 +171,8 @@ func deviceParams(cfg DeviceConfig, info DevInfo) uapi.Params {
 		p.Basic.Attrs |= uapi.AttrReadOnly
 	}
 	p.Discard = uapi.ParamDiscard{
-		DiscardGranularity: 4096, MaxDiscardSectors: ^uint32(0) >> 9,
-		MaxWriteZeroesSectors: ^uint32(0) >> 9, MaxDiscardSegments: 1,
+		DiscardGranularity: 4096, MaxDiscardSectors: dataplane.MaxZeroSectors,
+		MaxWriteZeroesSectors: dataplane.MaxZeroSectors, MaxDiscardSegments: 1,
 	}
 	align := max(cfg.DMAAlign, 512)
 	if align > 4096 {

@@ -19,27 +19,37 @@ type request struct {
 	off   int64  // start_sector << 9
 	len   uint32 // nr_sectors << 9
 	// outOfRange marks a descriptor whose bytes do not fit off and len:
-	// an end beyond int64, or more bytes than the int32 result that
-	// commits them can count. planFor fails it.
+	// an end beyond int64, a byte count beyond len's 32 bits, or, for
+	// READ and WRITE, more bytes than the int32 result that commits
+	// them can count. planFor fails it.
 	outOfRange bool
 }
 
-// Largest descriptor fields that fit a request: the byte count must fit
-// the commit's int32 result, and the end of the range an int64 offset.
+// Largest descriptor fields that fit a request. DISCARD and WRITE_ZEROES
+// commit 0, so only len bounds them: MaxZeroSectors is also what the
+// device advertises for both, as the loop driver does (UINT_MAX >> 9). READ
+// and WRITE commit their byte count as an int32, which bounds them lower;
+// the kernel keeps them within max_io_buf_bytes anyway.
 const (
-	maxReqSectors = math.MaxInt32 >> 9
-	maxEndSector  = math.MaxInt64 >> 9
+	MaxZeroSectors = math.MaxUint32 >> 9
+	maxXferSectors = math.MaxInt32 >> 9
+	maxEndSector   = math.MaxInt64 >> 9
 )
 
 // decodeDesc turns the raw fields of a ublksrv_io_desc into a request.
 // Sectors are always 512 bytes, whatever the device's logical block size.
 func decodeDesc(opFlags, nrSectors uint32, startSector uint64) request {
+	op := uint8(opFlags & 0xff)
+	limit := uint32(MaxZeroSectors)
+	if op == uapi.IOOpRead || op == uapi.IOOpWrite {
+		limit = maxXferSectors
+	}
 	return request{
-		op:         uint8(opFlags & 0xff),
+		op:         op,
 		flags:      opFlags &^ 0xff,
 		off:        int64(startSector << 9),
 		len:        nrSectors << 9,
-		outOfRange: nrSectors > maxReqSectors || startSector > maxEndSector-uint64(nrSectors),
+		outOfRange: nrSectors > limit || startSector > maxEndSector-uint64(nrSectors),
 	}
 }
 

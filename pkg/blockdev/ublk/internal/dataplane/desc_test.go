@@ -168,3 +168,35 @@ func TestStatsConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestDecodeDescLimits pins which descriptors are out of range: READ and
+// WRITE beyond the int32 result, any op beyond 32-bit bytes, and none of the
+// DISCARD or WRITE_ZEROES sizes the device advertises.
+func TestDecodeDescLimits(t *testing.T) {
+	cases := []struct {
+		name      string
+		opFlags   uint32
+		nrSectors uint32
+		want      bool
+	}{
+		{"read 2GiB-512", uapi.IOOpRead, maxXferSectors, false},
+		{"read 2GiB", uapi.IOOpRead, maxXferSectors + 1, true},
+		{"write 2GiB", uapi.IOOpWrite, maxXferSectors + 1, true},
+		{"discard 2GiB", uapi.IOOpDiscard, 2 << 30 >> 9, false},
+		{"discard advertised max", uapi.IOOpDiscard, MaxZeroSectors, false},
+		{"discard 4GiB wraps", uapi.IOOpDiscard, MaxZeroSectors + 1, true},
+		{"write zeroes advertised max", uapi.IOOpWriteZeroes | uapi.IOFlagNoUnmap, MaxZeroSectors, false},
+		{"write zeroes 4GiB wraps", uapi.IOOpWriteZeroes, MaxZeroSectors + 1, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r := decodeDesc(c.opFlags, c.nrSectors, 0)
+			if r.outOfRange != c.want {
+				t.Fatalf("outOfRange = %v, want %v", r.outOfRange, c.want)
+			}
+			if !r.outOfRange && uint64(r.len) != uint64(c.nrSectors)<<9 {
+				t.Fatalf("len = %d, want %d", r.len, uint64(c.nrSectors)<<9)
+			}
+		})
+	}
+}

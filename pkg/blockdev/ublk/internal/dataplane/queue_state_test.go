@@ -333,3 +333,54 @@ func TestStartQueueRejectsBadConfig(t *testing.T) {
 		t.Fatal("StartQueue accepted depth 0")
 	}
 }
+
+// TestLoopServesZeroingUpToTheAdvertisedLimit sends DISCARD and
+// WRITE_ZEROES (with and without NOUNMAP) of 2 GiB, 3 GiB and the largest
+// the device advertises (MaxZeroSectors, about 4 GiB) over a sparse 8 GiB
+// backing file, as blkdiscard, BLKZEROOUT and mkfs do on a large volume:
+// each must succeed and leave its range reading zeros, with the data just
+// past its end intact. Requests of 2 GiB and more used to fail with EINVAL.
+func TestLoopServesZeroingUpToTheAdvertisedLimit(t *testing.T) {
+	l, f := hostLoop(t, 2, TargetFile)
+	if err := f.Truncate(8 << 30); err != nil {
+		t.Fatal(err)
+	}
+	mark := bytes.Repeat([]byte("live"), 1024)
+	for _, c := range []struct {
+		name    string
+		opFlags uint32
+		sectors uint32
+	}{
+		{"discard 2GiB", uapi.IOOpDiscard, 2 << 30 >> 9},
+		{"discard 3GiB", uapi.IOOpDiscard, 3 << 30 >> 9},
+		{"discard max", uapi.IOOpDiscard, MaxZeroSectors},
+		{"write zeroes 3GiB", uapi.IOOpWriteZeroes, 3 << 30 >> 9},
+		{"write zeroes nounmap 3GiB", uapi.IOOpWriteZeroes | uapi.IOFlagNoUnmap, 3 << 30 >> 9},
+		{"write zeroes max", uapi.IOOpWriteZeroes, MaxZeroSectors},
+	} {
+		// No subtests: the ring is registered to this test's thread.
+		{
+			start := uint64(8) // 4 KiB in: the range ends unaligned to 1 GiB
+			end := int64(start+uint64(c.sectors)) << 9
+			// Data at the range's last 4 KiB and just past its end.
+			for _, at := range []int64{end - 4096, end} {
+				if _, err := f.WriteAt(mark, at); err != nil {
+					t.Fatal(err)
+				}
+			}
+			before := l.q.stats.snapshot().Errors
+			setDesc(l, 0, c.opFlags, c.sectors, start)
+			serveOne(t, l, 0)
+			if st := l.q.stats.snapshot(); st.Errors != before || st.InFlight != 0 {
+				t.Fatalf("%s: stats = %+v, want no error", c.name, st)
+			}
+			got := make([]byte, len(mark))
+			if _, err := f.ReadAt(got, end-4096); err != nil || !bytes.Equal(got, make([]byte, len(got))) {
+				t.Fatalf("the range's last block is not zero after %s (err %v)", c.name, err)
+			}
+			if _, err := f.ReadAt(got, end); err != nil || !bytes.Equal(got, mark) {
+				t.Fatalf("the block past the range changed after %s (err %v)", c.name, err)
+			}
+		}
+	}
+}
