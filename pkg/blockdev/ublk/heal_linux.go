@@ -32,8 +32,8 @@ import (
 // here has, its read-only attribute match, and the backing file exist
 // with room for the whole device. The queue geometry and flags come from
 // the kernel (the device keeps them across the restart; re-adoption must
-// use them anyway). Rate limits come from the caller's record, as Attach
-// applies them. NowaitWrites is left off, io_uring's usual write path,
+// use them anyway). Rate limits and KeepAllocated (a preallocated volume's
+// zeroing in place) come from the caller's record, as Attach applies them. NowaitWrites is left off, io_uring's usual write path,
 // which is correct on every filesystem; only its speed depends on it.
 
 // ErrDisagree is the class of a volume whose device cannot be re-adopted
@@ -115,7 +115,7 @@ func healState(spec AttachSpec, owner uint64, mine []string, devs []kernelDevice
 		t.BufferBytes = int64(t.Queues) * int64(t.Depth) * int64(t.MaxIOBytes)
 	}
 	st := State{VolumeID: spec.VolumeID, DevID: info.DevID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly,
-		Tuning: t, Limits: spec.Limits, Flags: info.Flags, Owner: info.UblksrvFlags}
+		Tuning: t, Limits: spec.Limits, KeepAllocated: spec.KeepAllocated, Flags: info.Flags, Owner: info.UblksrvFlags}
 	if err := st.validate(); err != nil {
 		return disagree("device %d: %v", id, err)
 	}

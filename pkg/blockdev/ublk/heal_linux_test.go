@@ -67,6 +67,14 @@ func TestHealState(t *testing.T) {
 		if err != nil || got != wantRO {
 			t.Fatalf("read-only: healState = %+v, %v", got, err)
 		}
+		// A preallocated volume keeps zeroing in place after the heal;
+		// before, its WRITE_ZEROES punched holes from then on.
+		thick := spec
+		thick.KeepAllocated = true
+		got, err = healState(thick, owner, mine, dev(nil))
+		if err != nil || !got.KeepAllocated || !got.target(os.Stdin).KeepAllocated {
+			t.Fatalf("preallocated: healState = %+v, %v; want KeepAllocated", got, err)
+		}
 		zc, err := healState(spec, owner, mine, dev(func(d *kernelDevice) {
 			d.info.Flags |= FlagAutoBufReg
 			d.info.MaxIOBufBytes = ZeroCopyMaxIOBytes
