@@ -123,7 +123,9 @@ func (l *queueState) backingStarted() {
 func (l *queueState) backingEnded() {
 	l.backing--
 	l.s.backing--
-	l.q.stats.backing.Add(-1)
+	if l.q.stats.backing.Add(-1) == 0 {
+		l.q.hooks.backingIdle()
+	}
 	if l.backing == 0 && (l.failed || l.aborted > 0) {
 		l.mayEnd()
 	}
@@ -171,7 +173,6 @@ func (l *queueState) onBacking(tag uint16, res int32) error {
 	if int(tag) >= len(l.tags) {
 		return errBadTag
 	}
-	l.backingEnded()
 	if l.q.hooks.eagain() {
 		res = -int32(unix.EAGAIN)
 	}
@@ -182,22 +183,37 @@ func (l *queueState) onBacking(tag uint16, res int32) error {
 			l.nowaitRefused(t)
 		}
 		t.retries++
-		return l.issue(tag)
+		return l.reissue(tag)
 	case res < 0:
+		l.backingEnded()
 		return l.commit(tag, res)
 	case t.plan.act == actRead || t.plan.act == actWrite:
 		if res == 0 {
 			// End of file or a device that took nothing: never
 			// commit a short count the kernel would requeue forever.
+			l.backingEnded()
 			return l.commit(tag, -int32(unix.EIO))
 		}
 		t.done += uint32(res)
 		if t.done < t.req.len {
 			t.retries = 0
-			return l.issue(tag)
+			return l.reissue(tag)
 		}
 	}
+	l.backingEnded()
 	return l.commit(tag, fullResult(t.req))
+}
+
+// reissue issues the rest of tag's request in place of its backing
+// operation that just completed. The new one is counted before the old one
+// ends, so the device's count never reads zero in between: Settled, which
+// Pause waits on from another goroutine, would take that for a device with
+// nothing left to write, while the retried or continued write is still to
+// be issued (and a closed Gate does not hold it).
+func (l *queueState) reissue(tag uint16) error {
+	err := l.issue(tag)
+	l.backingEnded()
+	return err
 }
 
 // nowaitTries is how many times a write is first tried with RWF_NOWAIT,

@@ -10,3 +10,5 @@ func runRoundHook(*threadLoop) {}
 type queueHooks struct{}
 
 func (*queueHooks) eagain() bool { return false }
+
+func (*queueHooks) backingIdle() {}

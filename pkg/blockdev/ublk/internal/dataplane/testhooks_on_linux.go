@@ -32,7 +32,17 @@ type queueHooks struct {
 	// faultEAGAIN is how many more of the queue's backing completions
 	// its thread takes for -EAGAIN whatever the kernel answered.
 	faultEAGAIN atomic.Int32
+	// idle counts the times the queue's count of backing operations in
+	// flight fell to zero.
+	idle atomic.Int32
 }
+
+// backingIdle notes that the queue's backing count fell to zero.
+func (h *queueHooks) backingIdle() { h.idle.Add(1) }
+
+// BackingIdles returns how many times q's count of backing operations in
+// flight fell to zero.
+func (q *Queue) BackingIdles() int32 { return q.hooks.idle.Load() }
 
 // eagain reports whether this backing completion is to read -EAGAIN.
 func (h *queueHooks) eagain() bool {
