@@ -129,7 +129,11 @@ func (s *threadLoop) wait(now int64) (int, error) {
 	if s.ab.timedBatch() && (bound == 0 || timedBatchWait < bound) {
 		bound = timedBatchWait
 	}
-	_, err := s.ring.SubmitAndWait(s.waitFor(), bound)
+	want := s.waitFor()
+	if want > uint32(1+s.batchCmds) && (bound == 0 || batchWaitMax < bound) {
+		bound = batchWaitMax
+	}
+	_, err := s.ring.SubmitAndWait(want, bound)
 	s.t.stats.enters.Add(1)
 	if err != nil && !errors.Is(err, unix.ETIME) {
 		return 0, fmt.Errorf("submit and wait: %w", err)
@@ -147,6 +151,13 @@ const threadNice = -10
 // timedBatchWait bounds a batched wait under Ablation TimedBatch.
 const timedBatchWait = 200 * time.Microsecond
 
+// batchWaitMax bounds a wait for more than one completion (waitFor): the
+// backing operations it counts belong to every device of the thread, and
+// one whose backing file stalls must not hold its neighbours' finished
+// requests for longer than this. A local disk answers well within it, so
+// the batch still saves the wake-ups it is for.
+const batchWaitMax = time.Millisecond
+
 // waitFor is how many completions a sleeping wait asks for. While any
 // queue of the thread can receive a request (a FETCH or COMMIT_AND_FETCH
 // parked, or a batch-mode FETCH armed), one: the CQE of a new request
@@ -156,7 +167,7 @@ const timedBatchWait = 200 * time.Microsecond
 // serves in batches: what completes while it handles a round is reaped by
 // the next one at once. Only when no request can arrive (every tag in
 // service) does it wait for a quarter of the backing operations in flight,
-// which are sure to complete. Plus the CQEs of the PREP/COMMIT commands
+// which are sure to complete, and then for at most batchWaitMax. Plus the CQEs of the PREP/COMMIT commands
 // this wait submits or left unreaped, which come at once.
 //
 // Ablations BatchWait and TimedBatch restore the quarter of the backing I/O for

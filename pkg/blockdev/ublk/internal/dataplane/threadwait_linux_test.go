@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
@@ -248,5 +250,54 @@ func TestLoopOffersBeforeSleeping(t *testing.T) {
 		if n, err := l.s.next(true); err != nil || n != 1 { // the failed COMMIT of a regular file
 			t.Fatalf("round %d: next = %d, %v; want the commit's completion", round, n, err)
 		}
+	}
+}
+
+// TestWaitForAllTagsInServiceIsBounded: with every tag of the thread in
+// service (no request can arrive), the sleeping wait asks for a quarter of
+// the backing operations in flight. Here one of eight is done at once and
+// seven (another device's, whose backing file stalls: polls on an empty
+// pipe) finish only after two seconds. The wait must hand over the finished
+// one within a bound of about a millisecond, not when the stalled ones end.
+// Before, it slept until they did.
+func TestWaitForAllTagsInServiceIsBounded(t *testing.T) {
+	s := hostThread(t, 64, 1)
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC); err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(p[0])
+	defer unix.Close(p[1])
+	const stalled = 7
+	for i := range stalled + 1 {
+		sqe := s.ring.GetSQE()
+		if i == 0 {
+			sqe.PrepNop()
+		} else {
+			sqe.PrepPollAdd(int32(p[0]), unix.POLLIN)
+		}
+		sqe.UserData = encodeUD(udBacking, 1, uint16(i))
+	}
+	s.backing = stalled + 1 // every tag in service: none parked
+	if want := s.waitFor(); want != 2 {
+		t.Fatalf("waitFor = %d, want 2 (a quarter of 8)", want)
+	}
+	timer := time.AfterFunc(2*time.Second, func() { unix.Write(p[1], []byte{1}) })
+	defer timer.Stop()
+	start := time.Now()
+	n, err := s.wait(monoNow())
+	took := time.Since(start)
+	if err != nil || n < 1 {
+		t.Fatalf("wait = %d, %v", n, err)
+	}
+	if took > time.Second {
+		t.Fatalf("the finished completion waited %v for the stalled ones (bound %v)", took, batchWaitMax)
+	}
+	// Let the stalled polls end before the ring closes.
+	for got := n; got < stalled+1; {
+		if _, err := s.ring.SubmitAndWait(1, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		got += s.ring.Reap(s.cqes)
 	}
 }
