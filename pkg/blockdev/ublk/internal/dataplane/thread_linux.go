@@ -86,9 +86,6 @@ const (
 	// queueExtra is a queue's cost beyond its depth: batch mode's FETCH
 	// and element-array commands.
 	queueExtra = commitSlots + 1
-	// reapBatch is how many CQEs a round takes at most; more wait for
-	// the next round, which does not sleep while they are there.
-	reapBatch = 1024
 	// threadSQ bounds the submission ring; a round that prepares more
 	// queues the rest in the engine's pending queue.
 	threadSQ = 4096

@@ -26,7 +26,7 @@ func (t *Thread) setup() (*threadLoop, error) {
 	}
 	tags := uint32(t.cfg.Tags)
 	ab := t.cfg.Ablation
-	flags, sq, cq, reap := uint32(ringFlags), min(tags+1, threadSQ), 2*tags+2, min(int(2*tags+2), reapBatch)
+	flags, sq, cq, reap := uint32(ringFlags), min(tags+1, threadSQ), 2*tags+2, 0
 	if ab.plainRing() {
 		flags = 0
 	}
@@ -42,6 +42,14 @@ func (t *Thread) setup() (*threadLoop, error) {
 		Flags: flags, PendingEntries: int(min(tags+1, threadSQ))})
 	if err != nil {
 		return nil, fmt.Errorf("server thread %d: create ring: %w", t.id, err)
+	}
+	if reap == 0 {
+		// The reap array holds as many CQEs as the CQ ring: the busy
+		// queues' backlog (at most one CQE per operation in flight,
+		// which the ring is sized for) then never fills it, so a light
+		// queue's CQE is reaped at the next look and served first
+		// (dispatch). roundBusyCQEs bounds a round's work, not the array.
+		reap = int(ring.CQEntries())
 	}
 	s := &threadLoop{t: t, ab: ab, ring: ring, cqes: make([]uring.CQE, reap), pollMax: t.cfg.PollInFlight,
 		slots: make([]*queueState, t.cfg.Queues), bufSlots: newRangeAlloc(t.cfg.Tags)}
