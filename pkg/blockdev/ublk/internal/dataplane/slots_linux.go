@@ -31,6 +31,10 @@ func (s *threadLoop) attach(l *queueState) error {
 	if err := l.setup(); err != nil {
 		l.teardown()
 		s.bufSlots.free(base, int(l.cfg.Depth))
+		// Nothing of the thread's is left for the queue to clear: the
+		// caller's own teardown (Queue.start) runs on another goroutine,
+		// after the thread may have given the slots to the next queue.
+		l.s, l.ring = nil, nil
 		return err
 	}
 	s.free = s.free[:len(s.free)-1]

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 	"time"
@@ -180,4 +181,40 @@ func waitReady(t *testing.T, s *threadLoop, n int) {
 			t.Fatalf("%d CQEs ready, want %d", s.ring.Ready(), n)
 		}
 	}
+}
+
+// TestFailedAttachLeavesTheNextQueuesSlots: a queue whose setup fails on
+// the thread (here its char device fd is not open) is torn down there, and
+// then again by Queue.start on the caller's goroutine. The thread may by
+// then have given the failed queue's slot to the next queue: the second
+// teardown must not clear that queue's fixed files or buffers. Before, it
+// did (from a foreign goroutine, on the thread's ring), and the next
+// queue's I/O failed.
+func TestFailedAttachLeavesTheNextQueuesSlots(t *testing.T) {
+	s := hostThread(t, 4*QueueCost(4), 2)
+	bad, err := unix.Open("/dev/null", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(bad) // a closed fd: registering it fails
+	if err := s.t.reserve(4); err != nil {
+		t.Fatal(err)
+	}
+	q := &Queue{cfg: QueueConfig{Depth: 4, CharFD: bad, MaxIOBytes: 64 << 10, Target: Target{Kind: TargetNull}},
+		thread: s.t, done: make(chan struct{})}
+	failed := newQueueState(q)
+	failed.descs = &descArea{mem: make([]byte, 4*uapi.SizeofIODesc), depth: 4}
+	if failed.bufs, err = mapBuffers(4, q.cfg.MaxIOBytes); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.attach(failed); err == nil {
+		t.Fatal("attach of a queue with a closed char fd succeeded")
+	}
+	s.t.unreserve(4)
+	next, f := hostQueue(t, s, 4, TargetFile)
+	if next.slot != failed.slot {
+		t.Fatalf("the next queue took slot %d, not the failed queue's %d: the test proves nothing", next.slot, failed.slot)
+	}
+	failed.teardown() // what Queue.start does after the failed attach
+	roundTrip(t, next, f, bytes.Repeat([]byte("next q!\n"), 512), 8, 0)
 }
