@@ -2,9 +2,11 @@ package dataplane
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -75,7 +77,7 @@ func TestThreadsPinnedOnePerCPU(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("tasks pinned after the pool closed: %v, before: %v", now, before)
+				t.Fatalf("tasks pinned after the pool closed: %v, before: %v (tasks: %s)", now, before, pinnedTasks())
 			}
 		}
 	}
@@ -98,6 +100,31 @@ func TestThreadsPinnedOnePerCPU(t *testing.T) {
 			}
 		}
 	}
+}
+
+// pinnedTasks names the process's tasks allowed on one CPU only, as
+// "tid:comm@cpu": io-wq workers (iou-wrk-*) inherit the affinity of the
+// thread that made them and outlive it for a while.
+func pinnedTasks() string {
+	tasks, _ := os.ReadDir("/proc/self/task")
+	var out []string
+	for _, e := range tasks {
+		tid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var set unix.CPUSet
+		if unix.SchedGetaffinity(tid, &set) != nil || set.Count() != 1 {
+			continue
+		}
+		comm, _ := os.ReadFile("/proc/self/task/" + e.Name() + "/comm")
+		for c := range 1024 {
+			if set.IsSet(c) {
+				out = append(out, fmt.Sprintf("%d:%s@%d", tid, strings.TrimSpace(string(comm)), c))
+			}
+		}
+	}
+	return strings.Join(out, " ")
 }
 
 // TestThreadsPickReserves proves that pick books the room of the queues it
