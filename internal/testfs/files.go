@@ -85,3 +85,18 @@ func DropCache(t testing.TB, file string) {
 		t.Fatal(err)
 	}
 }
+
+// Sparse makes file, a sparse file of size bytes (no block allocated), and
+// returns its path.
+func Sparse(t testing.TB, file string, size int64) string {
+	t.Helper()
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}

@@ -11,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/internal/testfs"
 	"github.com/fastblk/csi-fastblk/internal/testgate"
 )
 
@@ -21,16 +22,7 @@ func requireRoot(t *testing.T) {
 
 func sparseFile(t *testing.T, size int64) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "backing.img")
-	f, err := os.Create(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := f.Truncate(size); err != nil {
-		t.Fatal(err)
-	}
-	return path
+	return testfs.Sparse(t, filepath.Join(t.TempDir(), "backing.img"), size)
 }
 
 func attach(t *testing.T, file string, opts Options) Device {

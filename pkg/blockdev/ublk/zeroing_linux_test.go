@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/internal/testfs"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/loop"
 )
 
@@ -26,18 +27,7 @@ func TestServerZeroesLargeRangesAsLoopDoes(t *testing.T) {
 	dir := scratchDir(t)
 	ctx := context.Background()
 	const size = 8 << 30
-	sparse := func(name string) string {
-		path := filepath.Join(dir, name)
-		f, err := os.Create(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if err := f.Truncate(size); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
+	sparse := func(name string) string { return testfs.Sparse(t, filepath.Join(dir, name), size) }
 	s, errs, err := NewServer(ctx, ServerConfig{StateDir: filepath.Join(dir, "state")})
 	if err != nil || len(errs) != 0 {
 		t.Fatalf("start: %v, %v", err, errs)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,25 +44,10 @@ func TestThreadsPinnedOnePerCPU(t *testing.T) {
 		testgate.Skip(t, testgate.SMP, "%d usable CPUs: pinning is not observable", len(cpus))
 	}
 	pinned := func() map[int]int { // CPU -> tasks allowed only there
-		t.Helper()
-		tasks, err := os.ReadDir("/proc/self/task")
-		if err != nil {
-			t.Fatal(err)
-		}
 		out := map[int]int{}
-		for _, e := range tasks {
-			tid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			var set unix.CPUSet
-			if unix.SchedGetaffinity(tid, &set) != nil || set.Count() != 1 {
-				continue // gone, or not pinned
-			}
-			for _, c := range cpus {
-				if set.IsSet(c) {
-					out[c]++
-				}
+		for _, task := range pinnedTasks() {
+			if slices.Contains(cpus, task.cpu) {
+				out[task.cpu]++
 			}
 		}
 		return out
@@ -77,7 +63,7 @@ func TestThreadsPinnedOnePerCPU(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("tasks pinned after the pool closed: %v, before: %v (tasks: %s)", now, before, pinnedTasks())
+				t.Fatalf("tasks pinned after the pool closed: %v, before: %v (tasks: %v)", now, before, pinnedTasks())
 			}
 		}
 	}
@@ -102,12 +88,20 @@ func TestThreadsPinnedOnePerCPU(t *testing.T) {
 	}
 }
 
-// pinnedTasks names the process's tasks allowed on one CPU only, as
-// "tid:comm@cpu": io-wq workers (iou-wrk-*) inherit the affinity of the
-// thread that made them and outlive it for a while.
-func pinnedTasks() string {
+// pinnedTask is a task of the process allowed on one CPU only. io-wq
+// workers (comm iou-wrk-*) inherit the affinity of the thread that made
+// them and outlive it for a while.
+type pinnedTask struct {
+	tid, cpu int
+	comm     string
+}
+
+func (p pinnedTask) String() string { return fmt.Sprintf("%d:%s@%d", p.tid, p.comm, p.cpu) }
+
+// pinnedTasks lists the process's tasks allowed on one CPU only.
+func pinnedTasks() []pinnedTask {
 	tasks, _ := os.ReadDir("/proc/self/task")
-	var out []string
+	var out []pinnedTask
 	for _, e := range tasks {
 		tid, err := strconv.Atoi(e.Name())
 		if err != nil {
@@ -115,16 +109,16 @@ func pinnedTasks() string {
 		}
 		var set unix.CPUSet
 		if unix.SchedGetaffinity(tid, &set) != nil || set.Count() != 1 {
-			continue
+			continue // gone, or not pinned
 		}
 		comm, _ := os.ReadFile("/proc/self/task/" + e.Name() + "/comm")
 		for c := range 1024 {
 			if set.IsSet(c) {
-				out = append(out, fmt.Sprintf("%d:%s@%d", tid, strings.TrimSpace(string(comm)), c))
+				out = append(out, pinnedTask{tid: tid, cpu: c, comm: strings.TrimSpace(string(comm))})
 			}
 		}
 	}
-	return strings.Join(out, " ")
+	return out
 }
 
 // TestThreadsPickReserves proves that pick books the room of the queues it
