@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fastblk/csi-fastblk/internal/testfs"
 	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
@@ -68,14 +69,7 @@ func (s *suite) volume(t *testing.T, name string, size int64) blockdev.AttachReq
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(file); errors.Is(err, os.ErrNotExist) {
-		f, err := os.Create(file)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer f.Close()
-		if err := f.Truncate(size); err != nil {
-			t.Fatal(err)
-		}
+		testfs.Sparse(t, file, size)
 	}
 	return blockdev.AttachRequest{VolumeID: id, File: file, SizeBytes: size}
 }
