@@ -18,9 +18,17 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
-// recoveryWait bounds how long START_USER_RECOVERY is retried while the
-// previous server's /dev/ublkcN is being released.
+// recoveryWait bounds how long a re-adoption waits for the device to be
+// QUIESCED (or FAIL_IO) and retries START_USER_RECOVERY while the previous
+// server's /dev/ublkcN is being released.
 const recoveryWait = 30 * time.Second
+
+// ErrDeviceWedged is the class of a re-adoption's failure when the device
+// stays LIVE although no server serves it: the kernel's quiesce waits for a
+// request that no server can answer, holding the device's mutex, so every
+// control command that takes it would block (and leave a worker behind).
+// Only a reboot of the node frees the device.
+var ErrDeviceWedged = errors.New("ublk device stays LIVE with no server: it needs a reboot of the node")
 
 // ErrNotOwned is returned when a device id does not carry the expected
 // owner token: the id was reused by a device this process does not own.
@@ -43,7 +51,7 @@ func RecoverDevice(ctx context.Context, ctl *Control, id uint32, cfg DeviceConfi
 	if info.UblksrvFlags != cfg.Owner {
 		return nil, fmt.Errorf("recover ublk device %d: owner %#x, want %#x: %w", id, info.UblksrvFlags, cfg.Owner, ErrNotOwned)
 	}
-	if err := startRecovery(ctx, ctl, id); err != nil {
+	if err := startRecovery(ctx, ctl, id, recoveryWait); err != nil {
 		return nil, err
 	}
 	// START_USER_RECOVERY succeeds only on a device that was started.
@@ -65,8 +73,27 @@ func RecoverDevice(ctx context.Context, ctl *Control, id uint32, cfg DeviceConfi
 	return d, nil
 }
 
-func startRecovery(ctx context.Context, ctl *Control, id uint32) error {
-	err := poll(ctx, recoveryWait, func() (bool, error) {
+// startRecovery sends START_USER_RECOVERY once the device is QUIESCED (or
+// FAIL_IO), retrying on EBUSY while the old /dev/ublkcN is released, all
+// within wait. GET_DEV_INFO, which the wait reads, does not take the
+// device's mutex; START_USER_RECOVERY does, and would block behind a
+// quiesce that never ends: a device still LIVE after wait fails with
+// ErrDeviceWedged and is sent nothing more.
+func startRecovery(ctx context.Context, ctl *Control, id uint32, wait time.Duration) error {
+	deadline := time.Now().Add(wait)
+	var state DevState
+	err := poll(ctx, wait, func() (bool, error) {
+		info, err := ctl.GetDevInfo(id)
+		state = info.State
+		return err == nil && (state == StateQuiesced || state == StateFailIO), err
+	})
+	if errors.Is(err, unix.ETIME) && state == StateLive {
+		return fmt.Errorf("start user recovery of ublk device %d: still LIVE %v after its server ended: %w", id, wait, ErrDeviceWedged)
+	}
+	if err != nil {
+		return fmt.Errorf("start user recovery of ublk device %d (state %d): %w", id, state, err)
+	}
+	err = poll(ctx, max(time.Until(deadline), time.Second), func() (bool, error) {
 		err := ctl.StartUserRecovery(id)
 		if errors.Is(err, unix.EBUSY) {
 			return false, nil

@@ -16,8 +16,9 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
-// A server thread that fails (a panic in its loop, a broken ring) closes its
-// ring, and with it go the commands it had parked: the kernel treats the
+// A server thread that fails (a panic in its loop, a broken ring) exits,
+// and its ring is closed once it is gone (dataplane's Thread.finish); with
+// them go the commands it had parked: the kernel treats the
 // queues it served as a dead server's. What the driver then does, and so
 // what a heal must wait for, differs (drivers/block/ublk_drv.c):
 //
@@ -43,8 +44,12 @@ import (
 // those requests are reissued only after END_USER_RECOVERY. So no backing
 // write of the dead thread lands after its reissued request, or a later
 // write to the same blocks, did; and no buffer it used is used again (its
-// buffers were unmapped with it; direct I/O in flight keeps their pages
-// pinned until it completes).
+// buffers stay mapped until the ring is freed).
+//
+// A device whose quiesce never ends stays LIVE, and its mutex held: the
+// heal waits for QUIESCED by GET_DEV_INFO, which does not take the mutex,
+// and reports such a device as needing a reboot (ErrDeviceWedged) instead
+// of sending it commands that would block.
 //
 // A 6.12 driver resets each queue in START_USER_RECOVERY and warns there
 // (WARN_ON_ONCE in ublk_queue_reinit) when the queue's old daemon still

@@ -107,6 +107,21 @@ func (r *Ring) RegisterRingFD() error {
 	return nil
 }
 
+// UnregisterRingFD undoes RegisterRingFD, so that the ring can be entered
+// and closed from another thread: call it on the owner thread, before the
+// thread exits or hands the ring on. Later enters use the fd.
+func (r *Ring) UnregisterRingFD() error {
+	if r.closed || !r.regFD {
+		return nil
+	}
+	upd := rsrcUpdate{Offset: uint32(r.enterFD)}
+	if _, err := register(r.fd, IORING_UNREGISTER_RING_FDS, unsafe.Pointer(&upd), 1); err != nil {
+		return fmt.Errorf("unregister ring fd: %w", err)
+	}
+	r.regFD, r.enterFD, r.enterFlags = false, r.fd, 0
+	return nil
+}
+
 // SetMaxWorkers caps io-wq workers (bounded, unbounded); 0 leaves a value
 // unchanged. It returns the previous values.
 func (r *Ring) SetMaxWorkers(bounded, unbounded uint32) ([2]uint32, error) {

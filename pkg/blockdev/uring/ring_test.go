@@ -119,6 +119,28 @@ func TestNop(t *testing.T) {
 	}
 }
 
+// TestUnregisterRingFD proves that a ring whose fd was registered and then
+// unregistered is entered through its fd again: a NOP still completes.
+func TestUnregisterRingFD(t *testing.T) {
+	lockThread(t)
+	r := newRing(t, Config{Entries: 4, Flags: QueueFlags})
+	if err := r.RegisterRingFD(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.UnregisterRingFD(); err != nil {
+		t.Fatal(err)
+	}
+	if r.enterFD != r.fd || r.enterFlags != 0 {
+		t.Fatalf("after UnregisterRingFD: enter fd %d (ring fd %d), flags %#x", r.enterFD, r.fd, r.enterFlags)
+	}
+	s := r.GetSQE()
+	s.PrepNop()
+	s.UserData = 7
+	if c := waitOne(t, r); c.UserData != 7 || c.Res != 0 {
+		t.Errorf("cqe %+v", c)
+	}
+}
+
 func TestProbes(t *testing.T) {
 	for _, c := range []struct {
 		name string

@@ -5,7 +5,11 @@ package dataplane
 
 import (
 	"fmt"
+	"io"
+	"os"
 	"slices"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
@@ -76,20 +80,71 @@ func (s *threadLoop) detach(l *queueState, err error) {
 
 // close ends the thread's ring and every queue it serves: closing the ring
 // cancels their parked commands (devices with user recovery stay
-// QUIESCED) and ends the kernel's use of their descriptors and buffers,
-// which are unmapped after it.
+// QUIESCED) and ends the kernel's use of their descriptors and buffers.
+// It runs once the thread has exited (Thread.finish), or on the thread in
+// tests; a second call does nothing.
+//
+// The kernel frees a ring only once every operation it had in flight has
+// completed, and a queued read or write of a buffer that is not fixed
+// resolves its address only when an io-wq worker runs it: the queues'
+// buffers stay mapped until then (freeWhenRingFreed), so that no new
+// mapping at their address (another volume's buffers) can take or give
+// their data. Their descriptors are unmapped at once: the mapping holds
+// /dev/ublkcN open, and user recovery waits for its release.
 func (s *threadLoop) close(err error) {
+	if s.ring == nil {
+		return
+	}
+	runRingCloseHook(s)
 	s.ring.Close()
 	if err == nil {
 		err = ErrQueueStopped
 	}
-	for _, l := range s.slots {
+	var held []*queueState
+	for i, l := range s.slots {
 		if l != nil {
-			l.ring = nil // closed: teardown clears nothing on it
-			l.teardown()
+			l.ring = nil // closed: nothing to clear on it
+			l.descs.close()
 			l.end(err)
+			held = append(held, l)
+			s.slots[i] = nil
 		}
 	}
+	s.ring = nil
+	go freeWhenRingFreed(s.ringFreed, held)
+}
+
+// freeWhenRingFreed unmaps the buffers of the queues once the kernel has
+// freed their ring: the ring's fixed-file table then drops its end of the
+// pipe (registerRingFreed), and freed reads end of file. A ring never
+// freed (a kernel bug) keeps them mapped: a leak, not another volume's
+// data.
+func freeWhenRingFreed(freed *os.File, held []*queueState) {
+	_, _ = io.Copy(io.Discard, freed)
+	freed.Close()
+	for _, l := range held {
+		l.b.close()
+		l.bufs.close()
+	}
+}
+
+// registerRingFreed puts the write end of a pipe in the last slot of the
+// ring's fixed-file table and keeps only its read end (s.ringFreed): the
+// kernel holds the write end until it frees the ring, after its last
+// operation, and the read end then reads end of file.
+func (s *threadLoop) registerRingFreed(slot uint32) error {
+	var p [2]int
+	if err := unix.Pipe2(p[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
+		return fmt.Errorf("ring-freed pipe: %w", err)
+	}
+	err := s.ring.UpdateFiles(slot, []int32{int32(p[1])})
+	unix.Close(p[1])
+	if err != nil {
+		unix.Close(p[0])
+		return fmt.Errorf("ring-freed pipe: %w", err)
+	}
+	s.ringFreed = os.NewFile(uintptr(p[0]), "ring-freed")
+	return nil
 }
 
 // rangeAlloc hands out runs of consecutive slots of a table of n, first

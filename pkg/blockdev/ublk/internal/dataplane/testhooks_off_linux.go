@@ -7,6 +7,8 @@ package dataplane
 
 func runRoundHook(*threadLoop) {}
 
+func runRingCloseHook(*threadLoop) {}
+
 type queueHooks struct{}
 
 func (*queueHooks) eagain() bool { return false }

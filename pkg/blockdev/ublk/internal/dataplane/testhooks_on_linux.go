@@ -27,6 +27,25 @@ func runRoundHook(s *threadLoop) {
 	}
 }
 
+// ringCloseHook, when set, runs just before a thread's ring is closed.
+var ringCloseHook atomic.Pointer[func(*threadLoop)]
+
+// runRingCloseHook runs the ring-close hook, if set, for s.
+func runRingCloseHook(s *threadLoop) {
+	if hook := ringCloseHook.Load(); hook != nil {
+		(*hook)(s)
+	}
+}
+
+// setRingCloseHook sets (nil: clears) the ring-close hook.
+func setRingCloseHook(f func(*threadLoop)) {
+	if f == nil {
+		ringCloseHook.Store(nil)
+		return
+	}
+	ringCloseHook.Store(&f)
+}
+
 // queueHooks are a queue's failpoints.
 type queueHooks struct {
 	// faultEAGAIN is how many more of the queue's backing completions

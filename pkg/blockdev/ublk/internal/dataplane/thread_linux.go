@@ -21,10 +21,12 @@
 // (Thread.start), the thread wakes on an eventfd polled in its ring, sets
 // the queue up and FETCHes its tags before it answers; a queue leaves when
 // its device ends it (STOP_DEV, or QUIESCE_DEV for a release) and the last
-// tag has been aborted. A thread that fails (a panic, a ring error) ends
-// every queue it served with its error, which the devices report
-// (Device.Err), and closes its ring, so that devices with user recovery
-// are quiesced, their I/O held, not lost. The Server then starts a thread
+// tag has been aborted. A thread that fails (a panic, a ring error) exits,
+// which cancels its ublk commands as a crashed server's; then its ring is
+// closed from another goroutine and every queue it served ends with its
+// error, which the devices report (Device.Err): devices with user recovery
+// are quiesced, their I/O held, not lost. The queues' buffers stay mapped
+// until the kernel has freed the ring (threadLoop.close). The Server then starts a thread
 // in its place (Threads.Replace) and re-adopts those devices through user
 // recovery (ublk's threadheal_linux.go); its Health fails until they are
 // served again.
@@ -34,9 +36,14 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
@@ -288,8 +295,32 @@ func (s *threadStats) snapshot() ThreadStats {
 // and never unlocks it: the thread carries per-thread kernel state (the
 // ring's single issuer, the ublk daemon identity of its queues, io-wq,
 // PR_SET_IO_FLUSHER), so the runtime must discard it when run returns.
+//
+// The thread does not close its own ring: finish does, once the OS thread
+// has exited (see there). The process's main thread is never a server
+// thread.
 func (t *Thread) run(ready chan<- error) {
 	runtime.LockOSThread()
+	if unix.Gettid() == unix.Getpid() {
+		// The process's main thread never exits (the runtime parks it
+		// when its locked goroutine returns), so it cannot serve: the
+		// thread would outlive its ring. Held here, it is not the
+		// thread the new goroutine gets.
+		moved := make(chan struct{})
+		go func() {
+			runtime.LockOSThread()
+			close(moved)
+			t.serve(ready)
+		}()
+		<-moved
+		runtime.UnlockOSThread()
+		return
+	}
+	t.serve(ready)
+}
+
+// serve runs the thread on the OS thread its goroutine is locked to.
+func (t *Thread) serve(ready chan<- error) {
 	var s *threadLoop
 	var err error
 	defer func() {
@@ -299,23 +330,70 @@ func (t *Thread) run(ready chan<- error) {
 		if err != nil && !errors.Is(err, ErrQueueStopped) {
 			t.err = fmt.Errorf("server thread %d: %w: %w", t.id, ErrThreadDead, err)
 		}
-		if s != nil {
-			s.close(t.err)
-		}
 		t.closing.Store(true)
-		for _, l := range t.takeMail() {
-			l.started <- fmt.Errorf("server thread %d ended: %w", t.id, errors.Join(t.err, ErrQueueStopped))
-		}
-		t.waker.Close()
 		select {
 		case ready <- t.err: // setup failed or panicked before ready
 		default:
 		}
-		close(t.done)
+		if s == nil {
+			t.end()
+			return
+		}
+		// The ring is left to the exit of the OS thread (which
+		// cancels the thread's ublk commands as a crashed server's)
+		// and then closed from another goroutine; the registered fd
+		// is this thread's and goes first.
+		_ = s.ring.UnregisterRingFD()
+		go t.finish(s, unix.Gettid())
 	}()
 	if s, err = t.setup(); err != nil {
 		return
 	}
 	ready <- nil
 	err = s.serve()
+}
+
+// finish closes the ring of the thread, whose goroutine has returned, once
+// its OS thread (tid) has exited, then ends its queues and the thread.
+//
+// Closing the ring while the thread lives is what a failed thread used to
+// do, and it can leave a request owned by no one: the ring's exit moves
+// the task work still pending onto the thread, and a ublk dispatch among it
+// (a request started just before) then runs on the living daemon task and
+// is handed to the dead ring, so the kernel's quiesce of the device waits
+// for it for good, holding the device's mutex (issue 43: the heal wedge
+// seen on 6.12). Once the task has exited, the driver aborts such a
+// dispatch, as for a server that crashed.
+func (t *Thread) finish(s *threadLoop, tid int) {
+	waitTaskExit(tid, threadExitWait)
+	s.close(t.err)
+	t.end()
+}
+
+// end answers the queues still in the thread's mail and marks it done.
+func (t *Thread) end() {
+	for _, l := range t.takeMail() {
+		l.started <- fmt.Errorf("server thread %d ended: %w", t.id, errors.Join(t.err, ErrQueueStopped))
+	}
+	t.waker.Close()
+	close(t.done)
+}
+
+// threadExitWait bounds finish's wait for the OS thread to exit; the
+// runtime ends a thread whose locked goroutine returned at once, so it is
+// only reached if that ever changes, and the ring is then closed anyway.
+const threadExitWait = 5 * time.Second
+
+// waitTaskExit waits until task tid of this process has exited (its
+// /proc/self/task entry is gone: a thread other than the leader is reaped
+// as it exits), or for at most wait.
+func waitTaskExit(tid int, wait time.Duration) {
+	path := "/proc/self/task/" + strconv.Itoa(tid)
+	deadline := time.Now().Add(wait)
+	for pause := 100 * time.Microsecond; time.Now().Before(deadline); pause = min(2*pause, 10*time.Millisecond) {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+		time.Sleep(pause)
+	}
 }

@@ -6,6 +6,7 @@ package dataplane
 import (
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -80,7 +81,11 @@ func (t *Thread) setup() (*threadLoop, error) {
 }
 
 func (s *threadLoop) register() error {
-	if err := s.ring.RegisterFilesSparse(uint32(2 * len(s.slots))); err != nil {
+	// Two slots per queue, and the last for the ring-freed pipe.
+	if err := s.ring.RegisterFilesSparse(uint32(2*len(s.slots) + 1)); err != nil {
+		return err
+	}
+	if err := s.registerRingFreed(uint32(2 * len(s.slots))); err != nil {
 		return err
 	}
 	if err := s.ring.RegisterBuffersSparse(uint32(s.t.cfg.Tags)); err != nil {
@@ -100,8 +105,11 @@ type threadLoop struct {
 	ab      Ablation // t.cfg.Ablation: techniques switched off (benchmarks)
 	pollMax int      // t.cfg.PollInFlight (0: pollMaxInFlight)
 	ring    *uring.Ring
-	cqes    []uring.CQE
-	spare   []uring.CQE // lightFirst's scratch
+	// ringFreed reads end of file once the kernel has freed the ring
+	// (registerRingFreed).
+	ringFreed *os.File
+	cqes      []uring.CQE
+	spare     []uring.CQE // lightFirst's scratch
 	// backlog counts the CQEs of busy queues that the last round left
 	// unhandled (roundBusyCQEs), kept at the head of cqes for the next.
 	backlog  int
