@@ -9,6 +9,8 @@ func runRoundHook(*threadLoop) {}
 
 func runRingCloseHook(*threadLoop) {}
 
+func runFailHook(*threadLoop, failWindow, int) {}
+
 type queueHooks struct{}
 
 func (*queueHooks) eagain() bool { return false }

@@ -81,6 +81,65 @@ func setRoundHook(f func(*threadLoop)) {
 	roundHook.Store(&f)
 }
 
+// FailWindow is where in its loop FailThreadAt makes a thread fail.
+type FailWindow = failWindow
+
+const (
+	// FailBeforeEnter: the round's SQEs prepared, not yet submitted.
+	FailBeforeEnter = atBeforeEnter
+	// FailInEnter: the io_uring_enter done, its SQEs submitted and the
+	// CQEs it brought reaped from the ring, none handled.
+	FailInEnter = atInEnter
+	// FailMidDispatch: the light queues' CQEs of the round handled (and
+	// their SQEs submitted), the busy queues' not (if any).
+	FailMidDispatch = atMidDispatch
+	// FailRoundStart: at the start of a round, as FailThread.
+	FailRoundStart = atRoundStart
+)
+
+var failWindowNames = [...]string{"before enter", "in enter", "mid dispatch", "round start"}
+
+func (w failWindow) String() string { return failWindowNames[w] }
+
+// FailWindows is every window, in order.
+var FailWindows = []FailWindow{FailBeforeEnter, FailInEnter, FailMidDispatch, FailRoundStart}
+
+// failHook, when set, runs at each FailWindow of every thread's loop.
+var failHook atomic.Pointer[func(*threadLoop, FailWindow, int)]
+
+// runFailHook runs the fail hook, if set; n is the round's CQEs.
+func runFailHook(s *threadLoop, w FailWindow, n int) {
+	if hook := failHook.Load(); hook != nil {
+		(*hook)(s, w, n)
+	}
+}
+
+// FailThreadAt makes th panic the next time its loop reaches window w with
+// work in hand (w's CQEs, for the windows after an enter), and, when
+// closeDelay > 0, holds the close of its ring that long after the thread
+// has exited (the window between its last enter and the close). stop ends
+// the injection.
+func FailThreadAt(th *Thread, w FailWindow, closeDelay time.Duration) (stop func()) {
+	hook := func(s *threadLoop, at FailWindow, n int) {
+		if s.t == th && at == w && (n > 0 || w == FailBeforeEnter || w == FailRoundStart) {
+			panic(fmt.Sprintf("injected failure (%v)", w))
+		}
+	}
+	failHook.Store(&hook)
+	if closeDelay > 0 {
+		setRingCloseHook(func(s *threadLoop) {
+			if s.t == th {
+				time.Sleep(closeDelay)
+			}
+		})
+	}
+	th.Wake()
+	return func() {
+		failHook.Store(nil)
+		setRingCloseHook(nil)
+	}
+}
+
 // FailThread makes th panic at the start of its next round, as a thread
 // that fails while it serves, and wakes it. stop ends the injection.
 func FailThread(th *Thread) (stop func()) {

@@ -151,6 +151,17 @@ type threadLoop struct {
 	reclaimRetryAt int64
 }
 
+// failWindow names a point of the loop where tests make a thread fail
+// (FailThreadAt, testhooks_on_linux.go); the plugin's hooks are empty.
+type failWindow int
+
+const (
+	atBeforeEnter failWindow = iota
+	atInEnter
+	atMidDispatch
+	atRoundStart
+)
+
 // serve is the event loop: one io_uring_enter per round submits every ready
 // SQE of every queue and waits for completions; every CQE is reaped and
 // the head advanced once; each CQE turns into at most one new SQE.
@@ -171,6 +182,7 @@ func (s *threadLoop) serve() error {
 		s.round++
 		s.t.stats.rounds.Add(1)
 		runRoundHook(s)
+		runFailHook(s, atRoundStart, 0)
 		if len(s.held) > 0 {
 			s.releaseHeld(monoNow())
 		}
@@ -181,10 +193,12 @@ func (s *threadLoop) serve() error {
 			}
 		}
 		s.commits = s.commits[:0]
+		runFailHook(s, atBeforeEnter, 0)
 		var err error
 		if n, err = s.next(n > 0); err != nil {
 			return err
 		}
+		runFailHook(s, atInEnter, n)
 		s.roundAt = monoNow()
 		s.dispatch(n)
 		if len(s.tails) > 0 {
@@ -219,6 +233,7 @@ func (s *threadLoop) dispatch(n int) {
 		// Refused, the SQEs wait for the round's own submission.
 		_, _ = s.ring.Submit()
 	}
+	runFailHook(s, atMidDispatch, n)
 	for i := light; i < end; {
 		i = s.dispatchFrom(i, end)
 	}
