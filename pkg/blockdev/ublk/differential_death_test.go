@@ -27,11 +27,30 @@ import (
 // landed in each window. Cost: 52 failures, about a minute in the VM.
 func TestServerAnswersAsLoopDoesThroughThreadDeaths(t *testing.T) {
 	needUblk(t)
-	const perVolume = 13
-	seed := uint64(diffFixedSeed)
-	if *diffSeed != 0 {
-		seed = *diffSeed
+	deadline := time.Now().Add(*diffSoak)
+	for round := 0; ; round++ {
+		seed := *diffSeed
+		switch {
+		case seed == 0 && *diffSoak == 0:
+			seed = diffFixedSeed
+		case seed == 0:
+			seed = rand.Uint64()
+		}
+		t.Logf("round %d: seed %d", round, seed)
+		heals, landed := deathRound(t, seed)
+		slices.Sort(heals)
+		t.Logf("round %d: seed %d: %d thread failures healed: median %v, max %v; by window: %v", round, seed,
+			len(heals), heals[len(heals)/2].Round(time.Millisecond), heals[len(heals)-1].Round(time.Millisecond), landed)
+		if *diffSoak == 0 || time.Now().After(deadline) {
+			return
+		}
 	}
+}
+
+// deathRound runs one round of the thread-death test with seed and returns
+// the heal times and where the failures landed.
+func deathRound(t *testing.T, seed uint64) ([]time.Duration, map[string]int) {
+	const perVolume = 13
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var heals []time.Duration
 	landed := map[string]int{}
@@ -100,13 +119,13 @@ func TestServerAnswersAsLoopDoesThroughThreadDeaths(t *testing.T) {
 				close(stop)
 				wg.Wait()
 				p.close()
-				t.Fatalf("%s: seed %d: %v", name, seed, err)
+				t.Fatalf("%s: seed %d (replay: -diff.seed=%d): %v", name, seed, seed, err)
 			}
 		}
 		wg.Wait()
 		if chaosErr != nil {
 			p.close()
-			t.Fatalf("%s: %v", name, chaosErr)
+			t.Fatalf("%s: seed %d: %v", name, seed, chaosErr)
 		}
 		if err := p.sameImages(); err != nil {
 			p.close()
@@ -118,9 +137,7 @@ func TestServerAnswersAsLoopDoesThroughThreadDeaths(t *testing.T) {
 	if stuck := blockedWorkers(); len(stuck) > 0 {
 		t.Fatalf("io-wq workers left blocked: %v", stuck)
 	}
-	slices.Sort(heals)
-	t.Logf("%d thread failures healed: median %v, max %v; by window: %v",
-		len(heals), heals[len(heals)/2].Round(time.Millisecond), heals[len(heals)-1].Round(time.Millisecond), landed)
+	return heals, landed
 }
 
 func closed(c <-chan struct{}) bool {

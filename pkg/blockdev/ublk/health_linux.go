@@ -16,15 +16,17 @@ var ErrNoThread = errors.New("no live server thread")
 // device whose queue or server thread failed, or whose re-adoption could
 // neither finish nor be undone, has its I/O held by the kernel, so its
 // users hang until it is recovered. The devices of a failed server thread
-// fail it until their re-adoption in the process (healThread) serves them
-// again, and for good where it could not. It lists every such volume with its
+// do not fail it while their re-adoption in the process (healVolume) is
+// under way, retries included, and fail it for good where that gave up. It lists every such volume with its
 // failure, and fails too when no server thread is left for new devices.
 // Nil when all is served.
 func (s *Server) Health() error {
 	s.mu.Lock()
 	ids := make([]string, 0, len(s.devs))
 	for id := range s.devs {
-		ids = append(ids, id)
+		if !s.healing[id] {
+			ids = append(ids, id)
+		}
 	}
 	var errs []error
 	for id, st := range s.stuck {

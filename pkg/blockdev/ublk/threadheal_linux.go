@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -91,12 +92,80 @@ func (s *Server) healThread(ctx context.Context, t *dataplane.Thread) {
 	} else {
 		go s.watch(nt)
 	}
+	var wg sync.WaitGroup
 	for _, id := range s.volumesOf(t) {
-		if err := s.rehome(ctx, id, t); err != nil {
+		wg.Go(func() { s.healVolume(ctx, id, t) })
+	}
+	wg.Wait()
+}
+
+// Heal retries: the first after healRetryFirst, each next twice as late, at
+// most healRetryMax; a heal gives up once its attempts and waits have taken
+// healGiveUp while the volume's gate was open. A pause (a snapshot's copy)
+// can hold a request on a live thread's queue for as long as the copy
+// takes, and the device cannot be re-adopted before that request ends.
+const (
+	healRetryFirst = time.Second
+	healRetryMax   = 15 * time.Second
+	healGiveUp     = 2 * time.Minute
+)
+
+// errHealRetry marks a re-adoption's failure that a later attempt may not
+// meet: the device's live queues did not end yet, or its old /dev/ublkcN
+// was not released yet.
+var errHealRetry = errors.New("not yet")
+
+// healVolume re-adopts the volume's device after server thread t failed
+// (rehome), again and again while the failure is one a later attempt may
+// not meet. Meanwhile the volume counts as healing: Health does not fail
+// for it, so that the liveness probe does not restart the plugin in the
+// middle of a pause's copy. A heal that gives up leaves the device holding
+// its I/O, and Health fails until the plugin restarts.
+func (s *Server) healVolume(ctx context.Context, id string, t *dataplane.Thread) {
+	sv := s.get(id)
+	if sv == nil {
+		return
+	}
+	gate := sv.dev.gate
+	s.setHealing(id, true)
+	defer s.setHealing(id, false)
+	var open time.Duration // attempts and waits with the gate open
+	for wait := healRetryFirst; ; wait = min(2*wait, healRetryMax) {
+		start, paused := time.Now(), gate.Closed()
+		err := s.rehome(ctx, id, t)
+		if err == nil {
+			return
+		}
+		if !paused && !gate.Closed() {
+			open += time.Since(start) + wait
+		}
+		if !errors.Is(err, errHealRetry) || open > healGiveUp || ctx.Err() != nil {
+			s.setHealing(id, false) // Health fails from before the report
 			s.report(err, "ublk device of a failed server thread not re-adopted: it holds its i/o, and health fails until the plugin restarts",
 				"volumeID", id, "thread", t.ID())
+			return
+		}
+		s.report(err, "ublk device of a failed server thread not re-adopted yet: trying again", "volumeID", id, "thread", t.ID(),
+			"retryIn", wait, "paused", gate.Closed())
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
 		}
 	}
+}
+
+// setHealing marks the volume as healing (or no longer).
+func (s *Server) setHealing(id string, on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !on {
+		delete(s.healing, id)
+		return
+	}
+	if s.healing == nil {
+		s.healing = map[string]bool{}
+	}
+	s.healing[id] = true
 }
 
 // rehome re-adopts the volume's device, a queue of which died with server
@@ -118,6 +187,9 @@ func (s *Server) rehome(ctx context.Context, id string, t *dataplane.Thread) err
 			id, errors.ErrUnsupported)
 	}
 	if err := old.endQueues(ctx); err != nil {
+		if errors.Is(err, errQueuesLive) {
+			err = fmt.Errorf("%w: %w", errHealRetry, err)
+		}
 		return fmt.Errorf("re-adopt %s: %w", id, err)
 	}
 	if err := old.closeChar(); err != nil {
@@ -134,6 +206,9 @@ func (s *Server) rehome(ctx context.Context, id string, t *dataplane.Thread) err
 			// goes with them, kept open until they end (Detach).
 			s.put(id, nil)
 			s.hold(id, &stuck{dev: dev, file: sv.file, err: err})
+		} else if dev == nil && errors.Is(err, unix.ETIME) && !errors.Is(err, ErrDeviceWedged) {
+			// Nothing started: the old /dev/ublkcN is still held.
+			err = fmt.Errorf("%w: %w", errHealRetry, err)
 		}
 		return fmt.Errorf("re-adopt %s: %w", id, err)
 	}

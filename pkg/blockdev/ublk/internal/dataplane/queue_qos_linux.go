@@ -31,6 +31,9 @@ type Gate struct {
 // Close makes the device's queues hold every request that arrives.
 func (g *Gate) Close() { g.closed.Store(true) }
 
+// Closed reports whether the gate holds the device's requests.
+func (g *Gate) Closed() bool { return g.closed.Load() }
+
 // Open lets the held requests go (the caller wakes the threads).
 func (g *Gate) Open() {
 	g.closed.Store(false)
