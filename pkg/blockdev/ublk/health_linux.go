@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"sort"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 )
 
 // ErrNoThread is the class of Health's failure when no server thread is
@@ -24,10 +27,9 @@ func (s *Server) Health() error {
 	s.mu.Lock()
 	ids := make([]string, 0, len(s.devs))
 	for id := range s.devs {
-		if !s.healing[id] {
-			ids = append(ids, id)
-		}
+		ids = append(ids, id)
 	}
+	gaveUp := maps.Clone(s.gaveUp)
 	var errs []error
 	for id, st := range s.stuck {
 		errs = append(errs, fmt.Errorf("volume %s holds its i/o until the plugin restarts: %w", id, st.err))
@@ -37,6 +39,9 @@ func (s *Server) Health() error {
 	for _, id := range ids {
 		if sv := s.get(id); sv != nil {
 			if err := sv.dev.Err(); err != nil {
+				if errors.Is(err, dataplane.ErrThreadDead) && !gaveUp[id] {
+					continue // being healed (healVolume)
+				}
 				errs = append(errs, fmt.Errorf("volume %s holds its i/o: %w", id, err))
 			}
 		}

@@ -105,15 +105,16 @@ type Server struct {
 	healCtx    context.Context
 	healCancel context.CancelFunc
 
-	mu   sync.Mutex // guards devs, stuck and healing; never held across a control command
+	mu   sync.Mutex // guards devs, stuck and gaveUp; never held across a control command
 	devs map[string]*served
 	// stuck are the devices this process started to re-adopt and could
 	// neither finish nor let go of (their queues live on the shared
 	// threads): they hold their I/O until the process restarts (Health).
 	stuck map[string]*stuck
-	// healing are the volumes whose device a heal is re-adopting
-	// (healVolume): Health does not fail for them.
-	healing map[string]bool
+	// gaveUp are the volumes whose device's heal gave up (healVolume):
+	// Health fails for them; for the others, a device whose server
+	// thread failed is being healed.
+	gaveUp map[string]bool
 	// held are the devices kept but not served because their state is
 	// lost and the volume's record disagrees with the kernel (Held).
 	held map[string]error

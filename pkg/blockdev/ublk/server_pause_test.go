@@ -124,7 +124,7 @@ func TestServerHealsFailedThreadUnderPause(t *testing.T) {
 	defer stopFailing()
 	<-th.Done()
 	stopFailing()
-	err = poll(ctx, time.Minute, func() (bool, error) { return s.Health() == nil, nil })
+	err = poll(ctx, time.Minute, func() (bool, error) { return healed(s), nil })
 	if err != nil {
 		t.Fatalf("not healed: %v; health: %v", err, s.Health())
 	}

@@ -117,18 +117,17 @@ var errHealRetry = errors.New("not yet")
 
 // healVolume re-adopts the volume's device after server thread t failed
 // (rehome), again and again while the failure is one a later attempt may
-// not meet. Meanwhile the volume counts as healing: Health does not fail
-// for it, so that the liveness probe does not restart the plugin in the
-// middle of a pause's copy. A heal that gives up leaves the device holding
-// its I/O, and Health fails until the plugin restarts.
+// not meet. Until it gives up, Health does not fail for the volume (from
+// the thread's failure on), so that the liveness probe does not restart the
+// plugin in the middle of a pause's copy. A heal that gives up leaves the
+// device holding its I/O, and Health fails until the plugin restarts.
 func (s *Server) healVolume(ctx context.Context, id string, t *dataplane.Thread) {
 	sv := s.get(id)
 	if sv == nil {
 		return
 	}
 	gate := sv.dev.gate
-	s.setHealing(id, true)
-	defer s.setHealing(id, false)
+	s.setGaveUp(id, false)
 	var open time.Duration // attempts and waits with the gate open
 	for wait := healRetryFirst; ; wait = min(2*wait, healRetryMax) {
 		start, paused := time.Now(), gate.Closed()
@@ -140,7 +139,7 @@ func (s *Server) healVolume(ctx context.Context, id string, t *dataplane.Thread)
 			open += time.Since(start) + wait
 		}
 		if !errors.Is(err, errHealRetry) || open > healGiveUp || ctx.Err() != nil {
-			s.setHealing(id, false) // Health fails from before the report
+			s.setGaveUp(id, true) // Health fails from before the report
 			s.report(err, "ublk device of a failed server thread not re-adopted: it holds its i/o, and health fails until the plugin restarts",
 				"volumeID", id, "thread", t.ID())
 			return
@@ -154,18 +153,19 @@ func (s *Server) healVolume(ctx context.Context, id string, t *dataplane.Thread)
 	}
 }
 
-// setHealing marks the volume as healing (or no longer).
-func (s *Server) setHealing(id string, on bool) {
+// setGaveUp records that the heal of the volume's device gave up (or, off,
+// that a new one begins).
+func (s *Server) setGaveUp(id string, on bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !on {
-		delete(s.healing, id)
+		delete(s.gaveUp, id)
 		return
 	}
-	if s.healing == nil {
-		s.healing = map[string]bool{}
+	if s.gaveUp == nil {
+		s.gaveUp = map[string]bool{}
 	}
-	s.healing[id] = true
+	s.gaveUp[id] = true
 }
 
 // rehome re-adopts the volume's device, a queue of which died with server

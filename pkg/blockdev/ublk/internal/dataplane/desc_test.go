@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"fmt"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -123,11 +124,16 @@ func TestLatencyBucket(t *testing.T) {
 }
 
 func TestStatsObserve(t *testing.T) {
+	var tally, shown queueTally
 	var s queueStats
-	s.observe(uapi.IOOpRead, 4096, false, 1000)
-	s.observe(uapi.IOOpWrite, 8192, true, 1000)
-	s.observe(uapi.IOOpFlush, 0, false, 1000)
-	s.observe(uapi.IOOpDiscard, 0, false, 1000)
+	tally.observe(uapi.IOOpRead, 4096, false, 1000)
+	tally.observe(uapi.IOOpWrite, 8192, true, 1000)
+	tally.observe(uapi.IOOpFlush, 0, false, 1000)
+	tally.observe(uapi.IOOpDiscard, 0, false, 1000)
+	if got := s.snapshot(); got.Reads != 0 {
+		t.Fatalf("counters visible before publish: %+v", got)
+	}
+	tally.publish(&s, &shown)
 	got := s.snapshot()
 	if got.Reads != 1 || got.Writes != 1 || got.Flushes != 1 || got.Discards != 1 ||
 		got.BytesRead != 4096 || got.BytesWritten != 0 || got.Errors != 1 || got.Latency[0] != 4 {
@@ -136,22 +142,29 @@ func TestStatsObserve(t *testing.T) {
 	if sum := got.Add(got); sum.Reads != 2 || sum.Latency[0] != 8 {
 		t.Fatalf("Add = %+v", sum)
 	}
-	if n := testing.AllocsPerRun(100, func() { s.observe(uapi.IOOpRead, 4096, false, 50000) }); n != 0 {
-		t.Fatalf("observe allocates %v times", n)
+	if n := testing.AllocsPerRun(100, func() {
+		tally.observe(uapi.IOOpRead, 4096, false, 50000)
+		tally.publish(&s, &shown)
+	}); n != 0 {
+		t.Fatalf("observe and publish allocate %v times", n)
 	}
 }
 
-// TestStatsConcurrent reads snapshots while the "server thread" records;
-// run with -race.
+// TestStatsConcurrent reads snapshots while the "server thread" records and
+// publishes once per "round" of 8 requests; run with -race.
 func TestStatsConcurrent(t *testing.T) {
 	var s queueStats
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		for range 10000 {
-			s.inFlight.Add(1)
-			s.observe(uapi.IOOpWrite, 4096, false, 100)
-			s.inFlight.Add(-1)
+		var tally, shown queueTally
+		for range 10000 / 8 {
+			for range 8 {
+				tally.inFlight++
+				tally.observe(uapi.IOOpWrite, 4096, false, 100)
+				tally.inFlight--
+			}
+			tally.publish(&s, &shown)
 		}
 	}()
 	for {
@@ -162,8 +175,8 @@ func TestStatsConcurrent(t *testing.T) {
 			}
 			return
 		default:
-			if st := s.snapshot(); st.InFlight < 0 || st.InFlight > 1 {
-				t.Fatalf("in flight %d", st.InFlight)
+			if st := s.snapshot(); st.InFlight != 0 || st.Writes%8 != 0 {
+				t.Fatalf("a snapshot saw the middle of a round: %d in flight, %d writes", st.InFlight, st.Writes)
 			}
 		}
 	}
@@ -196,6 +209,48 @@ func TestDecodeDescLimits(t *testing.T) {
 			}
 			if !r.outOfRange && uint64(r.len) != uint64(c.nrSectors)<<9 {
 				t.Fatalf("len = %d, want %d", r.len, uint64(c.nrSectors)<<9)
+			}
+		})
+	}
+}
+
+// BenchmarkRequestCounters measures a request's bookkeeping (arrival, its
+// backing operation's start and end, its completion) three ways side by
+// side: one atomic add per counter and request, as the thread counted
+// before (nine locked instructions per request on amd64), and the thread's
+// plain counters published once per round of 32 requests (a busy queue) or
+// after every request (queue depth 1).
+func BenchmarkRequestCounters(b *testing.B) {
+	b.Run("atomic per request", func(b *testing.B) {
+		var s queueStats
+		for b.Loop() {
+			s.inFlight.Add(1)
+			s.backing.Add(1)
+			s.backing.Add(-1)
+			s.inFlight.Add(-1)
+			s.reads.Add(1)
+			s.bytesRead.Add(4096)
+			s.latency[latencyBucket(20000)].Add(1)
+			s.latencyNs.Add(20000)
+			s.commits.Add(1)
+		}
+	})
+	for _, round := range []int{32, 1} {
+		b.Run(fmt.Sprintf("plain, published per %d", round), func(b *testing.B) {
+			var s queueStats
+			var tally, shown queueTally
+			n := 0
+			for b.Loop() {
+				tally.inFlight++
+				tally.backing++
+				tally.backing--
+				tally.inFlight--
+				tally.observe(uapi.IOOpRead, 4096, false, 20000)
+				tally.commits++
+				if n++; n == round {
+					tally.publish(&s, &shown)
+					n = 0
+				}
 			}
 		})
 	}

@@ -158,7 +158,8 @@ func (l *queueState) commitBatch() error {
 	if l.b == nil || l.b.n == 0 {
 		return nil
 	}
-	l.q.stats.commits.Add(1)
+	l.tally.commits++
+	l.touched()
 	return l.sendElems(uapi.IOCommitIOCmds, int32(l.b.n*l.b.elemBytes))
 }
 

@@ -74,7 +74,7 @@ func TestLoopEAGAIN(t *testing.T) {
 			if left := l.q.eagainLeft(); left != 0 {
 				t.Fatalf("%d EAGAIN faults left unconsumed", left)
 			}
-			st := l.q.stats.snapshot()
+			st := l.statsNow()
 			if got := st.Errors == 1; got != fails || st.InFlight != 0 {
 				t.Fatalf("stats %+v: want failed %v, nothing in flight", st, fails)
 			}
@@ -97,7 +97,7 @@ func TestLoopEAGAIN(t *testing.T) {
 			}
 			// The queue serves on: the same tag and others, both ways.
 			roundTrip(t, l, f, bytes.Repeat([]byte("serving "), 2048), 64, 0)
-			if st := l.q.stats.snapshot(); st.Errors != 1 {
+			if st := l.statsNow(); st.Errors != 1 {
 				t.Fatalf("stats %+v after the failed request, want one error", st)
 			}
 		})

@@ -65,7 +65,8 @@ func (l *queueState) accept(tag uint16) error {
 	t.req = l.descs.request(tag)
 	t.plan = planFor(t.req, l.cfg.Target)
 	t.done, t.retries, t.start = 0, 0, monoNow()
-	l.q.stats.inFlight.Add(1)
+	l.tally.inFlight++
+	l.touched()
 	l.s.serving++
 	l.noteTailUse(t)
 	if l.bufs != nil && t.plan.act <= actWrite && t.req.len > uint32(l.bufs.size) {
@@ -117,15 +118,17 @@ func (l *queueState) issue(tag uint16) error {
 func (l *queueState) backingStarted() {
 	l.backing++
 	l.s.backing++
-	l.q.stats.backing.Add(1)
+	l.tally.backing++
+	l.touched()
 }
 
 func (l *queueState) backingEnded() {
 	l.backing--
 	l.s.backing--
-	if l.q.stats.backing.Add(-1) == 0 {
+	if l.tally.backing--; l.tally.backing == 0 {
 		l.q.hooks.backingIdle()
 	}
+	l.touched()
 	if l.backing == 0 && (l.failed || l.aborted > 0) {
 		l.mayEnd()
 	}
@@ -295,14 +298,15 @@ func (l *queueState) commit(tag uint16, result int32) error {
 	if result == -int32(unix.EAGAIN) {
 		result = -int32(unix.EIO)
 	}
-	l.q.stats.inFlight.Add(-1)
+	l.tally.inFlight--
 	l.s.serving--
-	l.q.stats.observe(t.req.op, t.req.len, result < 0, monoNow()-t.start)
+	l.tally.observe(t.req.op, t.req.len, result < 0, monoNow()-t.start)
+	l.touched()
 	if l.b != nil {
 		l.b.owned--
 		l.putElem(tag, result)
 		return nil
 	}
-	l.q.stats.commits.Add(1)
+	l.tally.commits++
 	return l.prepCmd(uapi.IOCommitAndFetchReq, tag, result)
 }

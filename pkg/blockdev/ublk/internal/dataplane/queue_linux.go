@@ -211,8 +211,9 @@ func (q *Queue) RoundMark() uint64 { return q.thread.stats.rounds.Load() }
 // Settled reports whether the queue's thread has begun two rounds since
 // mark (RoundMark) and none of the queue's backing operations is in flight.
 // A thread that began a round after a Gate closed saw it for every request
-// of that round, so two rounds on, whatever it issued before is counted in
-// backing: once settled, a closed Gate's queue issues nothing more.
+// of that round, and published the queue's backing count at its end, before
+// it began the next: two rounds on, whatever it issued before is counted
+// in backing, and once settled, a closed Gate's queue issues nothing more.
 func (q *Queue) Settled(mark uint64) bool {
 	return q.thread.stats.rounds.Load() >= mark+2 && q.stats.backing.Load() == 0
 }

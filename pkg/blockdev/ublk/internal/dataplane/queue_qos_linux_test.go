@@ -64,7 +64,7 @@ func TestLoopHoldsRequestsBeyondTheLimit(t *testing.T) {
 	if w := l.heldWait(now); w != 0 {
 		t.Fatalf("wait bound with nothing held = %v, want none", w)
 	}
-	st := l.q.stats.snapshot()
+	st := l.statsNow()
 	if st.Throttled != 2 || st.ThrottledNs == 0 {
 		t.Fatalf("stats: %d throttled for %d ns; want 2 and some time", st.Throttled, st.ThrottledNs)
 	}

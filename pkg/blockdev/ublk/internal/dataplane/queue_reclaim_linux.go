@@ -44,7 +44,7 @@ func (l *queueState) noteTailUse(t *tagState) {
 // land between two madvise calls; without it, it could, and the queue
 // never reclaims (nor bounds its waits for it).
 func (l *queueState) reclaimArmed() bool {
-	return l.cfg.Options.IdleReclaim > 0 && l.tailsUsed && l.q.stats.inFlight.Load() == 0 &&
+	return l.cfg.Options.IdleReclaim > 0 && l.tailsUsed && l.tally.inFlight == 0 &&
 		l.ring.Flags()&uring.IORING_SETUP_DEFER_TASKRUN != 0
 }
 

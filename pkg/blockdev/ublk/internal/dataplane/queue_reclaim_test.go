@@ -66,8 +66,8 @@ func TestLoopReclaimsIdleTails(t *testing.T) {
 		t.Fatalf("after reclaim: %d and %d tail pages resident (want 0), %d of %d registered head pages (want all), %d pages past them",
 			resident(t, tail(1)), resident(t, tail(2)), heads, reg/unix.Getpagesize(), rest)
 	}
-	if l.tailsUsed || l.reclaimWait(idle) != 0 || l.q.stats.snapshot().Reclaims != 1 {
-		t.Fatalf("after reclaim: tails used %v, wait bound %v, reclaims %d", l.tailsUsed, l.reclaimWait(idle), l.q.stats.snapshot().Reclaims)
+	if l.tailsUsed || l.reclaimWait(idle) != 0 || l.statsNow().Reclaims != 1 {
+		t.Fatalf("after reclaim: tails used %v, wait bound %v, reclaims %d", l.tailsUsed, l.reclaimWait(idle), l.statsNow().Reclaims)
 	}
 	// The reclaimed pages fault in again, and the registered heads still
 	// reach the same memory as the buffers.

@@ -28,7 +28,7 @@ func TestLoopRetryKeepsTheDeviceBusy(t *testing.T) {
 			t.Fatalf("op %d: the backing count fell to zero %d times in all, want %d (once per request)", op, got, want)
 		}
 	}
-	if st := l.q.stats.snapshot(); st.Errors != 0 || st.Writes != 1 || st.Reads != 1 {
+	if st := l.statsNow(); st.Errors != 0 || st.Writes != 1 || st.Reads != 1 {
 		t.Fatalf("stats = %+v", st)
 	}
 }

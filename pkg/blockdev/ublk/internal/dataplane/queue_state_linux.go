@@ -67,6 +67,11 @@ type queueState struct {
 	failed  bool
 	aborted int // tags that got -ENODEV
 	backing int // backing operations in flight
+	// tally are the per-request counters as the thread keeps them, and
+	// shown what publish last stored of them in q.stats; dirty: the
+	// queue is on the thread's list to publish at the round's end.
+	tally, shown queueTally
+	dirty        bool
 	// mtimeRound is the thread's round in which the queue last looked at
 	// the clock for the backing file's mtime, recheckRound the round in
 	// which a refusal made it look again, and mtime updates it
@@ -194,8 +199,25 @@ func (l *queueState) teardown() {
 	l.bufs.close()
 }
 
+// touched puts the queue on the thread's list of queues whose counters
+// the round's end publishes.
+func (l *queueState) touched() {
+	if !l.dirty {
+		l.dirty = true
+		l.s.dirty = append(l.s.dirty, l)
+	}
+}
+
+// publish stores the queue's per-request counters in q.stats, for Stats
+// and Pause to read from other goroutines.
+func (l *queueState) publish() {
+	l.dirty = false
+	l.tally.publish(&l.q.stats, &l.shown)
+}
+
 // end records how the queue ended and tells its waiters.
 func (l *queueState) end(err error) {
+	l.publish()
 	l.q.err = err
 	if l.ownMtime {
 		l.mtime.Close()

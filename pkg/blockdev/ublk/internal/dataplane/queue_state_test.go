@@ -120,6 +120,13 @@ func step(t testing.TB, l *queueState, cmds []int32) []int32 {
 	return cmds
 }
 
+// statsNow publishes the queue's counters, as the end of a round does, and
+// returns them.
+func (l *queueState) statsNow() QueueStats {
+	l.s.publish()
+	return l.q.stats.snapshot()
+}
+
 // serveOne drives one request of tag from arrival to its COMMIT SQE.
 func serveOne(t testing.TB, l *queueState, tag uint16) {
 	if err := l.onCmd(tag, uapi.IOResOK); err != nil {
@@ -155,7 +162,7 @@ func testLoopReadWrite(t *testing.T, fixed bool) {
 	}
 	setDesc(l, 0, uapi.IOOpFlush, 0, 0)
 	serveOne(t, l, 0)
-	st := l.q.stats.snapshot()
+	st := l.statsNow()
 	if st.Reads != 2 || st.Writes != 2 || st.Discards != 1 || st.Flushes != 1 || st.Errors != 0 || st.InFlight != 0 {
 		t.Fatalf("stats = %+v", st)
 	}
@@ -234,7 +241,7 @@ func TestLoopFailures(t *testing.T) {
 			for len(cmds) == 0 {
 				cmds = step(t, l, cmds)
 			}
-			if st := l.q.stats.snapshot(); st.Errors != 1 || st.InFlight != 0 {
+			if st := l.statsNow(); st.Errors != 1 || st.InFlight != 0 {
 				t.Fatalf("stats = %+v, want one error", st)
 			}
 		})
@@ -368,10 +375,10 @@ func TestLoopServesZeroingUpToTheAdvertisedLimit(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			before := l.q.stats.snapshot().Errors
+			before := l.statsNow().Errors
 			setDesc(l, 0, c.opFlags, c.sectors, start)
 			serveOne(t, l, 0)
-			if st := l.q.stats.snapshot(); st.Errors != before || st.InFlight != 0 {
+			if st := l.statsNow(); st.Errors != before || st.InFlight != 0 {
 				t.Fatalf("%s: stats = %+v, want no error", c.name, st)
 			}
 			got := make([]byte, len(mark))

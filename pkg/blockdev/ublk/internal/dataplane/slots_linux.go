@@ -65,10 +65,10 @@ func (s *threadLoop) detach(l *queueState, err error) {
 	// Off every list of the thread first: a list that kept it would
 	// touch its unmapped buffers (seen: the idle reclaim of a detached
 	// copy-mode queue).
-	for _, list := range []*[]*queueState{&s.held, &s.commits, &s.tails, &s.ending} {
+	for _, list := range []*[]*queueState{&s.held, &s.commits, &s.tails, &s.ending, &s.dirty} {
 		*list = slices.DeleteFunc(*list, func(q *queueState) bool { return q == l })
 	}
-	l.inHeld, l.inCommits, l.inTails, l.inEnding = false, false, false, false
+	l.inHeld, l.inCommits, l.inTails, l.inEnding, l.dirty = false, false, false, false, false
 	l.teardown()
 	s.bufSlots.free(int(l.bufBase), int(l.cfg.Depth))
 	s.slots[l.slot] = nil

@@ -130,6 +130,8 @@ type threadLoop struct {
 	// tails the copy-mode queues whose buffer tails await a reclaim, and
 	// ending the queues that may have nothing left to do.
 	held, commits, tails, ending []*queueState
+	// dirty are the queues whose counters changed this round (publish).
+	dirty []*queueState
 	// wakeDisarmed: the poll on the thread's eventfd is not in the ring
 	// (no SQE was free when its last CQE came), so wakes (mail, Nudge,
 	// Close) go unnoticed until armWaker succeeds.
@@ -204,8 +206,19 @@ func (s *threadLoop) serve() error {
 		if len(s.tails) > 0 {
 			s.reclaimIdle()
 		}
+		s.publish()
 		s.settle()
 	}
+}
+
+// publish stores the counters of the queues that changed this round (see
+// queueTally). Once per round: Queue.Settled reads a queue's backing count
+// as of the end of the round before the thread's latest.
+func (s *threadLoop) publish() {
+	for _, l := range s.dirty {
+		l.publish()
+	}
+	s.dirty = s.dirty[:0]
 }
 
 // dispatch handles the round's CQEs, s.cqes[:n], fairly between the
