@@ -27,24 +27,12 @@ import (
 // landed in each window. Cost: 52 failures, about a minute in the VM.
 func TestServerAnswersAsLoopDoesThroughThreadDeaths(t *testing.T) {
 	needUblk(t)
-	deadline := time.Now().Add(*diffSoak)
-	for round := 0; ; round++ {
-		seed := *diffSeed
-		switch {
-		case seed == 0 && *diffSoak == 0:
-			seed = diffFixedSeed
-		case seed == 0:
-			seed = rand.Uint64()
-		}
-		t.Logf("round %d: seed %d", round, seed)
+	diffRounds(t, func(round int, seed uint64) {
 		heals, landed := deathRound(t, seed)
 		slices.Sort(heals)
 		t.Logf("round %d: seed %d: %d thread failures healed: median %v, max %v; by window: %v", round, seed,
 			len(heals), heals[len(heals)/2].Round(time.Millisecond), heals[len(heals)-1].Round(time.Millisecond), landed)
-		if *diffSoak == 0 || time.Now().After(deadline) {
-			return
-		}
-	}
+	})
 }
 
 // deathRound runs one round of the thread-death test with seed and returns

@@ -66,16 +66,7 @@ var diffVolumes = []diffVolume{
 // minute per kernel in the VM.
 func TestServerAnswersAsLoopDoes(t *testing.T) {
 	needUblk(t)
-	deadline := time.Now().Add(*diffSoak)
-	for round := 0; ; round++ {
-		seed := *diffSeed
-		switch {
-		case seed == 0 && *diffSoak == 0:
-			seed = diffFixedSeed
-		case seed == 0:
-			seed = rand.Uint64()
-		}
-		t.Logf("round %d: seed %d", round, seed)
+	diffRounds(t, func(round int, seed uint64) {
 		var all diffTally
 		for _, v := range diffVolumes {
 			for _, qd := range []int{1, 32} {
@@ -90,6 +81,24 @@ func TestServerAnswersAsLoopDoes(t *testing.T) {
 			}
 		}
 		t.Logf("round %d: seed %d: %v", round, seed, all)
+	})
+}
+
+// diffRounds calls round once with the seed of -diff.seed (make test's
+// fixed seed without it), or, with -diff.soak, again and again with a new
+// seed each time until the soak's time is up.
+func diffRounds(t *testing.T, round func(n int, seed uint64)) {
+	deadline := time.Now().Add(*diffSoak)
+	for n := 0; ; n++ {
+		seed := *diffSeed
+		switch {
+		case seed == 0 && *diffSoak == 0:
+			seed = diffFixedSeed
+		case seed == 0:
+			seed = rand.Uint64()
+		}
+		t.Logf("round %d: seed %d", n, seed)
+		round(n, seed)
 		if *diffSoak == 0 || time.Now().After(deadline) {
 			return
 		}

@@ -23,10 +23,7 @@ func TestRecoveryWaitsForQuiesced(t *testing.T) {
 	needUblk(t)
 	dir := scratchDir(t)
 	ctx := context.Background()
-	s, errs, err := NewServer(ctx, ServerConfig{StateDir: filepath.Join(dir, "state")})
-	if err != nil || len(errs) != 0 {
-		t.Fatalf("start: %v, %v", err, errs)
-	}
+	s := newTestServer(t, filepath.Join(dir, "state"))
 	defer s.Close()
 	d, err := s.Attach(ctx, AttachSpec{VolumeID: "live", File: sparseFile(t, dir, "live.img", 16<<20)})
 	if err != nil {

@@ -28,10 +28,7 @@ func TestServerZeroesLargeRangesAsLoopDoes(t *testing.T) {
 	ctx := context.Background()
 	const size = 8 << 30
 	sparse := func(name string) string { return testfs.Sparse(t, filepath.Join(dir, name), size) }
-	s, errs, err := NewServer(ctx, ServerConfig{StateDir: filepath.Join(dir, "state")})
-	if err != nil || len(errs) != 0 {
-		t.Fatalf("start: %v, %v", err, errs)
-	}
+	s := newTestServer(t, filepath.Join(dir, "state"))
 	defer s.Close()
 	d, err := s.Attach(ctx, AttachSpec{VolumeID: "large", File: sparse("ublk.img")})
 	if err != nil {
