@@ -39,8 +39,14 @@ func (s *Server) Health() error {
 	for _, id := range ids {
 		if sv := s.get(id); sv != nil {
 			if err := sv.dev.Err(); err != nil {
-				if errors.Is(err, dataplane.ErrThreadDead) && !gaveUp[id] {
+				why, gave := gaveUp[id]
+				if errors.Is(err, dataplane.ErrThreadDead) && !gave {
 					continue // being healed (healVolume)
+				}
+				if gave {
+					// Why it was not re-adopted: for a device
+					// still LIVE, that it needs a reboot.
+					err = fmt.Errorf("%w; not re-adopted: %w", err, why)
 				}
 				errs = append(errs, fmt.Errorf("volume %s holds its i/o: %w", id, err))
 			}

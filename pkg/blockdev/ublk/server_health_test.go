@@ -16,7 +16,7 @@ import (
 // a server thread that failed for real (a panic inside its loop) cannot be
 // re-adopted in the process (here their re-adoption fails at fpHealing,
 // before START_USER_RECOVERY), the server's health fails, naming the
-// volume, and stays failed, so that the plugin's /healthz does not say ok
+// volume and why it was not re-adopted, and stays failed, so that the plugin's /healthz does not say ok
 // over a hung volume and the kubelet restarts the plugin; and that the next
 // server (the restarted plugin) re-adopts the device with its data and
 // health is good again.
@@ -54,8 +54,8 @@ func TestServerHealthFailsWhenThreadNotHealed(t *testing.T) {
 	stopFailing()
 	waitReport(t, reports, refused)
 	herr := s.Health()
-	if !errors.Is(herr, dataplane.ErrThreadDead) || !strings.Contains(herr.Error(), "vol") {
-		t.Fatalf("Health = %v, want the volume's ErrThreadDead", herr)
+	if !errors.Is(herr, dataplane.ErrThreadDead) || !errors.Is(herr, refused) || !strings.Contains(herr.Error(), "vol") {
+		t.Fatalf("Health = %v, want the volume's ErrThreadDead and why it was not re-adopted", herr)
 	}
 	if errors.Is(herr, ErrNoThread) || s.Threads().Live() != 1 {
 		t.Fatalf("Health = %v with %d live threads: the failed thread was not replaced", herr, s.Threads().Live())

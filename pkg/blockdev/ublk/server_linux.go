@@ -111,10 +111,10 @@ type Server struct {
 	// neither finish nor let go of (their queues live on the shared
 	// threads): they hold their I/O until the process restarts (Health).
 	stuck map[string]*stuck
-	// gaveUp are the volumes whose device's heal gave up (healVolume):
-	// Health fails for them; for the others, a device whose server
-	// thread failed is being healed.
-	gaveUp map[string]bool
+	// gaveUp are the volumes whose device's heal gave up (healVolume),
+	// with why: Health fails for them; for the others, a device whose
+	// server thread failed is being healed.
+	gaveUp map[string]error
 	// held are the devices kept but not served because their state is
 	// lost and the volume's record disagrees with the kernel (Held).
 	held map[string]error

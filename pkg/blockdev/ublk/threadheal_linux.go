@@ -127,7 +127,7 @@ func (s *Server) healVolume(ctx context.Context, id string, t *dataplane.Thread)
 		return
 	}
 	gate := sv.dev.gate
-	s.setGaveUp(id, false)
+	s.setGaveUp(id, nil)
 	var open time.Duration // attempts and waits with the gate open
 	for wait := healRetryFirst; ; wait = min(2*wait, healRetryMax) {
 		start, paused := time.Now(), gate.Closed()
@@ -139,7 +139,7 @@ func (s *Server) healVolume(ctx context.Context, id string, t *dataplane.Thread)
 			open += time.Since(start) + wait
 		}
 		if !errors.Is(err, errHealRetry) || open > healGiveUp || ctx.Err() != nil {
-			s.setGaveUp(id, true) // Health fails from before the report
+			s.setGaveUp(id, err) // Health fails from before the report
 			s.report(err, "ublk device of a failed server thread not re-adopted: it holds its i/o, and health fails until the plugin restarts",
 				"volumeID", id, "thread", t.ID())
 			return
@@ -153,19 +153,19 @@ func (s *Server) healVolume(ctx context.Context, id string, t *dataplane.Thread)
 	}
 }
 
-// setGaveUp records that the heal of the volume's device gave up (or, off,
-// that a new one begins).
-func (s *Server) setGaveUp(id string, on bool) {
+// setGaveUp records why the heal of the volume's device gave up (nil: a
+// new one begins).
+func (s *Server) setGaveUp(id string, why error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !on {
+	if why == nil {
 		delete(s.gaveUp, id)
 		return
 	}
 	if s.gaveUp == nil {
-		s.gaveUp = map[string]bool{}
+		s.gaveUp = map[string]error{}
 	}
-	s.gaveUp[id] = true
+	s.gaveUp[id] = why
 }
 
 // rehome re-adopts the volume's device, a queue of which died with server
