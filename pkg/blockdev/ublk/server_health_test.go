@@ -16,10 +16,10 @@ import (
 // a server thread that failed for real (a panic inside its loop) cannot be
 // re-adopted in the process (here their re-adoption fails at fpHealing,
 // before START_USER_RECOVERY), the server's health fails, naming the
-// volume and why it was not re-adopted, and stays failed, so that the plugin's /healthz does not say ok
-// over a hung volume and the kubelet restarts the plugin; and that the next
-// server (the restarted plugin) re-adopts the device with its data and
-// health is good again.
+// volume and why it was not re-adopted, and stays failed, so that the
+// plugin's /healthz does not say ok over a hung volume and the kubelet
+// restarts the plugin; and that the next server (the restarted plugin)
+// re-adopts the device with its data and health is good again.
 func TestServerHealthFailsWhenThreadNotHealed(t *testing.T) {
 	needUblk(t)
 	dir := scratchDir(t)
