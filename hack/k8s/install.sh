@@ -17,9 +17,10 @@
 #   6. e2e: storage-e2e.test (Kubernetes' external storage suite alone, from
 #      hack/k8s/storagesuite, in the wrapper module of step 3 and its build
 #      cache), the ginkgo CLI that runs it in parallel, agnhost, and the test
-#      images (agnhost, glibc-dns-testing, nginx).
+#      images (agnhost, glibc-dns-testing, nginx: step test_images).
 # Safe to run repeatedly: each step is skipped when its result is cached in
-# $K8S_CACHE (a warm run takes seconds). Usage: install.sh [step...]
+# $K8S_CACHE (a warm run takes seconds), and two runs at once take turns.
+# Usage: install.sh [step...]
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 # shellcheck source=hack/k8s/lib.sh
@@ -293,9 +294,9 @@ images() {
 # storage suites and e2e framework, not the rest of test/e2e) with go test -c,
 # the ginkgo CLI of the ginkgo version it links (conformance.sh runs the
 # suite's specs in parallel through it), and agnhost (test/images/agnhost),
-# which the suites' pods run; then the agnhost image (the static binary on
-# the busybox image's files) and the other test images of the storage suites
-# (see test_images).
+# which the suites' pods run. The step test_images then assembles the agnhost
+# image (the static binary on the busybox image's files) and the other test
+# images of the storage suites.
 e2e() {
 	local id="e2e-$KUBE_VERSION" dir=$K8S_CACHE/src/kube-$KUBE_VERSION ver=${KUBE_VERSION#v} b
 	local suite=$ROOT/hack/k8s/storagesuite/suite_test.go
@@ -319,7 +320,6 @@ e2e() {
 		(cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/agnhost" k8s.io/kubernetes/test/images/agnhost)
 		mark "$id"
 	fi
-	test_images
 }
 
 # gnu_coreutils DIR copies the programs of Debian's coreutils package into
@@ -394,9 +394,19 @@ helm() {
 	)
 }
 
+# main runs the steps asked for (default: all) holding $K8S_CACHE/install.lock,
+# so that a second install, such as make e2e-k8s while the prebuild of make
+# test (prebuild.sh) still runs, waits for the first and then finds its
+# results cached.
 main() {
-	local steps=("$@")
-	((${#steps[@]})) || steps=(packages etcd kube helm sidecars images e2e)
+	local steps=("$@") t0=$SECONDS
+	((${#steps[@]})) || steps=(packages etcd kube helm sidecars images e2e test_images)
+	exec 9>"$K8S_CACHE/install.lock"
+	if ! flock -n 9; then
+		log "waiting for the install already running (make test's prebuild logs to $PREBUILD_LOG)"
+		flock 9
+		log "it ended after $((SECONDS - t0)) s"
+	fi
 	for s in "${steps[@]}"; do "$s"; done
 }
 main "$@"

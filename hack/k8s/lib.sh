@@ -7,6 +7,10 @@ KUBE_VERSION=v1.36.3
 K8S_CACHE="${K8S_CACHE:-/var/cache/csi-fastblk-k8s}"
 K8S_WORK="${K8S_WORK:-/var/lib/csi-fastblk-k8s}"
 K8S_BIN="$K8S_CACHE/bin"
+# The background build make test starts before its other phases
+# (prebuild.sh): its log and process group.
+PREBUILD_LOG="$K8S_CACHE/prebuild.log"
+PREBUILD_PID="$K8S_CACHE/prebuild.pid"
 # The CSI sidecars' binaries, one per tag, as
 # $K8S_BIN/sidecars/<command>-<tag> (see sidecars in install.sh).
 

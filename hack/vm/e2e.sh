@@ -43,6 +43,25 @@ powercut_selected() {
 	return 1
 }
 
+# failure_digest LOG prints, for each step that failed in LOG, its failed
+# tests and the lines that say why (a test's own messages, panics, the time
+# limit), at most 40 a step: CI keeps only the end of the output, and this
+# is what tells a flake from a regression.
+failure_digest() {
+	awk '
+	/^=== STEP / {name = $3; n = 0; delete buf; next}
+	/^--- FAIL|^    [A-Za-z0-9_]+\.go:[0-9]+: |^panic: |^FAIL|time limit .* reached/ {
+		if (n < 40) buf[n++] = $0
+		next
+	}
+	/^STEP .* FAIL \(/ {
+		print "   -- why " $2 " failed:"
+		for (i = 0; i < n; i++) print "      " buf[i]
+		if (n == 0) print "      (no test message; see the log)"
+	}
+	' "$1"
+}
+
 declare -A status=() took=() pcstatus=() pctook=()
 for k in "${kernels[@]}"; do
 	t0=$(date +%s)
@@ -72,6 +91,7 @@ for k in "${kernels[@]}"; do
 	boot=$(grep -a -o -m1 'vm: ready after [0-9.]*s' "$log" | grep -o '[0-9.]*s$' || echo '?')
 	echo "-- kernel $release: $verdict in ${took[$k]}s, booted in $boot (log $log)"
 	grep -a -E '^(STEP .* (PASS|FAIL) \(|STEPS: )' "$log" | sed 's/^/   /' || echo "   no step ran"
+	failure_digest "$log"
 	if [[ -n ${pcstatus[$k]:-} ]]; then
 		if ((pcstatus[$k] == 0)); then verdict=PASS; else verdict="FAIL (exit ${pcstatus[$k]})"; failed=1; fi
 		echo "   POWERCUT $verdict (${pctook[$k]}s, two boots; logs $logdir/powercut-$k-{1,2}.log)"

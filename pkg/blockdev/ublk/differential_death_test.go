@@ -115,7 +115,9 @@ func deathRound(t *testing.T, seed uint64) ([]time.Duration, map[string]int) {
 			p.close()
 			t.Fatalf("%s: seed %d: %v", name, seed, chaosErr)
 		}
-		if err := p.sameImages(); err != nil {
+		images, err := p.sameImages()
+		tally.images = images
+		if err != nil {
 			p.close()
 			t.Fatalf("%s: %v", name, err)
 		}

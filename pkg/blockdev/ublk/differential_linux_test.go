@@ -1,6 +1,7 @@
 package ublk
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -117,7 +118,8 @@ func runDifferential(t *testing.T, v diffVolume, qd int, seed uint64) (diffTally
 	if err != nil {
 		return tally, err
 	}
-	return tally, p.sameImages()
+	tally.images, err = p.sameImages()
+	return tally, err
 }
 
 // diffPair is a volume of a server of its own and a loop device of the same
@@ -192,14 +194,15 @@ func newDiffPair(t *testing.T, v diffVolume, cfg ServerConfig) (p *diffPair, err
 
 // sameImages compares the two backing files and checks that the server
 // counted no volume I/O error.
-func (p *diffPair) sameImages() error {
-	if err := sameImages(p.files[0], p.files[1], p.size); err != nil {
-		return err
+func (p *diffPair) sameImages() (imagesCompared, error) {
+	c, err := sameImages(p.files[0], p.files[1], p.size)
+	if err != nil {
+		return c, err
 	}
 	if st, _, _ := p.s.Stats("diff"); st.Errors != 0 {
-		return fmt.Errorf("the server counted %d volume I/O errors", st.Errors)
+		return c, fmt.Errorf("the server counted %d volume I/O errors", st.Errors)
 	}
-	return nil
+	return c, nil
 }
 
 // close undoes newDiffPair, last step first.
@@ -220,7 +223,9 @@ func compareDevices(pair [2]*os.File, lim diffLimits, qd, n int, rng *rand.Rand)
 		batch := genBatch(rng, lim, min(qd, n-ops))
 		var got [2][]diffResult
 		for i, f := range pair {
-			got[i] = runBatch(f, batch)
+			var took []time.Duration
+			got[i], took = runBatch(f, batch)
+			tally.timed(i, batch, took)
 		}
 		for j, op := range batch {
 			tally.count(op, got[0][j])
@@ -242,6 +247,21 @@ func compareDevices(pair [2]*os.File, lim diffLimits, qd, n int, rng *rand.Rand)
 type diffTally struct {
 	ok, refused [len(diffKindNames)]int
 	bytes       int64 // moved or zeroed by the requests that succeeded
+	// slowest is the longest request on each device (loop, then the
+	// server's), and slowOp what it was: where the test's time goes.
+	slowest [2]time.Duration
+	slowOp  [2]diffOp
+	// images is what the final comparison of the images did.
+	images imagesCompared
+}
+
+// timed notes how long each request of a batch took on device i.
+func (t *diffTally) timed(i int, batch []diffOp, took []time.Duration) {
+	for j, d := range took {
+		if d > t.slowest[i] {
+			t.slowest[i], t.slowOp[i] = d, batch[j]
+		}
+	}
 }
 
 func (t *diffTally) count(op diffOp, r diffResult) {
@@ -261,6 +281,14 @@ func (t *diffTally) add(o diffTally) {
 		t.refused[k] += o.refused[k]
 	}
 	t.bytes += o.bytes
+	t.images.seek += o.images.seek
+	t.images.read += o.images.read
+	t.images.bytes += o.images.bytes
+	for i := range t.slowest {
+		if o.slowest[i] > t.slowest[i] {
+			t.slowest[i], t.slowOp[i] = o.slowest[i], o.slowOp[i]
+		}
+	}
 }
 
 // total is how many requests were compared.
@@ -277,6 +305,14 @@ func (t diffTally) String() string {
 	fmt.Fprintf(&b, "%d requests (%d MiB):", t.total(), t.bytes>>20)
 	for k, name := range diffKindNames {
 		fmt.Fprintf(&b, " %s %d ok/%d refused", name, t.ok[k], t.refused[k])
+	}
+	if t.images != (imagesCompared{}) {
+		fmt.Fprintf(&b, "; images compared: %v", t.images)
+	}
+	for i, dev := range [2]string{"loop", "server"} {
+		if t.slowest[i] > 0 {
+			fmt.Fprintf(&b, "; slowest on %s %v (%v)", dev, t.slowest[i].Round(time.Millisecond), t.slowOp[i])
+		}
 	}
 	return b.String()
 }
@@ -479,14 +515,19 @@ var crcTable = crc64.MakeTable(crc64.ECMA)
 
 // runBatch runs the batch's requests on f together and returns their
 // outcomes.
-func runBatch(f *os.File, batch []diffOp) []diffResult {
+func runBatch(f *os.File, batch []diffOp) ([]diffResult, []time.Duration) {
 	out := make([]diffResult, len(batch))
+	took := make([]time.Duration, len(batch))
 	var wg sync.WaitGroup
 	for i, op := range batch {
-		wg.Go(func() { out[i] = runOp(f, op) })
+		wg.Go(func() {
+			start := time.Now()
+			out[i] = runOp(f, op)
+			took[i] = time.Since(start)
+		})
 	}
 	wg.Wait()
-	return out
+	return out, took
 }
 
 func runOp(f *os.File, op diffOp) diffResult {
@@ -539,49 +580,96 @@ func fillPattern(b []byte, seed uint64) {
 	}
 }
 
-// sameImages compares files a and b of size bytes, reading only where
-// either holds data (SEEK_DATA; holes read as zeros).
-func sameImages(a, b string, size int64) error {
-	fa, err := os.Open(a)
-	if err != nil {
-		return err
-	}
-	defer fa.Close()
-	fb, err := os.Open(b)
-	if err != nil {
-		return err
-	}
-	defer fb.Close()
-	const chunk = 4 << 20
-	ba, bb := make([]byte, chunk), make([]byte, chunk)
-	for off := int64(0); off < size; {
-		next := min(nextData(fa, off), nextData(fb, off))
-		if next >= size {
-			return nil
-		}
-		n := min(chunk, size-next)
-		if _, err := fa.ReadAt(ba[:n], next); err != nil && err != io.EOF {
-			return err
-		}
-		if _, err := fb.ReadAt(bb[:n], next); err != nil && err != io.EOF {
-			return err
-		}
-		for i := range n {
-			if ba[i] != bb[i] {
-				return fmt.Errorf("the final images differ at byte %d (loop %#x, the server %#x)", next+i, ba[i], bb[i])
-			}
-		}
-		off = next + n
-	}
-	return nil
+// imagesCompared is what a comparison of two images did: the time spent
+// finding their data (SEEK_DATA, SEEK_HOLE) and reading it, and how much it
+// read.
+type imagesCompared struct {
+	seek, read time.Duration
+	bytes      int64
 }
 
-// nextData is the first offset at or after off where f holds data, or
-// past its end.
-func nextData(f *os.File, off int64) int64 {
-	n, err := unix.Seek(int(f.Fd()), off, unix.SEEK_DATA)
+func (c imagesCompared) String() string {
+	return fmt.Sprintf("%d MiB read in %v, extents found in %v", c.bytes>>20,
+		c.read.Round(time.Millisecond), c.seek.Round(time.Millisecond))
+}
+
+// sameImages compares files a and b of size bytes, reading only the ranges
+// where either holds data (holes read as zeros), each found once: one
+// SEEK_DATA and SEEK_HOLE a file and extent, not a seek per chunk read
+// (on 6.12 a seek into a preallocated file's unwritten extents walks its
+// page cache, and 3 GiB took minutes that way).
+func sameImages(a, b string, size int64) (imagesCompared, error) {
+	var c imagesCompared
+	var fs [2]*os.File
+	for i, path := range []string{a, b} {
+		f, err := os.Open(path)
+		if err != nil {
+			return c, err
+		}
+		defer f.Close()
+		fs[i] = f
+	}
+	const chunk = 4 << 20
+	bufs := [2][]byte{make([]byte, chunk), make([]byte, chunk)}
+	for off := int64(0); off < size; {
+		// [start, end): the next range where either file holds
+		// data, up to where one of them changes between data and hole.
+		t0 := time.Now()
+		var data [2]int64
+		for i, f := range fs {
+			data[i] = seekData(f, off, unix.SEEK_DATA)
+		}
+		start := min(data[0], data[1], size)
+		end := size
+		for i, f := range fs {
+			if data[i] == start {
+				end = min(end, seekData(f, start, unix.SEEK_HOLE))
+			} else {
+				end = min(end, data[i])
+			}
+		}
+		c.seek += time.Since(t0)
+		if start >= size {
+			break
+		}
+		t0 = time.Now()
+		for at := start; at < end; at += chunk {
+			n := min(chunk, end-at)
+			for i, f := range fs {
+				if _, err := f.ReadAt(bufs[i][:n], at); err != nil && err != io.EOF {
+					return c, err
+				}
+			}
+			if d := firstDiff(bufs[0][:n], bufs[1][:n]); d >= 0 {
+				return c, fmt.Errorf("the final images differ at byte %d (loop %#x, the server %#x)", at+d, bufs[0][d], bufs[1][d])
+			}
+			c.bytes += n
+		}
+		c.read += time.Since(t0)
+		off = end
+	}
+	return c, nil
+}
+
+// firstDiff is the index of the first byte where a and b differ, or -1.
+func firstDiff(a, b []byte) int64 {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return int64(i)
+		}
+	}
+	return -1
+}
+
+// seekData is lseek(f, off, whence) for SEEK_DATA or SEEK_HOLE, or past
+// any size where there is no data after off (ENXIO).
+func seekData(f *os.File, off int64, whence int) int64 {
+	n, err := unix.Seek(int(f.Fd()), off, whence)
 	if err != nil {
-		return 1<<63 - 1 // ENXIO: no data after off
+		return 1<<63 - 1
 	}
 	return n
 }
