@@ -44,20 +44,22 @@ powercut_selected() {
 }
 
 # failure_digest LOG prints, for each step that failed in LOG, its failed
-# tests and the lines that say why (a test's own messages, panics, the time
-# limit), at most 40 a step: CI keeps only the end of the output, and this
-# is what tells a flake from a regression.
+# tests, each after the messages it logged (a test's own lines since its
+# === RUN), and panics and the time limit, at most 40 lines a step: CI keeps
+# only the end of the output, and this is what tells a flake from a
+# regression.
 failure_digest() {
 	awk '
-	/^=== STEP / {name = $3; n = 0; delete buf; next}
-	/^--- FAIL|^    [A-Za-z0-9_]+\.go:[0-9]+: |^panic: |^FAIL|time limit .* reached/ {
-		if (n < 40) buf[n++] = $0
-		next
-	}
+	function keep(line) { if (n < 40) buf[n++] = line }
+	/^=== STEP / {n = 0; m = 0; next}
+	/^=== (RUN|CONT) / {m = 0; next}
+	/^ +[A-Za-z0-9_]+\.go:[0-9]+: / {if (m < 20) cur[m++] = $0; next}
+	/^ *--- FAIL/ {for (i = 0; i < m; i++) keep(cur[i]); m = 0; keep($0); next}
+	/^panic: |time limit .* reached/ {keep($0); next}
 	/^STEP .* FAIL \(/ {
 		print "   -- why " $2 " failed:"
 		for (i = 0; i < n; i++) print "      " buf[i]
-		if (n == 0) print "      (no test message; see the log)"
+		if (n == 0) print "      (no failed test or panic in the log; see the log)"
 	}
 	' "$1"
 }
