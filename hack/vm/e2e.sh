@@ -10,7 +10,8 @@
 #   STEP-PATTERN    run only the steps whose name matches a glob, e.g. '1*';
 #                   the power-cut test runs when no pattern is given or one
 #                   matches "powercut"
-# Environment: E2E_VM_TIMEOUT (seconds per kernel, default 1500),
+# Environment: E2E_VM_TIMEOUT (seconds per kernel, default 2400: 6.12 took
+#   1086 s beside make test's background build, 800-830 s alone),
 #   E2E_VM_LOGDIR (default bin/vm), E2E_VM_SKIP_BUILD=1 reuses the last images.
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
@@ -68,7 +69,7 @@ declare -A status=() took=() pcstatus=() pctook=()
 for k in "${kernels[@]}"; do
 	t0=$(date +%s)
 	set +e
-	"$VM_DIR/run.sh" --kernel "$k" --timeout "${E2E_VM_TIMEOUT:-1500}" \
+	"$VM_DIR/run.sh" --kernel "$k" --timeout "${E2E_VM_TIMEOUT:-2400}" \
 		--log "$logdir/e2e-$k.log" -- /opt/fastblk/vm/run-steps.sh "$@"
 	status[$k]=$?
 	set -e
