@@ -97,7 +97,7 @@ func TestSameImagesFindsEveryDifference(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name string
-		b    func(path string) // makes b from a copy of a's layout
+		b    func(path string) // writes b; a holds data at 8 MiB
 		diff int64             // -1: equal
 	}{
 		{"same", func(p string) { write(p, 8<<20, data) }, -1},
