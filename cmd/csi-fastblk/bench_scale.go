@@ -172,6 +172,10 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	if c.latProbe && c.metrics != "" {
 		probe.sum0, probe.n0, probeErr = c.serverLatency(ctx, "scale-0")
 	}
+	guest0, err := guestBusyTicks()
+	if err != nil {
+		return err
+	}
 	ios, err := c.runFio(ctx, devs)
 	if err != nil {
 		return err
@@ -180,7 +184,11 @@ func scaleCSI(ctx context.Context, c scaleConfig) error {
 	if err != nil {
 		return err
 	}
-	line := c.describe(ios)
+	guest1, err := guestBusyTicks()
+	if err != nil {
+		return err
+	}
+	line := c.describe(ios) + guestCPU(guest1-guest0, ios.total)
 	if c.latProbe && c.metrics != "" && probeErr == nil {
 		sum, n, err := c.serverLatency(ctx, "scale-0")
 		probeErr = err
@@ -299,17 +307,72 @@ func scaleLoop(ctx context.Context, c scaleConfig) error {
 		if err != nil {
 			return fmt.Errorf("losetup %s: %w", file, err)
 		}
-		devs = append(devs, strings.TrimSpace(string(out)))
+		dev := strings.TrimSpace(string(out))
+		devs = append(devs, dev)
+		// A loop device without direct I/O reads from the page cache:
+		// a baseline that flatters loop (busybox's losetup ignores
+		// --direct-io; the kernel may refuse it for the file).
+		dio, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "loop/dio"))
+		if err != nil || strings.TrimSpace(string(dio)) != "1" {
+			return fmt.Errorf("%s on %s: direct I/O is not on (loop/dio %q, %v)", dev, file, strings.TrimSpace(string(dio)), err)
+		}
 	}
 	if err := c.fill(ctx, devs); err != nil {
+		return err
+	}
+	guest0, err := guestBusyTicks()
+	if err != nil {
 		return err
 	}
 	ios, err := c.runFio(ctx, devs)
 	if err != nil {
 		return err
 	}
-	fmt.Println(c.describe(ios))
+	guest1, err := guestBusyTicks()
+	if err != nil {
+		return err
+	}
+	fmt.Println(c.describe(ios) + guestCPU(guest1-guest0, ios.total))
 	return nil
+}
+
+// guestBusyTicks is the CPU time every CPU of the machine spent busy (not
+// idle nor waiting for I/O), in clockTicks, from /proc/stat: what a design
+// costs the whole node (its server, the kernel's work for it, fio), where
+// the plugin's own CPU leaves out the kernel's workers and loop has no
+// process at all.
+func guestBusyTicks() (int64, error) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, err
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	fields := strings.Fields(line)
+	if len(fields) < 6 || fields[0] != "cpu" {
+		return 0, fmt.Errorf("/proc/stat: unexpected first line %q", line)
+	}
+	var busy int64
+	for i, f := range fields[1:] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/stat: %q: %w", line, err)
+		}
+		// user nice system idle iowait irq softirq steal guest guest_nice:
+		// idle and iowait are not busy; guest time is already in user.
+		if i != 3 && i != 4 && i < 8 {
+			busy += n
+		}
+	}
+	return busy, nil
+}
+
+// guestCPU is the SCALE or LAT line's guest_cpu_us_per_io field: the
+// machine's busy CPU time per I/O of the run.
+func guestCPU(ticks int64, ios uint64) string {
+	if ios == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" guest_cpu_us_per_io=%.2f", float64(ticks)*1e6/clockTicks/float64(ios))
 }
 
 // fioResult is what runFio measured over every job.

@@ -12,6 +12,7 @@
 # Usage: hack/vm/bench-scale.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                               [--volumes 'N...'] [--rw 'randread randwrite']
 #                               [--variants 'LABEL[=FLAGS]...'] [--no-loop]
+#                               [--disks 'disk ram']
 #   --variants  the plugin set-ups to measure (default shared): LABEL=FLAGS
 #               runs the plugin with
 #               serve FLAGS joined by '+' (hidden benchmark flags such as
@@ -21,6 +22,11 @@
 #               for its environment, params=queues=1,queueDepth=64 for the
 #               volumes' StorageClass parameters)
 #   --no-loop   leave out the kernel loop devices
+#   --disks     where the VM's data disk lives, one VM run and table each:
+#               disk, a raw file on the host's disk (cache=none: the disk,
+#               not the CPU, is the limit, as on a node), or ram, a file on
+#               /dev/shm (the guest is CPU-bound); default disk, and
+#               'disk ram' with --noisy
 #   --lat       also the latency probe: 4k at iodepth 1 on one device, alone and
 #               with 15 others busy at iodepth 4 (p50/p99/p99.9), for each
 #               design, loop, and the backing files themselves ("file")
@@ -42,7 +48,7 @@ set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" variants="" loop=1 lat=0 noscale=0 smp=2 profile=0 noisy=0
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" variants="" loop=1 lat=0 noscale=0 smp=2 profile=0 noisy=0 disks=""
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -52,6 +58,7 @@ while (($#)); do
 	--rw) rws=${2:?}; shift 2 ;;
 	--variants) variants=${2:?}; shift 2 ;;
 	--no-loop) loop=0; shift ;;
+	--disks) disks=${2:?}; shift 2 ;;
 	--lat) lat=1; shift ;;
 	--lat-only) lat=1 noscale=1; shift ;;
 	--noisy) lat=1 noscale=1 noisy=1 rws=randwrite; shift ;;
@@ -61,6 +68,9 @@ while (($#)); do
 	esac
 done
 [[ $runtime =~ ^[0-9]+$ && $reps =~ ^[0-9]+$ ]] || die "--runtime and --reps take whole numbers"
+((noisy)) && disks=${disks:-disk ram}
+disks=${disks:-disk}
+for d in $disks; do [[ $d == disk || $d == ram ]] || die "--disks: want disk or ram, not $d"; done
 logdir=${BENCH_VM_LOGDIR:-$REPO_ROOT/bin/vm}
 mkdir -p "$logdir"
 if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
@@ -171,7 +181,7 @@ noisytable() {
 	END {
 		if (nl == 0) exit
 		printf "\n  noisy neighbours: quiet volume 4k randread iodepth 1, alone (busy 0) and beside busy volumes at 4k randwrite iodepth 32\n"
-		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s %10s %9s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us", "cpu_us/io", "ctxsw/io"
+		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s %10s %9s %11s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us", "cpu_us/io", "ctxsw/io", "guest_us/io"
 		for (b = 1; b <= nl; b++) for (c = 1; c <= nb; c++) {
 			key = labels[b] SUBSEP busy[c]; lk = "loop" SUBSEP busy[c]
 			if (!((key, "p99_us") in fig)) continue
@@ -182,19 +192,30 @@ noisytable() {
 			sv = ((key, "server_mean_us") in fig) ? sprintf("%.1f", median(fig[key, "server_mean_us"])) : "-"
 			cpu = ((key, "cpu_us_per_io") in fig) ? sprintf("%.1f", median(fig[key, "cpu_us_per_io"])) : "-"
 			cs = ((key, "ctxsw_per_io") in fig) ? sprintf("%.3f", median(fig[key, "ctxsw_per_io"])) : "-"
-			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s %10s %9s\n", labels[b], busy[c], n[key], m, p99, io,
-				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv, cpu, cs
+			gc = ((key, "guest_cpu_us_per_io") in fig) ? sprintf("%.1f", median(fig[key, "guest_cpu_us_per_io"])) : "-"
+			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s %10s %9s %11s\n", labels[b], busy[c], n[key], m, p99, io,
+				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv, cpu, cs, gc
 		}
 	}' "$1"
 }
 
+# disk_dir REGIME is where run.sh makes the VM's data disk.
+disk_dir() {
+	case $1 in
+	disk) echo "$VM_CACHE/disks" ;;
+	ram) echo "/dev/shm/csi-fastblk-vm-disks" ;;
+	esac
+}
+
 declare -A status=()
-for k in "${kernels[@]}"; do
-	set +e
-	"$VM_DIR/run.sh" --kernel "$k" --disk-size 16G --smp "$smp" --timeout "$timeout" \
-		--log "$logdir/bench-scale-$k.log" -- "$guest"
-	status[$k]=$?
-	set -e
+for d in $disks; do
+	for k in "${kernels[@]}"; do
+		set +e
+		VM_DISK_DIR=$(disk_dir "$d") "$VM_DIR/run.sh" --kernel "$k" --disk-size 16G --smp "$smp" --timeout "$timeout" \
+			--log "$logdir/bench-scale-$k-$d.log" -- "$guest"
+		status[$k-$d]=$?
+		set -e
+	done
 done
 
 failed=0
@@ -202,13 +223,15 @@ echo
 ((noisy)) && echo "==== noisy neighbours ($smp vCPUs): medians of $reps runs of ${runtime}s, fio io_uring direct=1, ublk and loop runs interleaved ====" ||
 	echo "==== bench-scale ($smp vCPUs): medians of $reps runs of ${runtime}s, fio io_uring direct=1 4k; volumes at iodepth 4 each, anchor (volumes 1) 2 jobs x iodepth 32 ===="
 ((noisy)) || echo "     share: of the same design's single device; /loop: of as many kernel loop devices; attach and stage+mkfs: median/worst ms"
-for k in "${kernels[@]}"; do
-	log="$logdir/bench-scale-$k.log"
-	((status[$k] == 0)) || failed=1
-	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
-	grep -a -E '^bench-scale: ' "$log" | sed 's/^/  /' | head -20 || true
-	((noscale)) || table "$log"
-	if ((noisy)); then noisytable "$log"; else lattable "$log"; fi
-	grep -a -E '^(PROFILED|PROFILE) ' "$log" | sed 's/^/  /' || true
+for d in $disks; do
+	for k in "${kernels[@]}"; do
+		log="$logdir/bench-scale-$k-$d.log"
+		((status[$k-$d] == 0)) || failed=1
+		echo "-- kernel $(cat "$(kernel_dir "$k")/release"), data disk: $( [[ $d == disk ]] && echo "the host's disk (I/O-bound)" || echo "host RAM (CPU-bound)")$( ((status[$k-$d] == 0)) || echo " (VM run FAILED, exit ${status[$k-$d]})")"
+		grep -a -E '^bench-scale: ' "$log" | sed 's/^/  /' | head -20 || true
+		((noscale)) || table "$log"
+		if ((noisy)); then noisytable "$log"; else lattable "$log"; fi
+		grep -a -E '^(PROFILED|PROFILE) ' "$log" | sed 's/^/  /' || true
+	done
 done
 exit "$failed"

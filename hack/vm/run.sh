@@ -26,6 +26,9 @@
 #   --mem MiB --smp N  guest memory and CPUs (default 2048, 2)
 #   --log FILE         console log (default $VM_CACHE/logs/<kernel>-<time>.log)
 #   --quiet            do not stream the console, only the log file
+# Environment: VM_DISK_DIR, where a fresh /data disk is made (default
+#   $VM_CACHE/disks, on the host's disk; the benchmarks put it on /dev/shm
+#   to take the host's disk out of the figures).
 # Example: hack/vm/run.sh --kernel 7.3 -- /opt/fastblk/vm/run-steps.sh '00-*'
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
@@ -71,14 +74,15 @@ main() {
 	tools="$VM_CACHE/initramfs/tools.img"
 	[[ -s $kdir/vmlinuz ]] || die "kernel $KERNEL missing: run hack/vm/kernels.sh"
 	[[ -s $initrd && -s $tools ]] || die "$initrd or $tools missing: run hack/vm/initramfs.sh"
-	mkdir -p "$VM_CACHE/disks" "$VM_CACHE/logs"
+	local diskdir=${VM_DISK_DIR:-$VM_CACHE/disks}
+	mkdir -p "$diskdir" "$VM_CACHE/logs"
 	LOG=${LOG:-$VM_CACHE/logs/$KERNEL-$(date +%Y%m%d-%H%M%S)-$$.log}
 	local keepfs=0
 	if [[ -n $DISK ]]; then
 		disk=$DISK
 		[[ -s $disk ]] && keepfs=1
 	else
-		disk=$(mktemp "$VM_CACHE/disks/data-$KERNEL.XXXXXX.raw")
+		disk=$(mktemp "$diskdir/data-$KERNEL.XXXXXX.raw")
 		trap 'rm -f "$disk"' EXIT
 	fi
 	nonce=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')

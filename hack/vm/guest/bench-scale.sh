@@ -27,7 +27,8 @@
 # /usr/bin/perf, see profile),
 # BENCH_SCALE_NOISY (1: only the noisy-neighbour probe: one device at 4k
 # randread iodepth 1 alone and beside BENCH_SCALE_LAT_BUSY others at 4k
-# randwrite iodepth 32, no "file" runs).
+# randwrite iodepth 32; "file" runs fio on the backing files themselves, the
+# data disk's own figures).
 . /opt/fastblk/vm/lib.sh
 VOLUMES=${BENCH_SCALE_VOLUMES:-"1 16 64"}
 RWS=${BENCH_SCALE_RW:-"randread randwrite"}
@@ -127,7 +128,7 @@ variants=${BENCH_SCALE_VARIANTS:-shared}
 labels=""
 for v in $variants; do labels="$labels ${v%%=*}"; done
 [ "${BENCH_SCALE_LOOP:-1}" = 1 ] && labels="$labels loop"
-[ "${BENCH_SCALE_LOOP:-1}" = 1 ] && [ "${BENCH_SCALE_LAT:-0}" = 1 ] && [ -z "$PROBE_RW" ] && labels="$labels file"
+[ "${BENCH_SCALE_LOOP:-1}" = 1 ] && [ "${BENCH_SCALE_LAT:-0}" = 1 ] && labels="$labels file"
 LAT_BUSY=${BENCH_SCALE_LAT_BUSY:-15}
 
 # flags_of LABEL prints the serve flags of a variant.

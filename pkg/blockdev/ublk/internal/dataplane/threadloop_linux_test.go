@@ -218,3 +218,61 @@ func TestFailedAttachLeavesTheNextQueuesSlots(t *testing.T) {
 	failed.teardown() // what Queue.start does after the failed attach
 	roundTrip(t, next, f, bytes.Repeat([]byte("next q!\n"), 512), 8, 0)
 }
+
+// TestQuietRequestServedWithinBoundedWork proves the bound of a fair round
+// on the host's io_uring, counted in work, not time: 512 backing reads of a
+// busy queue have completed and wait in the thread, and a quiet queue's
+// request arrives after the thread has reaped them and begun its round.
+// The quiet request must be committed before the thread handles more than
+// roundBusyCQEs of the busy queue's completions: the thread looks at its
+// ring again after that many, finds the quiet request's completion and
+// serves it first, whatever the busy backlog still holds.
+func TestQuietRequestServedWithinBoundedWork(t *testing.T) {
+	const busyDepth = 512
+	s := hostThread(t, QueueCost(4)+QueueCost(busyDepth), 2)
+	quiet, _ := hostQueue(t, s, 4, TargetFile)
+	busy, _ := hostQueue(t, s, busyDepth, TargetFile)
+	for tag := range uint16(busyDepth) {
+		setDesc(busy, tag, uapi.IOOpRead, 8, uint64(tag%256)*8)
+		if err := busy.onCmd(tag, uapi.IOResOK); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitReady(t, s, busyDepth)
+	n, err := s.reap()
+	if err != nil || n != busyDepth {
+		t.Fatalf("reap = %d, %v; want %d", n, err, busyDepth)
+	}
+	s.dispatch(n) // the first round: busy work only
+	handled := busy.tally.commits
+	if handled > roundBusyCQEs {
+		t.Fatalf("the first round handled %d busy completions, more than the bound %d", handled, roundBusyCQEs)
+	}
+	// The quiet request arrives while the busy backlog is pending.
+	setDesc(quiet, 0, uapi.IOOpRead, 8, 0)
+	if err := quiet.onCmd(0, uapi.IOResOK); err != nil {
+		t.Fatal(err)
+	}
+	// Busy completions handled from its arrival until the round that
+	// serves it, which handles the light queue's completions first.
+	var waited uint64
+	for rounds := 0; quiet.tally.commits == 0; rounds++ {
+		if rounds > busyDepth {
+			t.Fatal("the quiet request was never served")
+		}
+		n, err := s.next(true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before := busy.tally.commits
+		s.dispatch(n)
+		if quiet.tally.commits == 0 {
+			waited += busy.tally.commits - before
+		}
+	}
+	if waited > roundBusyCQEs {
+		t.Fatalf("the quiet request waited for %d busy completions (backlog of %d), want at most %d",
+			waited, busyDepth-int(handled), roundBusyCQEs)
+	}
+	t.Logf("quiet request served after %d busy completions of the %d pending (bound %d)", waited, busyDepth-int(handled), roundBusyCQEs)
+}
