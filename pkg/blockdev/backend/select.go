@@ -64,6 +64,9 @@ type Config struct {
 	// a CPU blk-mq maps to it (ublk.ThreadConfig.Near).
 	NearQueues  bool
 	IOWQWorkers uint32
+	// DiskSlots fixes each server thread's reads and writes in flight on
+	// the backing disk (ublk.ThreadConfig.DiskSlots; -1: no bound).
+	DiskSlots int
 	// ablationConfig has Ablate, the techniques of the ublk server
 	// threads to switch off, in benchmark builds (-tags ablation) only.
 	ablationConfig

@@ -57,9 +57,10 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		BatchIO:  batch,
 		ZeroCopy: zc,
 		Threads:  cfg.Threads,
-		Thread:   ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers},
-		Queue:    ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
-		Report:   cfg.Report,
+		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers,
+			DiskSlots: cfg.DiskSlots},
+		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
+		Report: cfg.Report,
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)

@@ -224,11 +224,15 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 	if d.mtime == nil && cfg.Queue.NowaitWrites && cfg.Target.Kind == dataplane.TargetFile {
 		d.mtime = dataplane.NewMtimeToucher(cfg.Target.FD)
 	}
+	slots := 0
+	if cfg.Target.Kind == dataplane.TargetFile {
+		slots = diskSlots(cfg.Target.FD, cfg.Threads.Len())
+	}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
 		queue, err := dataplane.StartQueue(dataplane.QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
-			Mtime: d.mtime, Gate: d.gate, Thread: threads[q], Reserved: true,
+			Mtime: d.mtime, Gate: d.gate, Thread: threads[q], Reserved: true, DiskSlots: slots,
 		})
 		if err != nil {
 			dataplane.UnreserveAll(threads[q+1:], d.info.QueueDepth)

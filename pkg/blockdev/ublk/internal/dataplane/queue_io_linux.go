@@ -83,7 +83,7 @@ func (l *queueState) accept(tag uint16) error {
 	if l.throttle(tag, t.start) {
 		return nil
 	}
-	return l.issue(tag)
+	return l.start(tag)
 }
 
 // issue queues the backing operation for the unserved part of tag's request.
@@ -300,6 +300,7 @@ func (l *queueState) commit(tag uint16, result int32) error {
 	}
 	l.tally.inFlight--
 	l.s.serving--
+	l.finishAdmitted(t)
 	l.tally.observe(t.req.op, t.req.len, result < 0, monoNow()-t.start)
 	l.touched()
 	if l.b != nil {

@@ -50,6 +50,11 @@ type QueueConfig struct {
 	// per clock tick serves them all (freshenMtime). nil: the
 	// queue keeps its own (with Options.NowaitWrites).
 	Mtime *MtimeToucher
+	// DiskSlots is the serving thread's share of the request slots of
+	// the disk under the backing file: the most reads and writes the
+	// thread keeps in flight there, holding the rest itself
+	// (admission_linux.go). 0: unknown, no bound.
+	DiskSlots int
 }
 
 // QueueOptions are the server thread's buffer, submission and wait policy;

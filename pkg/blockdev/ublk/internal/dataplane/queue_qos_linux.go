@@ -124,7 +124,7 @@ func (l *queueState) release(now int64) error {
 		l.heldHead = (l.heldHead + 1) % len(l.held)
 		l.heldLen--
 		l.q.stats.throttledNs.Add(uint64(now - t.start))
-		if err := l.issue(tag); err != nil {
+		if err := l.start(tag); err != nil {
 			return err
 		}
 	}

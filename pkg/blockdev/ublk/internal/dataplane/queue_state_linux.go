@@ -31,6 +31,9 @@ type tagState struct {
 	reg     uint32 // copy mode: bytes at the head of the tag's buffer registered (registerHead)
 	retries uint8  // -EAGAIN retries of the current backing op
 	aborted bool   // the kernel said -ENODEV: never re-fetch
+	// admitted: the request holds one of its thread's disk slots
+	// (admission_linux.go) until it is committed.
+	admitted bool
 }
 
 // queueState is the serving state of one queue on its server thread. Only
@@ -94,8 +97,13 @@ type queueState struct {
 	held              []uint16
 	heldHead, heldLen int
 	limGen            uint64
+	// waiting are the tags whose reads and writes wait for a disk slot
+	// of the thread, a ring of waitLen from waitHead in arrival order
+	// (admission_linux.go); made at the first wait.
+	waiting           []uint16
+	waitHead, waitLen int
 	// The thread's lists the queue is on (threadLoop).
-	inHeld, inCommits, inTails, inEnding bool
+	inHeld, inCommits, inTails, inEnding, inAdmitting bool
 }
 
 // newLoop returns the serving state of q, before its thread takes it.

@@ -46,6 +46,7 @@ func (s *threadLoop) attach(l *queueState) error {
 	l.attached = true
 	s.setPollWindow()
 	s.sizeIOWQ()
+	s.setAdmitCap()
 	if err := l.fetchAll(); err != nil {
 		// The FETCHes that went in complete with the ring; the queue
 		// cannot serve without the others.
@@ -65,16 +66,17 @@ func (s *threadLoop) detach(l *queueState, err error) {
 	// Off every list of the thread first: a list that kept it would
 	// touch its unmapped buffers (seen: the idle reclaim of a detached
 	// copy-mode queue).
-	for _, list := range []*[]*queueState{&s.held, &s.commits, &s.tails, &s.ending, &s.dirty} {
+	for _, list := range []*[]*queueState{&s.held, &s.commits, &s.tails, &s.ending, &s.dirty, &s.admitting} {
 		*list = slices.DeleteFunc(*list, func(q *queueState) bool { return q == l })
 	}
-	l.inHeld, l.inCommits, l.inTails, l.inEnding, l.dirty = false, false, false, false, false
+	l.inHeld, l.inCommits, l.inTails, l.inEnding, l.dirty, l.inAdmitting = false, false, false, false, false, false
 	l.teardown()
 	s.bufSlots.free(int(l.bufBase), int(l.cfg.Depth))
 	s.slots[l.slot] = nil
 	s.free = append(s.free, l.slot)
 	s.setPollWindow()
 	s.sizeIOWQ()
+	s.setAdmitCap()
 	l.end(err)
 }
 

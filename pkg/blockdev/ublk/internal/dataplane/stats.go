@@ -59,6 +59,9 @@ type QueueStats struct {
 	// turned it off for nowaitPause; MtimeUpdates counts the backing
 	// file's mtime updates the queue made for them (freshenMtime).
 	NowaitRefused, NowaitPauses, MtimeUpdates uint64
+	// DiskWaits counts reads and writes held for a disk slot of their
+	// server thread (admission_linux.go).
+	DiskWaits uint64
 }
 
 // queueStats is the live, atomically updated form of QueueStats, one
@@ -77,6 +80,7 @@ type queueStats struct {
 	reclaims                                  atomic.Uint64
 	throttled, throttledNs                    atomic.Uint64
 	nowaitRefused, nowaitPauses, mtimeUpdates atomic.Uint64
+	diskWaits                                 atomic.Uint64
 }
 
 // latencyBucket returns the histogram bucket for a duration in nanoseconds.
@@ -97,7 +101,7 @@ func latencyBucket(ns int64) int {
 type queueTally struct {
 	reads, writes, flushes, discards, zeroes uint64
 	bytesRead, bytesWritten                  uint64
-	errors, latencyNs, commits               uint64
+	errors, latencyNs, commits, diskWaits    uint64
 	latency                                  [NumLatencyBuckets]uint64
 	inFlight, backing                        int64
 }
@@ -145,6 +149,7 @@ func (t *queueTally) publish(s *queueStats, shown *queueTally) {
 	store(&s.errors, t.errors, &shown.errors)
 	store(&s.latencyNs, t.latencyNs, &shown.latencyNs)
 	store(&s.commits, t.commits, &shown.commits)
+	store(&s.diskWaits, t.diskWaits, &shown.diskWaits)
 	for i := range t.latency {
 		store(&s.latency[i], t.latency[i], &shown.latency[i])
 	}
@@ -175,6 +180,7 @@ func (s *queueStats) snapshot() QueueStats {
 		NowaitRefused: s.nowaitRefused.Load(),
 		NowaitPauses:  s.nowaitPauses.Load(),
 		MtimeUpdates:  s.mtimeUpdates.Load(),
+		DiskWaits:     s.diskWaits.Load(),
 		Commits:       s.commits.Load(),
 		LatencyNs:     s.latencyNs.Load(),
 	}
@@ -201,6 +207,7 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.NowaitRefused += b.NowaitRefused
 	a.NowaitPauses += b.NowaitPauses
 	a.MtimeUpdates += b.MtimeUpdates
+	a.DiskWaits += b.DiskWaits
 	a.Commits += b.Commits
 	a.LatencyNs += b.LatencyNs
 	for i := range a.Latency {

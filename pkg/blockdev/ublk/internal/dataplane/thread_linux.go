@@ -79,6 +79,11 @@ type ThreadConfig struct {
 	// still poll (Options.Poll) before a sleeping wait; 0 means
 	// pollMaxInFlight. A benchmark knob.
 	PollInFlight int
+	// DiskSlots fixes the most reads and writes the thread keeps in
+	// flight on the backing disk (admission_linux.go); 0 takes it from
+	// its queues (QueueConfig.DiskSlots), negative never bounds them. A
+	// benchmark knob.
+	DiskSlots int
 }
 
 const (

@@ -132,6 +132,12 @@ type threadLoop struct {
 	held, commits, tails, ending []*queueState
 	// dirty are the queues whose counters changed this round (publish).
 	dirty []*queueState
+	// admitCap is the most reads and writes the thread keeps in flight
+	// on the backing disk (0: no bound), admitted how many it has,
+	// admitting the queues whose requests wait for a slot, and admitNext
+	// the turn among them (admission_linux.go).
+	admitCap, admitted, admitNext int
+	admitting                     []*queueState
 	// wakeDisarmed: the poll on the thread's eventfd is not in the ring
 	// (no SQE was free when its last CQE came), so wakes (mail, Nudge,
 	// Close) go unnoticed until armWaker succeeds.
@@ -203,6 +209,9 @@ func (s *threadLoop) serve() error {
 		runFailHook(s, atInEnter, n)
 		s.roundAt = monoNow()
 		s.dispatch(n)
+		if len(s.admitting) > 0 {
+			s.admit()
+		}
 		if len(s.tails) > 0 {
 			s.reclaimIdle()
 		}
@@ -242,6 +251,11 @@ func (s *threadLoop) dispatch(n int) {
 	for i := 0; i < light; {
 		i = s.dispatchFrom(i, light)
 	}
+	if light > 0 && len(s.admitting) > 0 {
+		// A light queue's request that waits for a disk slot goes
+		// first to one the light completions freed.
+		s.admit()
+	}
 	if light > 0 && end > light && s.ring.Unsubmitted() > 0 {
 		// Refused, the SQEs wait for the round's own submission.
 		_, _ = s.ring.Submit()
@@ -277,8 +291,8 @@ func (s *threadLoop) dispatchFrom(i, n int) (next int) {
 	return n
 }
 
-// lightBacking is the most backing operations a queue may have in flight
-// and still count as light.
+// lightBacking is the most requests a queue may have in service and still
+// count as light (queueState.light).
 const lightBacking = 2
 
 // roundBusyCQEs is the most CQEs of busy queues a round handles: the bound
@@ -288,8 +302,8 @@ const lightBacking = 2
 const roundBusyCQEs = 32
 
 // lightFirst orders the round's CQEs, s.cqes[:n], so that those of light
-// queues (few backing operations in flight: a device at a low queue depth
-// beside busy ones) come first, each side in ring order, and returns how
+// queues (few requests in service: a device at a low queue depth beside
+// busy ones) come first, each side in ring order, and returns how
 // many are light. CQEs of no queue (the waker's) count as light.
 func (s *threadLoop) lightFirst(n int) int {
 	if cap(s.spare) < n {
@@ -299,7 +313,7 @@ func (s *threadLoop) lightFirst(n int) int {
 	light := 0
 	for i := range n {
 		_, slot, _ := decodeUD(s.cqes[i].UserData)
-		if l := s.queue(slot); l == nil || l.backing <= lightBacking {
+		if l := s.queue(slot); l == nil || l.light() {
 			s.cqes[light] = s.cqes[i]
 			light++
 			continue
