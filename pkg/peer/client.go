@@ -102,6 +102,9 @@ func (c *Client) ReadData(ctx context.Context, tag string, req *ReadRequest, sin
 		err = st.CloseSend()
 	}
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errIdle) {
+			return Received{}, errIdle
+		}
 		return Received{}, c.unavailable(p, err)
 	}
 	got, err := receive(func(f *Frame) error {
