@@ -153,5 +153,5 @@ func runPeer(ctx context.Context, c peerConfig, nodeID string, drv *driver.Drive
 	ch.client.Store(peer.NewClient(creds, &peer.PodResolver{API: api, Namespace: c.namespace, Selector: c.selector,
 		Port: port, Tag: driver.NodeTag}))
 	klog.InfoS("peer channel up", "address", c.address, "identity", creds.Self(), "ca", ca.Cert.Subject.CommonName)
-	return peer.NewServer(creds, drv.PeerService(), driver.LogAndRecover).Serve(ctx, lis)
+	return peer.NewServer(creds, drv.PeerService(), peer.Limits{}, driver.LogAndRecover).Serve(ctx, lis)
 }

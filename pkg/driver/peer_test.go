@@ -88,7 +88,7 @@ func (s *peerServer) start() {
 	var ctx context.Context
 	ctx, s.cancel = context.WithCancel(context.Background())
 	s.done = make(chan error, 1)
-	s.srv = peer.NewServerWith(s.creds, s.n.d.PeerService(), s.opts...)
+	s.srv = peer.NewServerWith(s.creds, s.n.d.PeerService(), peer.Limits{}, s.opts...)
 	go func(done chan error) { done <- s.srv.Serve(ctx, lis) }(s.done)
 }
 
