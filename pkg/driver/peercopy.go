@@ -1,15 +1,15 @@
 package driver
 
 import (
-	"fmt"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/filecopy"
 )
 
 // A clone on another node pulls a point-in-time copy of this node's
@@ -62,7 +62,7 @@ func (cs *peerCopies) open(id, node, target string, copyOf func() (*os.File, int
 	case c != nil && c.node == node && c.target == target:
 		defer cs.mu.Unlock()
 		c.expire.Stop()
-		f, err := dupFile(c.f)
+		f, err := filecopy.Dup(c.f)
 		if err != nil {
 			cs.drop(id, c)
 			return nil, 0, err
@@ -89,7 +89,7 @@ func (cs *peerCopies) open(id, node, target string, copyOf func() (*os.File, int
 		return nil, 0, err
 	}
 	c.f, c.size = f, size
-	g, err := dupFile(f)
+	g, err := filecopy.Dup(f)
 	if err != nil {
 		cs.drop(id, c)
 		return nil, 0, err
@@ -128,20 +128,4 @@ func (cs *peerCopies) drop(id string, c *peerCopy) {
 	if cs.m[id] == c {
 		delete(cs.m, id)
 	}
-}
-
-// dupFile returns a new descriptor of f's open file, which the caller
-// closes (a copy is unlinked: it cannot be opened again by name).
-func dupFile(f *os.File) (*os.File, error) {
-	// Not inherited by a child forked meanwhile (mkfs, mount).
-	syscall.ForkLock.RLock()
-	fd, err := syscall.Dup(int(f.Fd()))
-	if err == nil {
-		syscall.CloseOnExec(fd)
-	}
-	syscall.ForkLock.RUnlock()
-	if err != nil {
-		return nil, fmt.Errorf("dup the copy %s: %w", f.Name(), err)
-	}
-	return os.NewFile(uintptr(fd), f.Name()), nil
 }

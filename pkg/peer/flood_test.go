@@ -30,16 +30,7 @@ func flood(ctx context.Context, t *testing.T, ca *CA, id Identity, addr string, 
 	for i := range n {
 		answered.Add(1)
 		go func() {
-			st, err := cs[i%conns].NewStream(ctx, &serviceDesc.Streams[0], methodReadData, grpc.CallContentSubtype(xferCodec), grpc.MaxCallRecvMsgSize(maxFrame))
-			if err == nil {
-				err = st.SendMsg(&ReadRequest{Kind: SourceSnapshot, ID: "s1-n1", Rate: 1})
-			}
-			if err == nil {
-				err = st.CloseSend()
-			}
-			if err == nil {
-				err = st.RecvMsg(new(Frame))
-			}
+			st, err := rawStream(ctx, cs[i%conns], &ReadRequest{Kind: SourceSnapshot, ID: "s1-n1", Rate: 1})
 			mu.Lock()
 			if err != nil {
 				refused[status.Code(err)]++

@@ -147,6 +147,22 @@ func TestStreamsPerConn(t *testing.T) {
 	}
 }
 
+// rawStream opens a data stream of req on conn and reads its first frame,
+// leaving the rest to the caller.
+func rawStream(ctx context.Context, conn *grpc.ClientConn, req *ReadRequest) (grpc.ClientStream, error) {
+	st, err := conn.NewStream(ctx, &serviceDesc.Streams[0], methodReadData, grpc.CallContentSubtype(xferCodec), grpc.MaxCallRecvMsgSize(maxFrame))
+	if err == nil {
+		err = st.SendMsg(req)
+	}
+	if err == nil {
+		err = st.CloseSend()
+	}
+	if err == nil {
+		err = st.RecvMsg(new(Frame))
+	}
+	return st, err
+}
+
 // waitFor polls cond for up to 5 s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -220,16 +236,8 @@ func TestReadDataDeadline(t *testing.T) {
 	src, _ := sparseSource(t, 16<<20, [][2]int64{{0, 16 << 20}})
 	ca := newCA(t)
 	addr, srv := serveWithin(t, newCreds(t, ca, n1), &recorder{files: map[string]string{"s1-n1": src}}, Limits{MinRate: 64 << 20})
-	conn := grpcConn(t, ca, n2, addr)
-	st, err := conn.NewStream(callCtx(t), &serviceDesc.Streams[0], methodReadData, grpc.CallContentSubtype(xferCodec), grpc.MaxCallRecvMsgSize(maxFrame))
+	st, err := rawStream(callCtx(t), grpcConn(t, ca, n2, addr), &ReadRequest{Kind: SourceSnapshot, ID: "s1-n1"})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.SendMsg(&ReadRequest{Kind: SourceSnapshot, ID: "s1-n1"}); err != nil {
-		t.Fatal(err)
-	}
-	st.CloseSend()
-	if err := st.RecvMsg(new(Frame)); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
