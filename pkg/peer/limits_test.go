@@ -72,15 +72,18 @@ func TestConnsPerAddr(t *testing.T) {
 		t.Error("the fourth connection of the address is open")
 	}
 	conns[0].Close()
-	time.Sleep(100 * time.Millisecond)
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if closedWithin(c, 300*time.Millisecond) {
-		t.Error("a connection after one closed was refused")
-	}
+	waitFor(t, "connection accepted after one closed", func() bool {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if closedWithin(c, 300*time.Millisecond) {
+			c.Close()
+			return false
+		}
+		t.Cleanup(func() { c.Close() })
+		return true
+	})
 }
 
 // grpcConn is a raw connection of id's client to the peer at addr.
