@@ -29,6 +29,11 @@ type peerConfig struct {
 	serviceAccount string
 	secret         string
 	selector       string
+	// What peers may hold of this plugin (peer.Limits).
+	maxStreams, maxStreamsPerPeer int
+	minRate                       string
+	serveData                     bool
+	limits                        peer.Limits // from the above, by check
 }
 
 func peerFlags(fs *flag.FlagSet, c *peerConfig) {
@@ -39,6 +44,14 @@ func peerFlags(fs *flag.FlagSet, c *peerConfig) {
 	fs.StringVar(&c.serviceAccount, "peer-service-account", "", "the plugin's service account, which every peer's certificate must name")
 	fs.StringVar(&c.secret, "peer-ca-secret", "", "the Secret (in --peer-namespace) that holds the peer CA; the first plugin to start makes it")
 	fs.StringVar(&c.selector, "peer-selector", "", "label selector of the installation's plugin pods, k=v,... (the peers)")
+	d := peer.DefaultLimits
+	fs.IntVar(&c.maxStreams, "peer-max-streams", d.MaxStreams,
+		"the most data streams (restores and clones on other nodes) this plugin sends at once; beyond it a peer's stream is refused (ResourceExhausted) and retried")
+	fs.IntVar(&c.maxStreamsPerPeer, "peer-max-streams-per-peer", d.MaxStreamsPerPeer, "the most data streams this plugin sends at once to one node")
+	fs.StringVar(&c.minRate, "peer-min-rate", "1Mi",
+		"the least rate of a data stream, bytes per second (Ki, Mi, Gi, k, M, G): a class's transferRate below it is raised to it, and a stream ends after its source's size at this rate and 2 minutes")
+	fs.BoolVar(&c.serveData, "peer-serve-data", true,
+		"send snapshots' and volumes' data to other nodes' plugins for restores and clones; false refuses them (PermissionDenied) and pulls none, so such a claim is pinned to its source's node; set it alike on every node")
 }
 
 // peerChannel is the driver's Forwarder until the channel is up: calls
@@ -100,6 +113,14 @@ func (c *peerConfig) check() error {
 	if _, err := selectorLabels(c.selector); err != nil {
 		return err
 	}
+	rate, err := driver.ParseBandwidth(c.minRate)
+	if err != nil || rate <= 0 {
+		return fmt.Errorf("--peer-min-rate %q: want a positive number of bytes per second (e.g. 1Mi)", c.minRate)
+	}
+	if c.maxStreams <= 0 || c.maxStreamsPerPeer <= 0 {
+		return fmt.Errorf("--peer-max-streams (%d) and --peer-max-streams-per-peer (%d) must be positive", c.maxStreams, c.maxStreamsPerPeer)
+	}
+	c.limits = peer.Limits{MaxStreams: c.maxStreams, MaxStreamsPerPeer: c.maxStreamsPerPeer, MinRate: rate, RefuseData: !c.serveData}
 	return nil
 }
 
@@ -152,6 +173,6 @@ func runPeer(ctx context.Context, c peerConfig, nodeID string, drv *driver.Drive
 	}
 	ch.client.Store(peer.NewClient(creds, &peer.PodResolver{API: api, Namespace: c.namespace, Selector: c.selector,
 		Port: port, Tag: driver.NodeTag}))
-	klog.InfoS("peer channel up", "address", c.address, "identity", creds.Self(), "ca", ca.Cert.Subject.CommonName)
-	return peer.NewServer(creds, drv.PeerService(), driver.LogAndRecover).Serve(ctx, lis)
+	klog.InfoS("peer channel up", "address", c.address, "identity", creds.Self(), "ca", ca.Cert.Subject.CommonName, "limits", c.limits)
+	return peer.NewServer(creds, drv.PeerService(), c.limits, driver.LogAndRecover).Serve(ctx, lis)
 }

@@ -10,6 +10,8 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
 
 // TestPeerFlags: the peer channel is off without --peer-address; on, it
@@ -39,6 +41,19 @@ func TestPeerFlags(t *testing.T) {
 	for _, sel := range []string{"app!=a", "app in (a)", "app", "=a", "app=a,,b=c"} {
 		if _, err := parse(append(full[:4:4], "--peer-selector="+sel)...); err == nil {
 			t.Errorf("--peer-selector=%s: no error", sel)
+		}
+	}
+	cfg, err := parse(full...)
+	if want := (peer.Limits{MaxStreams: 16, MaxStreamsPerPeer: 4, MinRate: 1 << 20}); err != nil || cfg.peer.limits != want {
+		t.Errorf("default limits: %+v, %v; want %+v", cfg.peer.limits, err, want)
+	}
+	cfg, err = parse(append(full, "--peer-max-streams=8", "--peer-max-streams-per-peer=2", "--peer-min-rate=4Mi", "--peer-serve-data=false")...)
+	if want := (peer.Limits{MaxStreams: 8, MaxStreamsPerPeer: 2, MinRate: 4 << 20, RefuseData: true}); err != nil || cfg.peer.limits != want {
+		t.Errorf("limits: %+v, %v; want %+v", cfg.peer.limits, err, want)
+	}
+	for _, bad := range []string{"--peer-min-rate=0", "--peer-min-rate=fast", "--peer-max-streams=0", "--peer-max-streams-per-peer=-1"} {
+		if _, err := parse(append(full, bad)...); err == nil {
+			t.Errorf("%s: no error", bad)
 		}
 	}
 	l, err := selectorLabels("app=a,component=node")

@@ -163,6 +163,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if cfg.peer.address != "" {
 		peers = &peerChannel{}
 		cfg.driver.Peers = peers
+		cfg.driver.NoPeerData = !cfg.peer.serveData
 	}
 	drv, err := driver.New(cfg.driver, st, be)
 	if err != nil {

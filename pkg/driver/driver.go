@@ -40,6 +40,11 @@ type Config struct {
 	// nodes' snapshots and volumes for restores and clones (nil: refused
 	// with FailedPrecondition and ResourceExhausted).
 	Peers Forwarder
+	// NoPeerData says the installation's plugins send no data to each
+	// other (--peer-serve-data=false): a restore or clone whose source
+	// is on another node is not pulled but pinned to the source's node
+	// (ResourceExhausted), unless its class hands it off.
+	NoPeerData bool
 }
 
 var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)
@@ -54,6 +59,9 @@ type Driver struct {
 	locks   *keyLocks
 	tag     string // this node's tag in volume and snapshot IDs (ids.go)
 	pulls   pulls  // copies in flight from other nodes (pull.go)
+	// peerCopies are the copies of this node's volumes peers pull
+	// (peercopy.go).
+	peerCopies peerCopies
 	// readiness is set before serving (AddReadinessCheck), read only after.
 	readiness []readinessCheck
 }

@@ -129,7 +129,8 @@ func (p *PeerService) OpenSource(ctx context.Context, req *peer.ReadRequest) (*o
 		if err := d.checkPeerID(req.ID); err != nil {
 			return nil, 0, err
 		}
-		f, size, err = d.copyForPeer(ctx, storeID)
+		caller, _ := peer.Caller(ctx)
+		f, size, err = d.peerCopies.open(storeID, caller.Node, req.Target, func() (*os.File, int64, error) { return d.copyForPeer(ctx, storeID) })
 	default:
 		return nil, 0, status.Errorf(codes.InvalidArgument, "peer read of %q: unknown %v", req.ID, req.Kind)
 	}
@@ -139,6 +140,16 @@ func (p *PeerService) OpenSource(ctx context.Context, req *peer.ReadRequest) (*o
 	caller, _ := peer.Caller(ctx)
 	klog.InfoS("sending data to a peer", "source", storeID, "kind", req.Kind, "for", req.Target, "peer", caller.Node, "size", size, "rate", req.Rate)
 	return f, size, nil
+}
+
+// SourceSent is told how a stream of a source ended (pkg/peer's
+// SourceFinisher): the copy of a volume is let go after a stream that
+// sent it all, and kept a while for the retry after one that failed.
+func (p *PeerService) SourceSent(ctx context.Context, req *peer.ReadRequest, err error) {
+	if req.Kind == peer.SourceVolume {
+		storeID, _ := splitID(req.ID)
+		p.d.peerCopies.sent(storeID, err)
+	}
 }
 
 // copyForPeer takes the point-in-time copy of the volume id a peer

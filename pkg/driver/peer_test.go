@@ -35,6 +35,7 @@ type peerServer struct {
 	t      testing.TB
 	n      *testNode
 	creds  *peer.Credentials
+	lim    peer.Limits
 	opts   []grpc.ServerOption
 	addr   string
 	srv    *peer.Server
@@ -88,7 +89,7 @@ func (s *peerServer) start() {
 	var ctx context.Context
 	ctx, s.cancel = context.WithCancel(context.Background())
 	s.done = make(chan error, 1)
-	s.srv = peer.NewServerWith(s.creds, s.n.d.PeerService(), s.opts...)
+	s.srv = peer.NewServerWith(s.creds, s.n.d.PeerService(), s.lim, s.opts...)
 	go func(done chan error) { done <- s.srv.Serve(ctx, lis) }(s.done)
 }
 

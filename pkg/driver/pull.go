@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -48,8 +49,22 @@ const (
 	// provisioner's timeout is long (the chart's csiTimeout, 1h), and
 	// each Aborted it gets is an event with the progress on the claim.
 	maxPullWait = 5 * time.Minute
-	// minTransferRate keeps a frame of data well within pullIdle.
+	// minTransferRate keeps a frame of data well within pullIdle. It
+	// is also the rate a pull's deadline counts with, as the source's
+	// node does (peer.DefaultLimits).
 	minTransferRate = 1 << 20
+)
+
+// A pull's whole length is bounded: the source's node keeps the idle cut
+// off with wait frames while it prepares the source, so a broken or
+// hostile one could otherwise hold a pull for ever. Until the stream's
+// header the bound is pullPrepare; from the header on, the source's size
+// at minTransferRate and pullSlack (a little more than the sender's own
+// deadline, peer's streamSlack, so that the sender's answer comes first).
+// Variables for tests.
+var (
+	pullPrepare = time.Hour
+	pullSlack   = 3 * time.Minute
 )
 
 // firstPullWait is the longest the call that starts a copy waits for it,
@@ -145,6 +160,9 @@ func (d *Driver) pull(ctx context.Context, req *csi.CreateVolumeRequest, spec st
 	if spec.SourceVolumeID != "" {
 		kind, srcID = peer.SourceVolume, spec.SourceVolumeID
 	}
+	if d.cfg.NoPeerData {
+		return nil, d.pinToSource(kind, srcID+"-"+spec.SourceNode, "the installation's plugins send no data to each other (--peer-serve-data=false)")
+	}
 	// The copy's context is its own, not the call's: only DeleteVolume
 	// (cancelPull) ends it.
 	copyCtx, cancel := context.WithCancel(context.Background())
@@ -198,15 +216,48 @@ func (d *Driver) startPull(ctx context.Context, p *pull) {
 	}()
 }
 
-// runPull streams the source into a new volume and commits it.
-func (d *Driver) runPull(ctx context.Context, p *pull) (blockdev.Volume, error) {
+// pinToSource answers a CreateVolume from the source id of another node
+// that is not pulled, for why: as without the peer channel,
+// ResourceExhausted, on which the provisioner reschedules the claim (a
+// pod that can run on the source's node then does).
+func (d *Driver) pinToSource(kind peer.SourceKind, id, why string) error {
+	st := status.Convert(d.sourceElsewhere(kind.String(), id))
+	return status.Errorf(st.Code(), "%s (%s)", st.Message(), why)
+}
+
+// runPull streams the source into a new volume and commits it, within the
+// pull's deadline (pullPrepare, pullSlack). A panic in it fails the pull
+// with Internal and leaves nothing, not the plugin's end.
+func (d *Driver) runPull(ctx context.Context, p *pull) (v blockdev.Volume, err error) {
 	rate := int64(defaultTransferRate)
 	if s, ok := p.spec.Params[ParamTransferRate]; ok {
 		rate, _ = ParseBandwidth(s) // checked by checkParams
 	}
-	sink := &pullSink{ctx: ctx, d: d, p: p}
+	ctx, cut := context.WithCancelCause(ctx)
+	defer cut(nil)
+	deadline := func(after time.Duration, of string) *time.Timer {
+		return time.AfterFunc(after, func() {
+			cut(status.Errorf(codes.DeadlineExceeded, "longer than its deadline of %v (%s)", after.Round(time.Second), of))
+		})
+	}
+	timer := deadline(pullPrepare, "the longest a source's node may prepare it")
+	defer func() { timer.Stop() }()
+	sink := &pullSink{ctx: ctx, d: d, p: p, started: func(size int64) {
+		timer.Stop()
+		timer = deadline(time.Duration(float64(size)/minTransferRate*float64(time.Second))+pullSlack,
+			fmt.Sprintf("%d bytes at %d bytes/s and %v", size, minTransferRate, pullSlack))
+	}}
+	defer func() {
+		if r := recover(); r != nil {
+			klog.ErrorS(fmt.Errorf("panic: %v", r), "pull panicked", "volumeID", p.id, "source", p.source, "stack", string(debug.Stack()))
+			if sink.imp != nil {
+				sink.imp.Abort()
+			}
+			v, err = blockdev.Volume{}, status.Errorf(codes.Internal, "%s: internal error (panic: %v)", p.progress(), r)
+		}
+	}()
 	req := &peer.ReadRequest{Kind: p.kind, ID: p.source, Target: p.spec.Name, Rate: rate}
-	_, err := d.cfg.Peers.ReadData(ctx, p.node, req, sink, pullIdle)
+	_, err = d.cfg.Peers.ReadData(ctx, p.node, req, sink, pullIdle)
 	if errors.Is(err, errExists) {
 		return sink.existing, nil
 	}
@@ -214,13 +265,24 @@ func (d *Driver) runPull(ctx context.Context, p *pull) (blockdev.Volume, error) 
 		if sink.imp != nil {
 			sink.imp.Abort()
 		}
-		if ctx.Err() != nil {
+		if cause := context.Cause(ctx); status.Code(cause) == codes.DeadlineExceeded {
+			err = cause
+		} else if ctx.Err() != nil {
 			return blockdev.Volume{}, status.Errorf(codes.Aborted, "%s: cancelled (the volume was deleted)", p.progress())
 		}
 		st := status.Convert(toStatus(err))
-		return blockdev.Volume{}, status.Errorf(st.Code(), "%s: %s", p.progress(), st.Message())
+		code := st.Code()
+		switch code {
+		case codes.ResourceExhausted:
+			// The source's node is at its limits: retried, not
+			// rescheduled as the provisioner does on ResourceExhausted.
+			code = codes.Unavailable
+		case codes.PermissionDenied:
+			return blockdev.Volume{}, d.pinToSource(p.kind, p.source, "its node sends no data: "+st.Message())
+		}
+		return blockdev.Volume{}, status.Errorf(code, "%s: %s", p.progress(), st.Message())
 	}
-	v, err := sink.imp.Commit()
+	v, err = sink.imp.Commit()
 	if err != nil {
 		return blockdev.Volume{}, toStatus(fmt.Errorf("%s: %w", p.progress(), err))
 	}
@@ -235,12 +297,14 @@ type pullSink struct {
 	ctx      context.Context
 	d        *Driver
 	p        *pull
+	started  func(size int64) // the header came
 	imp      *store.Import
 	existing blockdev.Volume
 }
 
 func (s *pullSink) Start(size, alloc int64) (io.WriterAt, error) {
 	p := s.p
+	s.started(size)
 	p.size.Store(size)
 	p.alloc.Store(alloc)
 	if r, err := blockdev.RoundSize(size); err != nil || r != size {

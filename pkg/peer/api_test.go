@@ -7,9 +7,13 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
@@ -132,6 +136,32 @@ func TestPodResolver(t *testing.T) {
 	for _, tag := range []string{"t-n3", "n1", "t-n5"} {
 		if got, err := r.Resolve(context.Background(), tag); err == nil {
 			t.Errorf("Resolve(%s) = %v, want an error", tag, got)
+		}
+	}
+}
+
+// TestPodResolverTagCollision: two nodes whose long names hash to the same
+// tag are not told apart by it: Resolve names both and asks neither,
+// whichever the API lists first.
+func TestPodResolverTagCollision(t *testing.T) {
+	for _, order := range [][2]string{{"long-a", "long-b"}, {"long-b", "long-a"}} {
+		a := &apiServer{pods: `{"metadata":{},"items":[
+			{"metadata":{"name":"p1"},"spec":{"nodeName":"` + order[0] + `"},"status":{"podIP":"10.0.0.1"}},
+			{"metadata":{"name":"p2"},"spec":{"nodeName":"` + order[1] + `"},"status":{"podIP":"10.0.0.2"}},
+			{"metadata":{"name":"p3"},"spec":{"nodeName":"short"},"status":{"podIP":"10.0.0.3"}}]}`}
+		tag := func(n string) string {
+			if strings.HasPrefix(n, "long-") {
+				return "#12345678"
+			}
+			return n
+		}
+		r := &PodResolver{API: a.start(t), Namespace: "csi-fastblk", Selector: "app=fastblk", Port: 9815, Tag: tag}
+		got, err := r.Resolve(context.Background(), "#12345678")
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "long-a, long-b") {
+			t.Errorf("Resolve of a tag of nodes %v = %v, %v; want FailedPrecondition naming both", order, got, err)
+		}
+		if got, err := r.Resolve(context.Background(), "short"); err != nil || got.Node != "short" {
+			t.Errorf("Resolve(short) = %v, %v", got, err)
 		}
 	}
 }

@@ -102,6 +102,9 @@ func (c *Client) ReadData(ctx context.Context, tag string, req *ReadRequest, sin
 		err = st.CloseSend()
 	}
 	if err != nil {
+		if errors.Is(context.Cause(ctx), errIdle) {
+			return Received{}, errIdle
+		}
 		return Received{}, c.unavailable(p, err)
 	}
 	got, err := receive(func(f *Frame) error {
@@ -120,7 +123,11 @@ func (c *Client) ReadData(ctx context.Context, tag string, req *ReadRequest, sin
 func (c *Client) dial(ctx context.Context, tag string) (*grpc.ClientConn, Peer, error) {
 	p, err := c.res.Resolve(ctx, tag)
 	if err != nil {
-		return nil, p, status.Errorf(codes.Unavailable, "find the plugin of node tag %s: %v", tag, err)
+		code := codes.Unavailable
+		if st, ok := status.FromError(err); ok {
+			code = st.Code()
+		}
+		return nil, p, status.Errorf(code, "find the plugin of node tag %s: %v", tag, err)
 	}
 	conn, err := grpc.NewClient("passthrough:///"+p.Addr,
 		grpc.WithTransportCredentials(credentials.NewTLS(c.creds.ClientConfig(p.Node))),

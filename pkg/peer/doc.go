@@ -20,7 +20,10 @@
 // the calls it forwards (stripped of secrets), and the stream's own
 // messages of a fixed binary layout; what the receiving plugin does with
 // them is its Handler's business, which must validate IDs as it does for
-// the CSI socket. Messages are bounded in size.
+// the CSI socket. Messages are bounded in size, and so is what one peer
+// may hold of a server: connections, calls, data streams, their rate and
+// length (Limits; docs/peer.md, "Bounded peers"). A panic in a call or a
+// stream ends it with Internal, not the plugin.
 //
 // Peers are found through the API server (PodResolver): the running pods
 // of the installation's DaemonSets, by node. Nothing is cached: every

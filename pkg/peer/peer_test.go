@@ -26,6 +26,7 @@ import (
 var (
 	n1 = Identity{Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node", Node: "n1"}
 	n2 = Identity{Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node", Node: "n2"}
+	n3 = Identity{Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node", Node: "n3"}
 )
 
 func newCA(t *testing.T) *CA {
@@ -56,6 +57,7 @@ type recorder struct {
 	// files are the sources OpenSource serves, by ID, after delay.
 	files map[string]string
 	delay time.Duration
+	panic bool // panic in every call
 }
 
 func (r *recorder) note(ctx context.Context, req any) error {
@@ -63,6 +65,9 @@ func (r *recorder) note(ctx context.Context, req any) error {
 	r.mu.Lock()
 	r.calls, r.callers = append(r.calls, req), append(r.callers, id)
 	r.mu.Unlock()
+	if r.panic {
+		panic("a bug")
+	}
 	if r.block {
 		if _, ok := ctx.Deadline(); !ok {
 			return status.Error(codes.Internal, "no deadline reached the peer")
@@ -128,20 +133,28 @@ func (r *recorder) count() int {
 // address.
 func serve(t *testing.T, creds *Credentials, h Handler, opts ...grpc.ServerOption) string {
 	t.Helper()
+	addr, _ := serveWithin(t, creds, h, Limits{}, opts...)
+	return addr
+}
+
+// serveWithin is serve within lim; it returns the server too.
+func serveWithin(t *testing.T, creds *Credentials, h Handler, lim Limits, opts ...grpc.ServerOption) (string, *Server) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- NewServerWith(creds, h, opts...).Serve(ctx, lis) }()
+	srv := NewServerWith(creds, h, lim, opts...)
+	go func() { done <- srv.Serve(ctx, lis) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)
 		}
 	})
-	return lis.Addr().String()
+	return lis.Addr().String(), srv
 }
 
 func callCtx(t *testing.T) context.Context {

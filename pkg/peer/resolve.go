@@ -4,9 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
@@ -38,24 +44,31 @@ type pod struct {
 }
 
 // Resolve returns the plugin pod of the node tagged tag. A pod on its way
-// out is taken only when no other runs there.
+// out is taken only when no other runs there. A tag is a node's name, or
+// for a long name a hash of it (pkg/driver's nodeTag) that two nodes may
+// share: then the tag does not say which of them holds the object, and
+// Resolve refuses to guess (FailedPrecondition naming both) rather than
+// send a forwarded call, or take a pull's data, from the first found.
 func (r *PodResolver) Resolve(ctx context.Context, tag string) (Peer, error) {
 	path := "/api/v1/namespaces/" + url.PathEscape(r.Namespace) + "/pods"
 	q := url.Values{"labelSelector": {r.Selector}, "fieldSelector": {"status.phase=Running"}}
-	var best Peer
-	leaving := true
+	type candidate struct {
+		Peer
+		leaving bool
+	}
+	byNode := map[string]candidate{}
 	err := r.API.List(ctx, path, q, func(raw json.RawMessage) error {
 		var pods []pod
 		if err := json.Unmarshal(raw, &pods); err != nil {
 			return err
 		}
 		for _, p := range pods {
-			if p.Status.PodIP == "" || p.Spec.NodeName == "" || r.Tag(p.Spec.NodeName) != tag {
+			node := p.Spec.NodeName
+			if p.Status.PodIP == "" || node == "" || r.Tag(node) != tag {
 				continue
 			}
-			if best.Addr == "" || (leaving && p.Metadata.DeletionTimestamp == nil) {
-				best = Peer{Node: p.Spec.NodeName, Addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(r.Port))}
-				leaving = p.Metadata.DeletionTimestamp != nil
+			if c, ok := byNode[node]; !ok || (c.leaving && p.Metadata.DeletionTimestamp == nil) {
+				byNode[node] = candidate{Peer{Node: node, Addr: net.JoinHostPort(p.Status.PodIP, strconv.Itoa(r.Port))}, p.Metadata.DeletionTimestamp != nil}
 			}
 		}
 		return nil
@@ -63,8 +76,15 @@ func (r *PodResolver) Resolve(ctx context.Context, tag string) (Peer, error) {
 	if err != nil {
 		return Peer{}, err
 	}
-	if best.Addr == "" {
+	switch len(byNode) {
+	case 0:
 		return Peer{}, fmt.Errorf("no running plugin pod (%s in namespace %s) on the node tagged %s", r.Selector, r.Namespace, tag)
+	case 1:
+		for _, c := range byNode {
+			return c.Peer, nil
+		}
 	}
-	return best, nil
+	nodes := slices.Sorted(maps.Keys(byNode))
+	return Peer{}, status.Errorf(codes.FailedPrecondition, "nodes %s all have the tag %s (a hash of their long names): the tag does not say which holds the object, so none is asked; rename one of the nodes",
+		strings.Join(nodes, ", "), tag)
 }

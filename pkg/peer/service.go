@@ -30,6 +30,14 @@ type Handler interface {
 	OpenSource(ctx context.Context, req *ReadRequest) (f *os.File, size int64, err error)
 }
 
+// SourceFinisher is a Handler told how each stream of a source it opened
+// ended, after the stream closed the file: err is nil when the whole
+// source was sent. A Handler that keeps what it opened for a retry (the
+// copy of a volume) lets it go, or keeps it a while, by this.
+type SourceFinisher interface {
+	SourceSent(ctx context.Context, req *ReadRequest, err error)
+}
+
 // The service is written out by hand (no generated stubs): the unary
 // calls' messages are the CSI spec's own; the data stream's are in
 // frame.go.
@@ -80,23 +88,39 @@ func unary[Req any, Resp any](method string, call func(Handler, context.Context,
 // Server serves the peer service over mutual TLS.
 type Server struct {
 	srv *grpc.Server
+	svc *service
 }
 
-// NewServer returns a server of h with creds; interceptors (logging,
-// recovery) run around every call.
-func NewServer(creds *Credentials, h Handler, interceptors ...grpc.UnaryServerInterceptor) *Server {
-	return NewServerWith(creds, h, grpc.ChainUnaryInterceptor(interceptors...))
+// service is what the server registers: the Handler, and the count of
+// its data streams within the limits.
+type service struct {
+	Handler
+	lim     Limits
+	streams streamCounts
 }
 
-// NewServerWith returns a server of h with creds and further options
-// (interceptors of streams, say).
-func NewServerWith(creds *Credentials, h Handler, opts ...grpc.ServerOption) *Server {
-	srv := grpc.NewServer(append([]grpc.ServerOption{
+// NewServer returns a server of h with creds within lim; interceptors
+// (logging) run around every unary call.
+func NewServer(creds *Credentials, h Handler, lim Limits, interceptors ...grpc.UnaryServerInterceptor) *Server {
+	return NewServerWith(creds, h, lim, grpc.ChainUnaryInterceptor(interceptors...))
+}
+
+// NewServerWith returns a server of h with creds within lim and further
+// options (interceptors of streams, say). A panic in a call, a stream or
+// a stream's goroutines ends that call or stream with Internal, never the
+// plugin.
+func NewServerWith(creds *Credentials, h Handler, lim Limits, opts ...grpc.ServerOption) *Server {
+	lim = lim.withDefaults()
+	svc := &service{Handler: h, lim: lim, streams: streamCounts{lim: lim}}
+	base := append([]grpc.ServerOption{
 		grpc.Creds(credentials.NewTLS(creds.ServerConfig())),
 		grpc.MaxRecvMsgSize(maxMessage),
-	}, opts...)...)
-	srv.RegisterService(&serviceDesc, h)
-	return &Server{srv: srv}
+		grpc.ChainUnaryInterceptor(recoverUnary),
+		grpc.ChainStreamInterceptor(recoverStream),
+	}, grpcLimits()...)
+	srv := grpc.NewServer(append(base, opts...)...)
+	srv.RegisterService(&serviceDesc, svc)
+	return &Server{srv: srv, svc: svc}
 }
 
 // stopGrace is how long a stopping server lets calls and streams end.
@@ -119,12 +143,15 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		case <-done:
 		}
 	}()
-	err := s.srv.Serve(lis)
+	err := s.srv.Serve(limitConns(lis, s.svc.lim.MaxConnsPerAddr))
 	if ctx.Err() != nil || errors.Is(err, grpc.ErrServerStopped) {
 		return nil
 	}
 	return err
 }
+
+// Streams is the number of data streams the server sends.
+func (s *Server) Streams() int { return s.svc.streams.active() }
 
 // Stop stops the server at once, cutting every call and stream.
 func (s *Server) Stop() { s.srv.Stop() }

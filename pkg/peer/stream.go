@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/filecopy"
 )
@@ -233,13 +234,70 @@ func corrupt(format string, args ...any) error {
 // source.
 var waitEvery = 10 * time.Second
 
-// readData serves the stream ReadData: it decodes the request, lets the
-// Handler open the source (sending wait frames meanwhile), and sends it.
+// readData serves the stream ReadData within the server's limits: it
+// takes a place among the streams of the calling node and of this node
+// (ResourceExhausted when either is full), decodes the request, lets the
+// Handler open the source (sending wait frames meanwhile), and sends it at
+// no less than the least rate, within the deadline of its size at that
+// rate and streamSlack (DeadlineExceeded past it).
 func readData(srv any, ss grpc.ServerStream) error {
+	svc := srv.(*service)
+	ctx := ss.Context()
+	if svc.lim.RefuseData {
+		return status.Error(codes.PermissionDenied, "this node's plugin serves no data to peers (--peer-serve-data=false): restore or clone its snapshots and volumes on this node")
+	}
+	caller, _ := Caller(ctx)
+	release, err := svc.streams.admit(caller.Node)
+	if err != nil {
+		return err
+	}
+	defer release()
 	req := new(ReadRequest)
 	if err := ss.RecvMsg(req); err != nil {
 		return status.Errorf(codes.InvalidArgument, "read request: %v", err)
 	}
+	f, size, err := svc.open(ss, req)
+	if err != nil {
+		return err
+	}
+	rate := req.Rate
+	if rate > 0 && rate < svc.lim.MinRate {
+		rate = svc.lim.MinRate
+	}
+	limit := svc.lim.streamDeadline(size)
+	sendCtx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	// The stream's goroutine sends and then lets the file go. A
+	// receiver that stops reading holds SendMsg until the stream ends:
+	// past the deadline this handler returns, gRPC ends the stream, and
+	// that releases the goroutine.
+	sent := make(chan error, 1)
+	go func() {
+		err := safely(ctx, "send", req.ID, func() error {
+			return send(sendCtx, f, size, rate, func(fr *Frame) error { return ss.SendMsg(fr) })
+		})
+		svc.finish(ctx, req, f, err)
+		sent <- err
+	}()
+	select {
+	case err := <-sent:
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+		return err
+	case <-sendCtx.Done():
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+	klog.InfoS("data stream cut at its deadline", "volumeID", req.ID, "peer", caller.Node, "size", size, "deadline", limit)
+	return status.Errorf(codes.DeadlineExceeded, "stream of %s %s (%d bytes) to node %s: longer than its deadline %v (its size at the least rate, %d bytes/s, and %v)",
+		req.Kind, req.ID, size, caller.Node, limit, svc.lim.MinRate, streamSlack)
+}
+
+// open lets the Handler open the source req names, sending a wait frame
+// every waitEvery meanwhile.
+func (svc *service) open(ss grpc.ServerStream, req *ReadRequest) (*os.File, int64, error) {
 	type source struct {
 		f    *os.File
 		size int64
@@ -247,27 +305,36 @@ func readData(srv any, ss grpc.ServerStream) error {
 	}
 	opened := make(chan source, 1)
 	go func() {
-		f, size, err := srv.(Handler).OpenSource(ss.Context(), req)
-		opened <- source{f, size, err}
+		var src source
+		src.err = safely(ss.Context(), "open", req.ID, func() (err error) {
+			src.f, src.size, err = svc.OpenSource(ss.Context(), req)
+			return err
+		})
+		opened <- src
 	}()
 	tick := time.NewTicker(waitEvery)
 	defer tick.Stop()
 	for {
 		select {
 		case src := <-opened:
-			if src.err != nil {
-				return src.err
-			}
-			defer src.f.Close()
-			return send(ss.Context(), src.f, src.size, req.Rate, func(fr *Frame) error { return ss.SendMsg(fr) })
+			return src.f, src.size, src.err
 		case <-tick.C:
 			if err := ss.SendMsg(&Frame{Type: FrameWait}); err != nil {
 				// The receiver is gone: its context ends the opening.
-				if src := <-opened; src.f != nil {
-					src.f.Close()
+				if src := <-opened; src.err == nil {
+					svc.finish(ss.Context(), req, src.f, err)
 				}
-				return err
+				return nil, 0, err
 			}
 		}
+	}
+}
+
+// finish closes the file of a stream that ended with err and tells the
+// Handler, if it asks (SourceFinisher).
+func (svc *service) finish(ctx context.Context, req *ReadRequest, f *os.File, err error) {
+	f.Close()
+	if fin, ok := svc.Handler.(SourceFinisher); ok {
+		fin.SourceSent(ctx, req, err)
 	}
 }

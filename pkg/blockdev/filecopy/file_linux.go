@@ -248,3 +248,14 @@ func AllocatedBytes(f *os.File) (int64, error) {
 	}
 	return st.Blocks * 512, nil
 }
+
+// Dup returns a new descriptor of f's open file (close-on-exec), to be
+// closed by its own owner: the way to share a file that has no name, such
+// as an unlinked copy, between owners that each close theirs.
+func Dup(f *os.File) (*os.File, error) {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("dup %s: %w", f.Name(), err)
+	}
+	return os.NewFile(uintptr(fd), f.Name()), nil
+}
