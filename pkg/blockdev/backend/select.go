@@ -64,8 +64,9 @@ type Config struct {
 	// a CPU blk-mq maps to it (ublk.ThreadConfig.Near).
 	NearQueues  bool
 	IOWQWorkers uint32
-	// DiskSlots fixes each server thread's reads and writes in flight on
-	// the backing disk (ublk.ThreadConfig.DiskSlots; -1: no bound).
+	// DiskSlots bounds each server thread's reads and writes in flight on
+	// the backing disk (ublk.ThreadConfig.DiskSlots; 0: no bound, -1: the
+	// thread's share of the disk's request slots).
 	DiskSlots int
 	// ablationConfig has Ablate, the techniques of the ublk server
 	// threads to switch off, in benchmark builds (-tags ablation) only.

@@ -79,10 +79,12 @@ type ThreadConfig struct {
 	// still poll (Options.Poll) before a sleeping wait; 0 means
 	// pollMaxInFlight. A benchmark knob.
 	PollInFlight int
-	// DiskSlots fixes the most reads and writes the thread keeps in
-	// flight on the backing disk (admission_linux.go); 0 takes it from
-	// its queues (QueueConfig.DiskSlots), negative never bounds them. A
-	// benchmark knob.
+	// DiskSlots is the most reads and writes the thread keeps in flight
+	// on the backing disk (admission_linux.go): 0 (the default) no
+	// bound, negative its share of the disk's slots (QueueConfig.DiskSlots
+	// of its queues). Off by default: measured in the VM it gained
+	// nothing (docs/benchmark-studies.md, "Admission to the backing
+	// disk"). A benchmark knob.
 	DiskSlots int
 }
 
