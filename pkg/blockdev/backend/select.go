@@ -64,6 +64,10 @@ type Config struct {
 	// a CPU blk-mq maps to it (ublk.ThreadConfig.Near).
 	NearQueues  bool
 	IOWQWorkers uint32
+	// NowaitWrites is "auto", "on" or "off" ("" = auto): new devices keep
+	// their backing file's mtime current and send writes with RWF_NOWAIT
+	// (ublk.ServerConfig.NowaitWrites).
+	NowaitWrites string
 	// DiskSlots bounds each server thread's reads and writes in flight on
 	// the backing disk (ublk.ThreadConfig.DiskSlots; 0: no bound, -1: the
 	// thread's share of the disk's request slots).

@@ -47,16 +47,24 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 			return nil, ublkErr("ublk backend", err)
 		}
 	}
+	var nowait ublk.Mode // "": auto
+	if cfg.NowaitWrites != "" {
+		var err error
+		if nowait, err = ublk.ParseMode("ublk nowait writes", cfg.NowaitWrites); err != nil {
+			return nil, ublkErr("ublk backend", err)
+		}
+	}
 	ablation, err := cfg.ablation()
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
 	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
-		StateDir: filepath.Join(cfg.DataDir, blockdev.UblkStateDir),
-		Owner:    cfg.Owner,
-		BatchIO:  batch,
-		ZeroCopy: zc,
-		Threads:  cfg.Threads,
+		StateDir:     filepath.Join(cfg.DataDir, blockdev.UblkStateDir),
+		Owner:        cfg.Owner,
+		BatchIO:      batch,
+		ZeroCopy:     zc,
+		NowaitWrites: nowait,
+		Threads:      cfg.Threads,
 		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers,
 			DiskSlots: cfg.DiskSlots},
 		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
