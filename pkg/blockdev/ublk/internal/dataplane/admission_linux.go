@@ -29,15 +29,11 @@ import "slices"
 // neighbours' throughput beyond the noise, so the disk's slots were not
 // where they waited there (docs/benchmark-studies.md).
 
-// admitOne is how many requests admit issues from one busy queue before it
-// turns to the next.
-const admitOne = 1
-
 // lightRequests is the most requests a queue may have in service (received
 // and not yet committed: issued, held for a rate limit, or held for a disk
 // slot) and still count as light: served first in a round (lightFirst) and
 // admitted first to the disk (admit).
-const lightRequests = lightBacking
+const lightRequests = 2
 
 // light reports whether the queue is light: few requests in service.
 func (l *queueState) light() bool { return l.tally.inFlight <= lightRequests }
@@ -91,7 +87,8 @@ func (s *threadLoop) admit() {
 			s.admitNext = i + 1
 		}
 		l := s.admitting[i]
-		for n := 0; n < admitOne && l.waitLen > 0 && s.admitted < s.admitCap && !l.failed; n++ {
+		if !l.failed {
+			// One request, then the next queue's turn.
 			tag := l.waiting[l.waitHead]
 			l.waitHead = (l.waitHead + 1) % len(l.waiting)
 			l.waitLen--

@@ -291,9 +291,6 @@ func (s *threadLoop) dispatchFrom(i, n int) (next int) {
 	return n
 }
 
-// lightBacking is the most requests a queue may have in service and still
-// count as light (queueState.light).
-const lightBacking = 2
 
 // roundBusyCQEs is the most CQEs of busy queues a round handles: the bound
 // of a round's length, and so of how long a light queue's new request or

@@ -87,7 +87,7 @@ func TestReclaimBacksOffWhileRingBusy(t *testing.T) {
 // completions of queues with few backing operations in flight first, then
 // the busy queues', each side in ring order, none lost or duplicated.
 func TestLightFirstOrdersRound(t *testing.T) {
-	busy, quiet := &queueState{tally: queueTally{inFlight: 3 * lightBacking}}, &queueState{tally: queueTally{inFlight: 1}}
+	busy, quiet := &queueState{tally: queueTally{inFlight: 3 * lightRequests}}, &queueState{tally: queueTally{inFlight: 1}}
 	s := &threadLoop{slots: []*queueState{busy, quiet}, cqes: make([]uring.CQE, 8)}
 	order := []struct {
 		slot, tag uint16
