@@ -291,7 +291,6 @@ func (s *threadLoop) dispatchFrom(i, n int) (next int) {
 	return n
 }
 
-
 // roundBusyCQEs is the most CQEs of busy queues a round handles: the bound
 // of a round's length, and so of how long a light queue's new request or
 // backing completion waits for the thread to look at the ring again. Each
