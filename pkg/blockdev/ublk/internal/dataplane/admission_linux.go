@@ -8,8 +8,9 @@ import "slices"
 // operation to the thread's io-wq workers, which wait for one. Those
 // workers are shared by every device the thread serves and take the
 // hand-offs in arrival order, so beside busy neighbours a quiet volume's
-// read queued behind hundreds of their writes, in a FIFO the thread cannot
-// reorder, and every hand-off cost a wake-up and two context switches. The
+// read can queue behind hundreds of their writes, in a FIFO the thread
+// cannot reorder, and every hand-off costs a wake-up and two context
+// switches. The
 // kernel loop driver has no such queue: each loop device's worker blocks
 // for a slot on its own, so a quiet loop device waits for at most one
 // write per busy device.
