@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 )
 
 // TestServerLatency proves the noisy-neighbour probe reads its own
@@ -31,5 +32,23 @@ func TestServerLatency(t *testing.T) {
 	}
 	if _, _, err := c.serverLatency(context.Background(), "scale-2"); err == nil {
 		t.Fatal("a volume without figures was not an error")
+	}
+}
+
+// TestGuestBusyTicksGrows reads this machine's /proc/stat: the busy CPU
+// time the noisy probe divides by its I/Os is positive and grows while a
+// goroutine spins.
+func TestGuestBusyTicksGrows(t *testing.T) {
+	before, err := guestBusyTicks()
+	if err != nil || before <= 0 {
+		t.Fatalf("guestBusyTicks = %d, %v", before, err)
+	}
+	for end := time.Now().Add(100 * time.Millisecond); time.Now().Before(end); {
+	}
+	if after, err := guestBusyTicks(); err != nil || after <= before {
+		t.Fatalf("busy ticks %d after 100 ms of spinning, %d before (%v)", after, before, err)
+	}
+	if got := guestCPU(250, 1000); got != " guest_cpu_us_per_io=2500.00" {
+		t.Fatalf("guestCPU(250 ticks, 1000 I/Os) = %q", got)
 	}
 }

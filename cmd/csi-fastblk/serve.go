@@ -83,7 +83,12 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.devices.NearQueues, "ublk-near-queues", false, "benchmarks only: pin ublk server threads one per CPU and place each device queue on the thread of a CPU the kernel maps to it")
 	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
-	fs.StringVar(&c.devices.NowaitWrites, "ublk-nowait-writes", "auto", "benchmarks only: new ublk devices keep their backing file's mtime current from the server thread and send writes with RWF_NOWAIT: auto (where the filesystem refuses NOWAIT writes over a stale mtime), on or off")
+	fs.Func("ublk-nowait-writes", "benchmarks only: new ublk devices keep their backing file's mtime current from the server thread and send writes with RWF_NOWAIT: auto (where the filesystem refuses NOWAIT writes over a stale mtime; default), on or off",
+		func(s string) error {
+			_, err := ublk.ParseMode("--ublk-nowait-writes", s)
+			c.devices.NowaitWrites = s
+			return err
+		})
 	ablateFlag(fs, &c.devices)
 	fs.Func("ublk-batch-io", "fetch and commit ublk requests in batches (UBLK_F_BATCH_IO, Linux 7.0+) on new devices: off, auto (where the kernel offers it) or on (default off)",
 		func(s string) error {

@@ -52,6 +52,24 @@ func TestServeBatchIOFlag(t *testing.T) {
 	}
 }
 
+// TestServeNowaitWritesFlag proves --ublk-nowait-writes takes auto, on and
+// off, refuses anything else, and leaves auto (empty) without it.
+func TestServeNowaitWritesFlag(t *testing.T) {
+	for _, arg := range []string{"off", "auto", "on", "yes"} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg := serveFlags(fs)
+		err := fs.Parse([]string{"--ublk-nowait-writes=" + arg})
+		if bad := arg == "yes"; (err != nil) != bad || !bad && cfg.devices.NowaitWrites != arg {
+			t.Errorf("--ublk-nowait-writes=%s: %q, %v", arg, cfg.devices.NowaitWrites, err)
+		}
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	if cfg := serveFlags(fs); fs.Parse(nil) != nil || cfg.devices.NowaitWrites != "" {
+		t.Errorf("without the flag: %q, want the server's default (auto)", cfg.devices.NowaitWrites)
+	}
+}
+
 // TestServeMaxIOSizeFlag proves --max-io-size takes the StorageClass
 // parameter's format and refuses what ublk cannot take.
 func TestServeMaxIOSizeFlag(t *testing.T) {
