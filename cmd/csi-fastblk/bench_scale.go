@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,12 +19,14 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
 
 // scaleConfig is one run of `csi-fastblk bench scale`: fio on many devices
 // at once, csi-fastblk volumes driven over CSI or kernel loop devices.
 type scaleConfig struct {
-	mode       string // "csi" or "loop"
+	mode       string // "csi", "loop", "file" or "ref"
 	endpoint   string // csi: the plugin's CSI endpoint
 	pid        int    // csi: the plugin's pid, for its threads, RSS and CPU
 	volumes    int
@@ -45,6 +48,10 @@ type scaleConfig struct {
 	// the probe volume's mean latency inside the server is reported
 	// beside fio's, which tells the server's share of it.
 	metrics string
+	// refUblk is the reference ublk server's command (mode ref), and
+	// refQueues and refDepth its devices' geometry.
+	refUblk             string
+	refQueues, refDepth int
 }
 
 // runBenchScale runs fio (4k random at a small depth on every device at
@@ -56,7 +63,7 @@ func runBenchScale(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench scale", flag.ContinueOnError)
 	var c scaleConfig
 	var size string
-	fs.StringVar(&c.mode, "mode", "csi", "csi (volumes through the plugin), loop (kernel loop devices with direct I/O) or file (fio on the files themselves, direct I/O: the data disk's own figures)")
+	fs.StringVar(&c.mode, "mode", "csi", "csi (volumes through the plugin), loop (kernel loop devices with direct I/O), file (fio on the files themselves, direct I/O: the data disk's own figures) or ref (a reference ublk server's loop target, see --ref-ublk)")
 	fs.StringVar(&c.endpoint, "endpoint", "unix:///tmp/csi-fastblk.sock", "the plugin's CSI endpoint (mode csi)")
 	fs.IntVar(&c.pid, "pid", 0, "the plugin's pid, for its threads, RSS and CPU (mode csi)")
 	fs.IntVar(&c.volumes, "volumes", 16, "volumes (devices) busy at once")
@@ -74,6 +81,9 @@ func runBenchScale(ctx context.Context, args []string) error {
 	fs.BoolVar(&c.latProbe, "lat-probe", false, "run the first device at iodepth 1 and print a LAT line of its latency percentiles (the others run as --iodepth says)")
 	fs.StringVar(&c.metrics, "metrics", "", "with --lat-probe in mode csi: the plugin's /metrics URL, to report the probe's mean latency inside the server (server_mean_us)")
 	fs.StringVar(&c.probeRW, "probe-rw", "", "with --lat-probe: the probe's fio --rw (default --rw), e.g. randread beside randwrite neighbours")
+	fs.StringVar(&c.refUblk, "ref-ublk", "", "mode ref: the reference ublk server's command (ublksrv's ublk, with its ublk.loop beside it), run as 'add -t loop' per device")
+	fs.IntVar(&c.refQueues, "ref-queues", ublk.DefaultQueues(runtime.NumCPU()), "mode ref: queues per device (default: as the plugin chooses on this machine)")
+	fs.IntVar(&c.refDepth, "ref-depth", ublk.DefaultDepth, "mode ref: depth of each queue")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -92,8 +102,10 @@ func runBenchScale(ctx context.Context, args []string) error {
 		return scaleCSI(ctx, c)
 	case "loop", "file":
 		return scaleLoop(ctx, c)
+	case "ref":
+		return scaleRef(ctx, c)
 	}
-	return fmt.Errorf("bench scale: --mode %q: want csi, loop or file", c.mode)
+	return fmt.Errorf("bench scale: --mode %q: want csi, loop, file or ref", c.mode)
 }
 
 // scaleCSI measures csi-fastblk volumes through the plugin.

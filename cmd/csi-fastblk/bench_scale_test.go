@@ -5,6 +5,10 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,5 +54,49 @@ func TestGuestBusyTicksGrows(t *testing.T) {
 	}
 	if got := guestCPU(250, 1000); got != " guest_cpu_us_per_io=2500.00" {
 		t.Fatalf("guestCPU(250 ticks, 1000 I/Os) = %q", got)
+	}
+}
+
+// TestCommSampleFindsEveryProcessOfACommand proves the reference column's
+// CPU is summed over every process of the daemon's command name, read from
+// the real /proc: two sleeps of a name no other process has are both
+// counted, and a name nothing runs under counts nothing.
+func TestCommSampleFindsEveryProcessOfACommand(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "fastblk-refcomm")
+	sleep, err := exec.LookPath("sleep")
+	if err != nil {
+		t.Skip("no sleep binary")
+	}
+	if err := os.Symlink(sleep, bin); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		cmd := exec.Command(bin, "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	}
+	var f procFigures
+	for end := time.Now().Add(5 * time.Second); f.threads < 2 && time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if f, err = commSample("fastblk-refcomm"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if f.threads != 2 || f.rssKiB <= 0 {
+		t.Fatalf("commSample(fastblk-refcomm) = %+v; want 2 threads and some memory", f)
+	}
+	if f, err := commSample("no-such-command"); err != nil || f != (procFigures{}) {
+		t.Fatalf("commSample(no-such-command) = %+v, %v; want nothing", f, err)
+	}
+}
+
+// TestRefModeNeedsItsServer proves --mode ref without the reference
+// server's command is refused with a clear error before anything is made.
+func TestRefModeNeedsItsServer(t *testing.T) {
+	err := runBenchScale(context.Background(), []string{"--mode", "ref", "--dir", t.TempDir()})
+	if err == nil || !strings.Contains(err.Error(), "--ref-ublk") {
+		t.Fatalf("--mode ref without --ref-ublk: %v; want an error naming --ref-ublk", err)
 	}
 }

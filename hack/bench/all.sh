@@ -18,7 +18,10 @@
 #   default 10), BENCH_ONLY (space-separated subset, in order, of: scale
 #   noisy vm sparse engine), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g.
 #   --variants), BENCH_NOISY_ARGS
-#   (extra bench-scale.sh --noisy flags, e.g. --kernel 6.12), BENCH_OUT (default
+#   (extra bench-scale.sh --noisy flags, e.g. --kernel 6.12), BENCH_REFERENCE
+#   (a directory with a reference ublk server, ublksrv's statically linked
+#   ublk and ublk.loop, built beside the project: the noisy-neighbour tables
+#   then have its column, "ref"; see bench-scale.sh --reference), BENCH_OUT (default
 #   bin/benchmarks.md); UPDATE_DOCS=1 also copies the report to
 #   docs/benchmarks.md.
 set -euo pipefail
@@ -87,8 +90,12 @@ for b in $only; do
 			--reps "$reps" --runtime "$runtime"
 		;;
 	noisy)
+		ref=()
+		[[ -z ${BENCH_REFERENCE:-} ]] || ref=(--reference "$BENCH_REFERENCE")
 		# shellcheck disable=SC2086 # flags, split on purpose
-		section "Noisy neighbours (VM)" hack/vm/bench-scale.sh --noisy ${BENCH_NOISY_ARGS:-} --reps "$reps" --runtime "$runtime"
+		section "Noisy neighbours (VM)" hack/vm/bench-scale.sh --noisy ${BENCH_NOISY_ARGS:-} "${ref[@]}" --reps "$reps" --runtime "$runtime"
+		[[ -n ${BENCH_REFERENCE:-} ]] || printf '%s\n\n' "No reference server was given (BENCH_REFERENCE): the table has no ref rows." >>"$tmp/report" &&
+			cp "$tmp/report" "$out"
 		;;
 	*) echo "unknown benchmark $b (want engine, vm, sparse, scale or noisy)" >&2; exit 2 ;;
 	esac

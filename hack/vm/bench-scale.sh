@@ -12,7 +12,7 @@
 # Usage: hack/vm/bench-scale.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                               [--volumes 'N...'] [--rw 'randread randwrite']
 #                               [--variants 'LABEL[=FLAGS]...'] [--no-loop]
-#                               [--disks 'disk ram']
+#                               [--disks 'disk ram'] [--reference DIR]
 #   --variants  the plugin set-ups to measure (default shared): LABEL=FLAGS
 #               runs the plugin with
 #               serve FLAGS joined by '+' (hidden benchmark flags such as
@@ -36,6 +36,12 @@
 #               iodepth 32; the quiet volume's mean and p99 latency and the
 #               neighbours' IOPS, each design's as a ratio of loop's, and
 #               the quiet volume's mean inside the server
+#   --reference DIR
+#               also a reference ublk server ("ref"): DIR holds ublksrv's
+#               statically linked ublk and ublk.loop, built beside the
+#               project (it is not built or shipped by it); each device is
+#               its loop target with direct I/O, one daemon per device, as
+#               many queues and as deep as the plugin's devices
 #   --smp N     the VM's CPUs (default 2)
 #   --profile   also one run of each csi-fastblk design and workload under perf
 #               (whole guest, cpu-clock samples with call graphs; the plugin
@@ -48,7 +54,7 @@ set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" variants="" loop=1 lat=0 noscale=0 smp=2 profile=0 noisy=0 disks=""
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" variants="" loop=1 lat=0 noscale=0 smp=2 profile=0 noisy=0 disks="" reference=""
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -64,6 +70,7 @@ while (($#)); do
 	--noisy) lat=1 noscale=1 noisy=1 rws=randwrite; shift ;;
 	--smp) smp=${2:?}; shift 2 ;;
 	--profile) profile=1; shift ;;
+	--reference) reference=$(realpath "${2:?}"); shift 2 ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
@@ -71,6 +78,12 @@ done
 ((noisy)) && disks=${disks:-disk ram}
 disks=${disks:-disk}
 for d in $disks; do [[ $d == disk || $d == ram ]] || die "--disks: want disk or ram, not $d"; done
+if [[ -n $reference ]]; then
+	for f in ublk ublk.loop; do
+		[[ -x $reference/$f ]] || die "--reference $reference: no executable $f"
+		file -L "$reference/$f" | grep -q 'statically linked' || die "--reference: $reference/$f is not statically linked (the guest has none of its libraries)"
+	done
+fi
 logdir=${BENCH_VM_LOGDIR:-$REPO_ROOT/bin/vm}
 mkdir -p "$logdir"
 if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
@@ -79,10 +92,11 @@ if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
 		(cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -tags ablation -o bin/csi-fastblk-static ./cmd/csi-fastblk)
 	fi
 	"$VM_DIR/kernels.sh"
-	VM_PERF=$profile "$VM_DIR/initramfs.sh"
+	VM_PERF=$profile VM_REFERENCE=$reference "$VM_DIR/initramfs.sh"
 fi
 nlabels=$((1 + loop))
 [[ -n $variants ]] && nlabels=$(($(wc -w <<<"$variants") + loop))
+[[ -z $reference ]] || nlabels=$((nlabels + 1))
 [[ $variants != *\'* && $variants != *'"'* ]] || die "--variants: no quotes"
 
 nruns=$((nlabels * $(wc -w <<<"$rws") * (1 + $(wc -w <<<"$volumes"))))
@@ -90,7 +104,7 @@ nruns=$((nruns * (1 - noscale) + lat * (nlabels + loop) * $(wc -w <<<"$rws") * 2
 timeout=$((reps * nruns * (runtime + 60) + 600))
 guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SCALE_VOLUMES='$volumes' BENCH_SCALE_RW='$rws'"
 guest+=" BENCH_SCALE_VARIANTS='$variants' BENCH_SCALE_LOOP=$loop BENCH_SCALE_LAT=$lat BENCH_SCALE_NOSCALE=$noscale"
-guest+=" BENCH_SCALE_PROFILE=$profile BENCH_SCALE_NOISY=$noisy"
+guest+=" BENCH_SCALE_PROFILE=$profile BENCH_SCALE_NOISY=$noisy BENCH_SCALE_REF=$([[ -n $reference ]] && echo 1 || echo 0)"
 guest+=" /opt/fastblk/vm/bench-scale.sh"
 
 # table LOG prints, per workload, device kind and volume count, the median
@@ -165,7 +179,9 @@ lattable() {
 
 # noisytable LOG prints, per design, the quiet volume's median mean and p99
 # latency (us) alone (busy 0) and beside its busy neighbours, the
-# neighbours' aggregate IOPS, and each as a ratio of loop's in the same run.
+# neighbours' aggregate IOPS, and each as a ratio of loop's in the same run;
+# with a reference server (ref), also the neighbours' IOPS, the server's
+# CPU and the guest's CPU per I/O as ratios of its.
 noisytable() {
 	awk "$AWK_MEDIAN"'
 	/^LAT / && $4 != "failed" {
@@ -181,7 +197,9 @@ noisytable() {
 	END {
 		if (nl == 0) exit
 		printf "\n  noisy neighbours: quiet volume 4k randread iodepth 1, alone (busy 0) and beside busy volumes at 4k randwrite iodepth 32\n"
-		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s %10s %9s %11s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us", "cpu_us/io", "ctxsw/io", "guest_us/io"
+		hasref = ("ref" SUBSEP 0) in n
+		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s %10s %9s %11s%s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us", "cpu_us/io", "ctxsw/io", "guest_us/io",
+			hasref ? sprintf(" %9s %9s %9s", "iops/ref", "cpu/ref", "guest/ref") : ""
 		for (b = 1; b <= nl; b++) for (c = 1; c <= nb; c++) {
 			key = labels[b] SUBSEP busy[c]; lk = "loop" SUBSEP busy[c]
 			if (!((key, "p99_us") in fig)) continue
@@ -193,8 +211,16 @@ noisytable() {
 			cpu = ((key, "cpu_us_per_io") in fig) ? sprintf("%.1f", median(fig[key, "cpu_us_per_io"])) : "-"
 			cs = ((key, "ctxsw_per_io") in fig) ? sprintf("%.3f", median(fig[key, "ctxsw_per_io"])) : "-"
 			gc = ((key, "guest_cpu_us_per_io") in fig) ? sprintf("%.1f", median(fig[key, "guest_cpu_us_per_io"])) : "-"
-			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s %10s %9s %11s\n", labels[b], busy[c], n[key], m, p99, io,
-				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv, cpu, cs, gc
+			vsref = ""
+			if (hasref) {
+				rk = "ref" SUBSEP busy[c]
+				ri = ((rk, "iops") in fig) ? median(fig[rk, "iops"]) : 0
+				rc = ((rk, "cpu_us_per_io") in fig) ? median(fig[rk, "cpu_us_per_io"]) : 0
+				rg = ((rk, "guest_cpu_us_per_io") in fig) ? median(fig[rk, "guest_cpu_us_per_io"]) : 0
+				vsref = sprintf(" %9s %9s %9s", (busy[c] > 0) ? ratio(io, ri) : "-", (cpu != "-") ? ratio(cpu, rc) : "-", (gc != "-") ? ratio(gc, rg) : "-")
+			}
+			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s %10s %9s %11s%s\n", labels[b], busy[c], n[key], m, p99, io,
+				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv, cpu, cs, gc, vsref
 		}
 	}' "$1"
 }

@@ -15,6 +15,10 @@
 #     /usr/bin/csi-fastblk       bin/csi-fastblk-static (make static), if built
 #     /opt/fastblk/<pkg>/<name>.test  Go test binaries of hack/vm/tests.list
 #     /opt/fastblk/vm/           run-steps.sh, lib.sh, bench.sh and steps/
+#     /opt/ref/                  with VM_REFERENCE=DIR, the files of DIR: a
+#                                reference ublk server the benchmarks compare
+#                                against (bench-scale.sh --reference), which
+#                                the project neither builds nor ships
 #
 # Usage: hack/vm/initramfs.sh [--keep-going]
 #   --keep-going  skip test packages that fail to compile instead of failing
@@ -162,6 +166,12 @@ stage_binaries() {
 	cp -r "$VM_DIR/guest/steps" "$ROOT/opt/fastblk/vm/"
 	chmod 0755 "$ROOT"/opt/fastblk/vm/*.sh "$ROOT"/opt/fastblk/vm/steps/*.sh
 	(cd "$REPO_ROOT" && git describe --always --dirty 2>/dev/null || echo unknown) >"$ROOT/opt/fastblk/BUILD"
+	rm -rf "$ROOT/opt/ref"
+	if [[ -n ${VM_REFERENCE:-} ]]; then
+		[[ -d $VM_REFERENCE ]] || die "VM_REFERENCE=$VM_REFERENCE: not a directory"
+		mkdir -p "$ROOT/opt/ref"
+		cp -a "$VM_REFERENCE/." "$ROOT/opt/ref/"
+	fi
 }
 
 # pack DIR OUT writes DIR as a newc cpio archive owned by root.

@@ -17,7 +17,9 @@
 # environment, or params=K=V,K=V for the StorageClass parameters of the
 # volumes) joined by '+', e.g. "shared ring1k=--ublk-thread-tags=1024
 # each=--ublk-ablate=submit-each q1=params=queues=1,queueDepth=64"),
-# BENCH_SCALE_LOOP (0: leave out the kernel loop devices),
+# BENCH_SCALE_LOOP (0: leave out the kernel loop devices), BENCH_SCALE_REF
+# (1: also the reference ublk server in /opt/ref, "ref", see
+# hack/vm/bench-scale.sh --reference),
 # BENCH_SCALE_LAT (1: also the latency probe: one device at iodepth 1 alone
 # and with BENCH_SCALE_LAT_BUSY others at iodepth DEPTH, default 15, its
 # p50/p99/p99.9 printed as LAT lines; with loop, the backing files
@@ -91,6 +93,7 @@ run() {
 	_rep=$1 _label=$2
 	shift 2
 	[ -z "$PARAMS" ] || set -- "$@" --params "$PARAMS"
+	[ "$_label" != ref ] || set -- "$@" --ref-ublk /opt/ref/ublk
 	if out=$($BIN bench scale --runtime "$RUNTIME" --size "$SIZE" --dir "$FASTBLK_DATA/scale-work" "$@" 2>&1); then
 		echo "$out" | sed -n -e "s/^SCALE /SCALE $_rep $_label /p" -e "s/^LAT /LAT $_rep $_label /p" -e "s/^bench scale: /bench-scale: $_label: /p"
 	else
@@ -127,6 +130,7 @@ profile() {
 variants=${BENCH_SCALE_VARIANTS:-shared}
 labels=""
 for v in $variants; do labels="$labels ${v%%=*}"; done
+[ "${BENCH_SCALE_REF:-0}" = 1 ] && labels="$labels ref"
 [ "${BENCH_SCALE_LOOP:-1}" = 1 ] && labels="$labels loop"
 [ "${BENCH_SCALE_LOOP:-1}" = 1 ] && [ "${BENCH_SCALE_LAT:-0}" = 1 ] && labels="$labels file"
 LAT_BUSY=${BENCH_SCALE_LAT_BUSY:-15}
@@ -146,7 +150,7 @@ while [ $rep -le "$REPS" ]; do
 	for label in $labels; do
 		mode=csi PARAMS=""
 		case $label in
-		loop | file) mode=$label ;;
+		loop | file | ref) mode=$label ;;
 		*)
 			start_plugin "$label" "$(flags_of "$label")" || exit 1
 			PARAMS=$(flags_of "$label" | tr ' ' '\n' | sed -n 's/^params=//p')
