@@ -156,8 +156,12 @@ func (s *Server) Streams() int { return s.svc.streams.active() }
 // Stop stops the server at once, cutting every call and stream.
 func (s *Server) Stop() { s.srv.Stop() }
 
-// Caller is the identity of the peer that made the call in ctx, for logs.
+// Caller is the identity of the peer that made the call in ctx: the one
+// its token proved, on a server with Tokens; else its certificate's.
 func Caller(ctx context.Context) (Identity, bool) {
+	if id, ok := ctx.Value(callerKey{}).(Identity); ok {
+		return id, true
+	}
 	p, ok := grpcpeer.FromContext(ctx)
 	if !ok {
 		return Identity{}, false
