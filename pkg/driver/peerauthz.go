@@ -114,9 +114,9 @@ func denied(format string, args ...any) error {
 
 func esc(s string) string { return url.PathEscape(s) }
 
-// Read allows the read when the claim is scheduled to node and its data
-// source is the snapshot or claim whose bound object has the CSI ID
-// source. A data source in another namespace is not followed.
+// Read allows the read when the claim is scheduled to node, not bound
+// yet, and its data source is the snapshot or claim whose bound object has
+// the CSI ID source. A data source in another namespace is not followed.
 func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.SourceKind, source string) error {
 	ns, name, ok := strings.Cut(claim, "/")
 	if !ok || ns == "" || name == "" {
@@ -129,6 +129,11 @@ func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.
 	}
 	if sel := pvc.Metadata.Annotations[annSelectedNode]; sel != node {
 		return denied("%s is not scheduled to node %s (its %s is %q), so that node may not read %s %s", what, node, annSelectedNode, sel, kind, source)
+	}
+	// A claim's volume is made (and its data read) before it binds: a
+	// bound claim asks for no more reads, whoever edits its annotation.
+	if pvc.Spec.VolumeName != "" {
+		return denied("%s is bound already (to %s), so it asks for no read of %s %s", what, pvc.Spec.VolumeName, kind, source)
 	}
 	src := pvc.Spec.DataSourceRef
 	if src == nil {

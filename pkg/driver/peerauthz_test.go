@@ -64,8 +64,8 @@ func pvOf(driver, id, claim, uid string) map[string]any {
 }
 
 // TestPeerReadNeedsClaimOfCaller: n2 may read n1's snapshot or volume
-// only for a claim scheduled to n2 whose data source is that snapshot or
-// volume; asking for one that no claim of n2 uses is PermissionDenied
+// only for a claim scheduled to n2, not bound yet, whose data source is
+// that snapshot or volume; asking for one that no claim of n2 uses is PermissionDenied
 // naming what is missing, before anything is opened. A restore on n2 of a
 // claim that asks for it pulls the data.
 func TestPeerReadNeedsClaimOfCaller(t *testing.T) {
@@ -81,6 +81,7 @@ func TestPeerReadNeedsClaimOfCaller(t *testing.T) {
 	api.Set(claimsPath+"weekly", claim("u3", "n2", fromSnapshot("weekly"), "", "", "8Mi"))
 	api.Set(claimsPath+"lost", claim("u4", "n2", fromSnapshot("gone"), "", "", "8Mi"))
 	api.Set(claimsPath+"empty", claim("u5", "n2", nil, "", "", "8Mi"))
+	api.Set(claimsPath+"bound", claim("u8", "n2", fromSnapshot("nightly"), "pvc-u8", "", "8Mi"))
 	api.Set(claimsPath+"clone", claim("u6", "n2", map[string]string{"kind": "PersistentVolumeClaim", "name": "src"}, "", "", "8Mi"))
 	api.Set(claimsPath+"src", claim("u7", "n1", nil, "pvc-src", "", "8Mi"))
 	api.Set(pvsPath+"pvc-src", pvOf(drv, vol, "src", "u7"))
@@ -102,6 +103,7 @@ func TestPeerReadNeedsClaimOfCaller(t *testing.T) {
 		{"a claim of another snapshot", "shop/weekly", peer.SourceSnapshot, snap, "VolumeSnapshot shop/weekly is not the snapshot " + snap},
 		{"a claim whose snapshot is gone", "shop/lost", peer.SourceSnapshot, snap, "VolumeSnapshot shop/gone does not exist"},
 		{"a claim without a source", "shop/empty", peer.SourceSnapshot, snap, "claim shop/empty has no data source"},
+		{"a claim bound already", "shop/bound", peer.SourceSnapshot, snap, "claim shop/bound is bound already"},
 		{"a snapshot's claim for a volume", "shop/restore", peer.SourceVolume, vol, "not a PersistentVolumeClaim"},
 		{"a clone's claim for a snapshot", "shop/clone", peer.SourceSnapshot, snap, "not a VolumeSnapshot"},
 		{"a clone's claim for another volume", "shop/clone", peer.SourceVolume, n1.create("pvc-other", 1<<20, nil), "is not bound to the volume"},
