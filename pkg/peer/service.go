@@ -15,8 +15,9 @@ import (
 
 // Handler does on this node what a peer asks. Its methods get requests
 // from other plugins (already authenticated, never from outside the
-// installation) and must validate them as they validate the CSI socket's:
-// a peer names objects by ID only.
+// installation; Caller says which node) and must validate them as they
+// validate the CSI socket's, and authorize them: a peer names objects by
+// ID only, and may be a stolen node.
 type Handler interface {
 	ModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
 	ExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
