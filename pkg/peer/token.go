@@ -133,8 +133,10 @@ var ErrUnauthenticated = errors.New("peer not authenticated")
 var ErrNotThatPlugin = errors.New("not the plugin of that node")
 
 // Verify returns the identity of the plugin pod whose token is token,
-// which must speak for node and, where from is valid, be used from its
-// pod's address. The error wraps ErrUnauthenticated or ErrNotThatPlugin.
+// which must speak for node and be used from its pod's address from (nil
+// skips that check: only for a token not received over the network). The
+// error wraps ErrUnauthenticated or ErrNotThatPlugin, or is Unavailable
+// when the API server cannot say.
 func (a *Authenticator) Verify(ctx context.Context, token, node string, from net.IP) (Identity, error) {
 	if token == "" || len(token) > maxTokenLen {
 		return Identity{}, fmt.Errorf("%w: no token", ErrUnauthenticated)
