@@ -5,7 +5,7 @@
 //	csi-fastblk bench     benchmarks (the io_uring engine)
 //	csi-fastblk ublk      ublk device tools (serve a file as a device, list, features)
 //	csi-fastblk uninstall-check  fail while the driver has volumes (the chart's pre-delete hook)
-//	csi-fastblk peer-ca          make the peer channel's CA Secret (the chart's pre-install hook)
+//	csi-fastblk peer-ca          make the peer channel's CA Secret (the chart's post-install and pre-upgrade hook)
 //	csi-fastblk version   print the version
 package main
 

@@ -10,7 +10,7 @@ import (
 )
 
 // runPeerCA makes the peer channel's CA Secret unless it exists (the
-// chart's pre-install and pre-upgrade Job, with an account of its own:
+// chart's post-install and pre-upgrade Job, with an account of its own:
 // the plugins may only read the Secret). The CA serves the channel's
 // transport; which node a peer is, its token proves (docs/peer.md).
 func runPeerCA(ctx context.Context, args []string) error {

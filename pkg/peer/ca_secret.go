@@ -29,7 +29,7 @@ var ErrSecretType = errors.New("not a peer CA Secret")
 
 // EnsureCA returns the installation's CA from the Secret name in
 // namespace, making both when there is none. It runs apart from the
-// plugins (the chart's pre-install and pre-upgrade Job, `csi-fastblk
+// plugins (the chart's post-install and pre-upgrade Job, `csi-fastblk
 // peer-ca`), whose account alone may create Secrets. A Secret of that name
 // and another type (the Opaque one plugins made before) is replaced: its
 // key was on every node. Two runs that race both make one; the API server

@@ -126,7 +126,7 @@ func TestNodeAccountCreatesNoSecrets(t *testing.T) {
 	}
 }
 
-// TestPeerCAJob: the CA Secret is made by a pre-install and pre-upgrade
+// TestPeerCAJob: the CA Secret is made by a post-install and pre-upgrade
 // hook Job in the plugin's image (peer-ca), under an account of its own
 // that may read, delete and create the Secret and nothing else; its RBAC
 // comes first; without the channel there is none.
@@ -135,8 +135,8 @@ func TestPeerCAJob(t *testing.T) {
 	h := map[string]object{}
 	for _, o := range objs {
 		if o.Metadata.Name == "csi-fastblk-peer-ca" && o.Metadata.Annotations["helm.sh/hook"] != "" {
-			if hook := o.Metadata.Annotations["helm.sh/hook"]; hook != "pre-install,pre-upgrade" {
-				t.Errorf("%s hook %q, want pre-install,pre-upgrade", o.Kind, hook)
+			if hook := o.Metadata.Annotations["helm.sh/hook"]; hook != "post-install,pre-upgrade" {
+				t.Errorf("%s hook %q, want post-install,pre-upgrade", o.Kind, hook)
 			}
 			h[o.Kind] = o
 		}
