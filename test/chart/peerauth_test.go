@@ -219,3 +219,68 @@ func TestPeerToken(t *testing.T) {
 		t.Errorf("a token of 60 s (below the API's 600): rendered; %s", stderr)
 	}
 }
+
+// TestNodeClaimPolicy: an admission policy, bound to deny, covers every
+// update of a claim (not its status) by the node account alone: the
+// selected node kept, removed or set to the requester's own node where
+// there is none, and the spec unchanged. peer.claimPolicy=false drops it.
+func TestNodeClaimPolicy(t *testing.T) {
+	objs := render(t)
+	var p struct {
+		Spec struct {
+			FailurePolicy    string `yaml:"failurePolicy"`
+			MatchConstraints struct {
+				ResourceRules []struct {
+					APIGroups  []string `yaml:"apiGroups"`
+					Operations []string `yaml:"operations"`
+					Resources  []string `yaml:"resources"`
+				} `yaml:"resourceRules"`
+			} `yaml:"matchConstraints"`
+			MatchConditions []struct{ Expression string }       `yaml:"matchConditions"`
+			Variables       []struct{ Name, Expression string } `yaml:"variables"`
+			Validations     []struct{ Expression string }       `yaml:"validations"`
+		} `yaml:"spec"`
+	}
+	policy := named(t, objs, "ValidatingAdmissionPolicy", "csi-fastblk-node-claims")
+	if err := policy.decode(&p); err != nil {
+		t.Fatal(err)
+	}
+	s := p.Spec
+	if r := s.MatchConstraints.ResourceRules; s.FailurePolicy != "Fail" || len(r) != 1 || !slices.Equal(r[0].APIGroups, []string{""}) ||
+		!slices.Equal(r[0].Operations, []string{"UPDATE"}) || !slices.Equal(r[0].Resources, []string{"persistentvolumeclaims"}) {
+		t.Errorf("policy failurePolicy %q rules %+v: want Fail on UPDATE of persistentvolumeclaims", s.FailurePolicy, r)
+	}
+	if len(s.MatchConditions) != 1 || s.MatchConditions[0].Expression != "request.userInfo.username == 'system:serviceaccount:csi-fastblk:csi-fastblk-node'" {
+		t.Errorf("policy matches %+v, want the node account alone", s.MatchConditions)
+	}
+	var exprs []string
+	for _, v := range s.Variables {
+		exprs = append(exprs, v.Name+"="+v.Expression)
+	}
+	for _, v := range s.Validations {
+		exprs = append(exprs, v.Expression)
+	}
+	all := strings.Join(exprs, "\n")
+	for _, want := range []string{"'volume.kubernetes.io/selected-node' in object.metadata.annotations",
+		"'authentication.kubernetes.io/node-name' in request.userInfo.extra",
+		"variables.selected == variables.wasSelected", "variables.selected == variables.node", "object.spec == oldObject.spec"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("policy expressions lack %q:\n%s", want, all)
+		}
+	}
+	var b struct {
+		Spec struct {
+			PolicyName        string   `yaml:"policyName"`
+			ValidationActions []string `yaml:"validationActions"`
+		} `yaml:"spec"`
+	}
+	if err := one(t, objs, "ValidatingAdmissionPolicyBinding").decode(&b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Spec.PolicyName != "csi-fastblk-node-claims" || !slices.Equal(b.Spec.ValidationActions, []string{"Deny"}) {
+		t.Errorf("binding %+v, want the policy with Deny", b.Spec)
+	}
+	if off := render(t, "peer.claimPolicy=false"); len(find(off, "ValidatingAdmissionPolicy")) != 0 || len(find(off, "ValidatingAdmissionPolicyBinding")) != 0 {
+		t.Error("peer.claimPolicy=false still renders the policy")
+	}
+}

@@ -1605,7 +1605,8 @@ func (c *cluster) peerCA(t *testing.T) *peer.CA {
 // uses is PermissionDenied naming the claim that does not ask for it, as
 // is a class change its claim does not ask for; the same token speaking
 // for n2 is refused, and so is the token used from anywhere but its pod;
-// and the node account may not create Secrets.
+// the node account may not create Secrets, nor move a claim to another
+// node or change its spec.
 func TestPeerNodeBoundIdentity(t *testing.T) {
 	c := requireChart(t)
 	from, target := nodes[0], nodes[1]
@@ -1667,6 +1668,21 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 	out, err = c.kubectl("auth", "can-i", "create", "tokenreviews.authentication.k8s.io", "--as=system:serviceaccount:"+pluginNS+":"+release+"-node")
 	if strings.TrimSpace(out) != "yes" {
 		t.Errorf("kubectl auth can-i create tokenreviews as the node account: %q (%v), want yes", out, err)
+	}
+	// The node account's right to update claims (its sidecars') does not
+	// let it move n2's claim to n1, or change what the claim asks for
+	// (the chart's ValidatingAdmissionPolicy).
+	as := "--as=system:serviceaccount:" + pluginNS + ":" + release + "-node"
+	if _, err := c.kubectl("-n", testNS, "annotate", "pvc", "n2-only", "volume.kubernetes.io/selected-node="+from, "--overwrite", as); err == nil ||
+		!strings.Contains(err.Error(), "selected-node") {
+		t.Errorf("the node account moving n2's claim to %s: %v, want the policy's refusal", from, err)
+	}
+	if _, err := c.kubectl("-n", testNS, "patch", "pvc", "n2-only", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}`, as); err == nil ||
+		!strings.Contains(err.Error(), "spec") {
+		t.Errorf("the node account growing n2's claim: %v, want the policy's refusal", err)
+	}
+	if got := c.jsonpath(t, "{.metadata.annotations.volume\\.kubernetes\\.io/selected-node}", "-n", testNS, "get", "pvc", "n2-only"); got != target {
+		t.Errorf("n2's claim is selected for %q after the refusals, want %s", got, target)
 	}
 }
 
