@@ -1672,13 +1672,30 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 	// The node account's right to update claims (its sidecars') does not
 	// let it move n2's claim to n1, or change what the claim asks for
 	// (the chart's ValidatingAdmissionPolicy).
-	as := "--as=system:serviceaccount:" + pluginNS + ":" + release + "-node"
-	if _, err := c.kubectl("-n", testNS, "annotate", "pvc", "n2-only", "volume.kubernetes.io/selected-node="+from, "--overwrite", as); err == nil ||
-		!strings.Contains(err.Error(), "selected-node") {
+	// The account may update claims, not patch them: kubectl replace.
+	updateAsNode := func(change func(claim map[string]any)) error {
+		var claim map[string]any
+		if err := json.Unmarshal([]byte(c.k(t, "-n", testNS, "get", "pvc", "n2-only", "-o", "json")), &claim); err != nil {
+			t.Fatal(err)
+		}
+		change(claim)
+		b, err := json.Marshal(claim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.run(string(b), "kubectl", "replace", "-f", "-", "--as=system:serviceaccount:"+pluginNS+":"+release+"-node")
+		return err
+	}
+	err = updateAsNode(func(claim map[string]any) {
+		claim["metadata"].(map[string]any)["annotations"].(map[string]any)["volume.kubernetes.io/selected-node"] = from
+	})
+	if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), "selected-node") {
 		t.Errorf("the node account moving n2's claim to %s: %v, want the policy's refusal", from, err)
 	}
-	if _, err := c.kubectl("-n", testNS, "patch", "pvc", "n2-only", "--type=merge", "-p", `{"spec":{"resources":{"requests":{"storage":"128Mi"}}}}`, as); err == nil ||
-		!strings.Contains(err.Error(), "spec") {
+	err = updateAsNode(func(claim map[string]any) {
+		claim["spec"].(map[string]any)["resources"] = map[string]any{"requests": map[string]any{"storage": "128Mi"}}
+	})
+	if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), "spec") {
 		t.Errorf("the node account growing n2's claim: %v, want the policy's refusal", err)
 	}
 	if got := c.jsonpath(t, "{.metadata.annotations.volume\\.kubernetes\\.io/selected-node}", "-n", testNS, "get", "pvc", "n2-only"); got != target {
