@@ -5,6 +5,7 @@
 //	csi-fastblk bench     benchmarks (the io_uring engine)
 //	csi-fastblk ublk      ublk device tools (serve a file as a device, list, features)
 //	csi-fastblk uninstall-check  fail while the driver has volumes (the chart's pre-delete hook)
+//	csi-fastblk peer-ca          make the peer channel's CA Secret (the chart's post-install and pre-upgrade hook)
 //	csi-fastblk version   print the version
 package main
 
@@ -51,6 +52,8 @@ func run(ctx context.Context, args []string) error {
 		return runUblk(ctx, rest)
 	case "uninstall-check":
 		return runUninstallCheck(ctx, rest)
+	case "peer-ca":
+		return runPeerCA(ctx, rest)
 	case "version", "--version":
 		fmt.Println(version)
 		return nil
@@ -71,6 +74,7 @@ commands:
   bench     run a benchmark (bench engine --help)
   ublk      ublk device tools (ublk serve|list|features)
   uninstall-check  fail while the driver has volumes (run in a pod)
+  peer-ca          make the peer channel's CA Secret unless it exists (run in a pod)
   version   print the version
 `)
 }

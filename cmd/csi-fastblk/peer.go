@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
@@ -29,6 +30,8 @@ type peerConfig struct {
 	serviceAccount string
 	secret         string
 	selector       string
+	tokenFile      string // the projected token that proves this plugin's node
+	audience       string // its audience, the peer channel's
 	// What peers may hold of this plugin (peer.Limits).
 	maxStreams, maxStreamsPerPeer int
 	minRate                       string
@@ -42,7 +45,10 @@ func peerFlags(fs *flag.FlagSet, c *peerConfig) {
 			"other nodes' plugins reach this one at its pod address and this port (empty: off, and controller calls for other nodes' volumes are refused)")
 	fs.StringVar(&c.namespace, "peer-namespace", "", "the installation's namespace (default: the pod's, from its service account)")
 	fs.StringVar(&c.serviceAccount, "peer-service-account", "", "the plugin's service account, which every peer's certificate must name")
-	fs.StringVar(&c.secret, "peer-ca-secret", "", "the Secret (in --peer-namespace) that holds the peer CA; the first plugin to start makes it")
+	fs.StringVar(&c.secret, "peer-ca-secret", "", "the Secret (in --peer-namespace, of type "+peer.SecretType+") that holds the peer CA of the channel's transport; the chart's peer-ca Job makes it")
+	fs.StringVar(&c.tokenFile, "peer-token-file", "",
+		"the pod's projected service account token for --peer-token-audience, which proves to peers the node this plugin runs on (read afresh for every call)")
+	fs.StringVar(&c.audience, "peer-token-audience", "", "the audience of the peers' tokens, the installation's own")
 	fs.StringVar(&c.selector, "peer-selector", "", "label selector of the installation's plugin pods, k=v,... (the peers)")
 	d := peer.DefaultLimits
 	fs.IntVar(&c.maxStreams, "peer-max-streams", d.MaxStreams,
@@ -107,8 +113,8 @@ func (c *peerConfig) check() error {
 		}
 		c.namespace = strings.TrimSpace(string(b))
 	}
-	if c.serviceAccount == "" || c.secret == "" || c.selector == "" {
-		return fmt.Errorf("--peer-address needs --peer-service-account, --peer-ca-secret and --peer-selector")
+	if c.serviceAccount == "" || c.secret == "" || c.selector == "" || c.tokenFile == "" || c.audience == "" {
+		return fmt.Errorf("--peer-address needs --peer-service-account, --peer-ca-secret, --peer-selector, --peer-token-file and --peer-token-audience")
 	}
 	if _, err := selectorLabels(c.selector); err != nil {
 		return err
@@ -124,8 +130,8 @@ func (c *peerConfig) check() error {
 	return nil
 }
 
-// selectorLabels reads an equality-only label selector as labels: the CA
-// Secret carries the labels of the pods it serves.
+// selectorLabels reads an equality-only label selector as labels: a
+// peer's pod must have them.
 func selectorLabels(sel string) (map[string]string, error) {
 	l := map[string]string{}
 	for _, kv := range strings.Split(sel, ",") {
@@ -140,8 +146,10 @@ func selectorLabels(sel string) (map[string]string, error) {
 
 // runPeer brings the peer channel up (it retries the API server until it
 // gives the CA) and serves it until ctx ends; ch forwards through it once
-// it is up.
-func runPeer(ctx context.Context, c peerConfig, nodeID string, drv *driver.Driver, ch *peerChannel) error {
+// it is up. Every call is authenticated by the peers' tokens (pkg/peer's
+// Tokens) and authorized by the API server's objects (the driver's
+// PeerAuthz, set by newPeerAuthz).
+func runPeer(ctx context.Context, c peerConfig, api *kubeapi.Client, nodeID string, drv *driver.Driver, ch *peerChannel) error {
 	lis, err := net.Listen("tcp", c.address)
 	if err != nil {
 		return fmt.Errorf("peer channel: listen: %w", err)
@@ -149,18 +157,14 @@ func runPeer(ctx context.Context, c peerConfig, nodeID string, drv *driver.Drive
 	defer lis.Close()
 	_, portStr, _ := net.SplitHostPort(lis.Addr().String())
 	port, _ := strconv.Atoi(portStr)
-	api, err := kubeapi.InCluster()
-	if err != nil {
-		return fmt.Errorf("peer channel: %w", err)
-	}
 	labels, _ := selectorLabels(c.selector)
 	var ca *peer.CA
 	for wait := time.Second; ; wait = min(2*wait, time.Minute) {
-		ca, err = peer.EnsureCA(ctx, api, c.namespace, c.secret, labels)
+		ca, err = peer.ReadCA(ctx, api, c.namespace, c.secret)
 		if err == nil {
 			break
 		}
-		klog.ErrorS(err, "peer channel: no CA yet; retrying", "in", wait)
+		klog.ErrorS(err, "peer channel: no CA yet (the chart's peer-ca Job makes it); retrying", "in", wait)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -171,8 +175,19 @@ func runPeer(ctx context.Context, c peerConfig, nodeID string, drv *driver.Drive
 	if err != nil {
 		return fmt.Errorf("peer channel: %w", err)
 	}
+	tok := &peer.Tokens{Self: peer.TokenFile(c.tokenFile), Node: nodeID, Auth: &peer.Authenticator{
+		API: api, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
+	if _, err := tok.Self(); err != nil {
+		return fmt.Errorf("peer channel: %w", err)
+	}
 	ch.client.Store(peer.NewClient(creds, &peer.PodResolver{API: api, Namespace: c.namespace, Selector: c.selector,
-		Port: port, Tag: driver.NodeTag}))
-	klog.InfoS("peer channel up", "address", c.address, "identity", creds.Self(), "ca", ca.Cert.Subject.CommonName, "limits", c.limits)
-	return peer.NewServer(creds, drv.PeerService(), c.limits, driver.LogAndRecover).Serve(ctx, lis)
+		Port: port, Tag: driver.NodeTag}).WithTokens(tok))
+	klog.InfoS("peer channel up", "address", c.address, "identity", creds.Self(), "ca", ca.Cert.Subject.CommonName, "audience", c.audience, "limits", c.limits)
+	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(driver.LogAndRecover)}, tok.ServerOptions()...)
+	return peer.NewServerWith(creds, drv.PeerService(), c.limits, opts...).Serve(ctx, lis)
+}
+
+// newPeerAuthz is the driver's authorizer of peers' calls.
+func newPeerAuthz(api *kubeapi.Client, driverName string) driver.PeerAuthorizer {
+	return &driver.APIAuthorizer{API: api, Driver: driverName}
 }

@@ -15,8 +15,8 @@ import (
 )
 
 // TestPeerFlags: the peer channel is off without --peer-address; on, it
-// needs its identity flags, and the selector, which also labels the CA
-// Secret, is equality-only.
+// needs its identity flags (the token's file and audience among them),
+// and the selector, which a peer's pod must match, is equality-only.
 func TestPeerFlags(t *testing.T) {
 	parse := func(args ...string) (*serveConfig, error) {
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -31,15 +31,18 @@ func TestPeerFlags(t *testing.T) {
 		t.Errorf("no peer flags: %v, %q; want the channel off", err, cfg.peer.address)
 	}
 	full := []string{"--peer-address=:9815", "--peer-namespace=ns", "--peer-service-account=sa", "--peer-ca-secret=ca",
-		"--peer-selector=app=a,component=node"}
+		"--peer-token-file=/var/run/secrets/fastblk.csi.io/peer/token", "--peer-token-audience=peer.fastblk.csi.io/ns/x", "--peer-selector=app=a,component=node"}
 	if _, err := parse(full...); err != nil {
 		t.Errorf("full peer flags: %v", err)
 	}
 	if _, err := parse(full[:3]...); err == nil {
 		t.Error("--peer-address without the CA secret and selector: no error")
 	}
+	if _, err := parse(append(full[:4:4], full[6])...); err == nil {
+		t.Error("--peer-address without the token's file and audience: no error")
+	}
 	for _, sel := range []string{"app!=a", "app in (a)", "app", "=a", "app=a,,b=c"} {
-		if _, err := parse(append(full[:4:4], "--peer-selector="+sel)...); err == nil {
+		if _, err := parse(append(full[:6:6], "--peer-selector="+sel)...); err == nil {
 			t.Errorf("--peer-selector=%s: no error", sel)
 		}
 	}

@@ -166,10 +166,15 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return err
 	}
 	var peers *peerChannel
+	var api *kubeapi.Client
 	if cfg.peer.address != "" {
+		if api, err = kubeapi.InCluster(); err != nil {
+			return fmt.Errorf("peer channel: %w", err)
+		}
 		peers = &peerChannel{}
 		cfg.driver.Peers = peers
 		cfg.driver.NoPeerData = !cfg.peer.serveData
+		cfg.driver.PeerAuthz = newPeerAuthz(api, cfg.driver.Name)
 	}
 	drv, err := driver.New(cfg.driver, st, be)
 	if err != nil {
@@ -217,7 +222,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		if peers == nil {
 			return drv.Serve(ctx, lis)
 		}
-		return serveWithPeers(ctx, cfg, drv, peers, lis)
+		return serveWithPeers(ctx, cfg, api, drv, peers, lis)
 	})
 	klog.InfoS("stopped")
 	if errors.Is(err, context.Canceled) {
@@ -228,12 +233,12 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 
 // serveWithPeers serves the CSI endpoint and the peer channel until ctx
 // ends or either fails.
-func serveWithPeers(ctx context.Context, cfg *serveConfig, drv *driver.Driver, peers *peerChannel, lis net.Listener) error {
+func serveWithPeers(ctx context.Context, cfg *serveConfig, api *kubeapi.Client, drv *driver.Driver, peers *peerChannel, lis net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	peerErr := make(chan error, 1)
 	go func() {
-		err := runPeer(ctx, cfg.peer, cfg.driver.NodeID, drv, peers)
+		err := runPeer(ctx, cfg.peer, api, cfg.driver.NodeID, drv, peers)
 		if err != nil {
 			klog.ErrorS(err, "peer channel ended; exiting so that the container restarts")
 			cancel()

@@ -45,6 +45,10 @@ type Config struct {
 	// is on another node is not pulled but pinned to the source's node
 	// (ResourceExhausted), unless its class hands it off.
 	NoPeerData bool
+	// PeerAuthz authorizes peers' calls by the API server's objects
+	// (peerauthz.go); nil authorizes every call of an authenticated
+	// peer, as in tests without an API server.
+	PeerAuthz PeerAuthorizer
 }
 
 var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)

@@ -64,12 +64,26 @@ func (p *PeerService) ModifyVolume(ctx context.Context, req *csi.ControllerModif
 	if err := p.d.checkPeerID(req.GetVolumeId()); err != nil {
 		return nil, err
 	}
+	if err := p.d.authorizeVolume(req.GetVolumeId(), func(az PeerAuthorizer, pv string) error {
+		return az.Modify(ctx, req.GetVolumeId(), pv, req.GetMutableParameters())
+	}); err != nil {
+		return nil, err
+	}
 	return p.d.modifyVolume(ctx, req, false)
 }
 
 // ExpandVolume is ControllerExpandVolume for a peer.
 func (p *PeerService) ExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error) {
 	if err := p.d.checkPeerID(req.GetVolumeId()); err != nil {
+		return nil, err
+	}
+	size, err := sizeFor(req.GetCapacityRange())
+	if err != nil {
+		return nil, err
+	}
+	if err := p.d.authorizeVolume(req.GetVolumeId(), func(az PeerAuthorizer, pv string) error {
+		return az.Expand(ctx, req.GetVolumeId(), pv, size)
+	}); err != nil {
 		return nil, err
 	}
 	return p.d.expandVolume(ctx, req, false)
@@ -87,9 +101,19 @@ func (p *PeerService) CreateVolume(ctx context.Context, req *csi.CreateVolumeReq
 	if _, tag := splitID(id); tag != p.d.tag {
 		return nil, status.Errorf(codes.InvalidArgument, "peer CreateVolume %q: its source %q is not an object of node %s", req.GetName(), id, p.d.cfg.NodeID)
 	}
+	caller, _ := peer.Caller(ctx)
+	if az := p.d.cfg.PeerAuthz; az != nil {
+		kind := peer.SourceVolume
+		if src.GetSnapshot() != nil {
+			kind = peer.SourceSnapshot
+		}
+		claim := req.GetParameters()[ParamPVCNamespace] + "/" + req.GetParameters()[ParamPVCName]
+		if err := az.Read(ctx, caller.Node, claim, kind, id); err != nil {
+			return nil, err
+		}
+	}
 	r := proto.Clone(req).(*csi.CreateVolumeRequest)
 	r.AccessibilityRequirements = nil
-	caller, _ := peer.Caller(ctx)
 	klog.InfoS("volume handed off by a peer", "name", req.GetName(), "source", id, "peer", caller.Node)
 	return (&Controller{d: p.d}).CreateVolume(ctx, r)
 }
@@ -116,6 +140,7 @@ func (d *Driver) handoff(ctx context.Context, req *csi.CreateVolumeRequest, tag 
 func (p *PeerService) OpenSource(ctx context.Context, req *peer.ReadRequest) (*os.File, int64, error) {
 	d := p.d
 	storeID, tag := splitID(req.ID)
+	caller, _ := peer.Caller(ctx)
 	var f *os.File
 	var size int64
 	var err error
@@ -124,12 +149,17 @@ func (p *PeerService) OpenSource(ctx context.Context, req *peer.ReadRequest) (*o
 		if tag != d.tag || !blockdev.IsSnapshotID(storeID) {
 			return nil, 0, status.Errorf(codes.InvalidArgument, "peer read of %q: not a snapshot ID of node %s", req.ID, d.cfg.NodeID)
 		}
+		if err := d.authorizeRead(ctx, caller.Node, req); err != nil {
+			return nil, 0, err
+		}
 		f, size, err = d.store.OpenSnapshot(ctx, storeID)
 	case peer.SourceVolume:
 		if err := d.checkPeerID(req.ID); err != nil {
 			return nil, 0, err
 		}
-		caller, _ := peer.Caller(ctx)
+		if err := d.authorizeRead(ctx, caller.Node, req); err != nil {
+			return nil, 0, err
+		}
 		f, size, err = d.peerCopies.open(storeID, caller.Node, req.Target, func() (*os.File, int64, error) { return d.copyForPeer(ctx, storeID) })
 	default:
 		return nil, 0, status.Errorf(codes.InvalidArgument, "peer read of %q: unknown %v", req.ID, req.Kind)
@@ -137,7 +167,6 @@ func (p *PeerService) OpenSource(ctx context.Context, req *peer.ReadRequest) (*o
 	if err != nil {
 		return nil, 0, toStatus(err)
 	}
-	caller, _ := peer.Caller(ctx)
 	klog.InfoS("sending data to a peer", "source", storeID, "kind", req.Kind, "for", req.Target, "peer", caller.Node, "size", size, "rate", req.Rate)
 	return f, size, nil
 }
@@ -169,6 +198,30 @@ func (d *Driver) copyForPeer(ctx context.Context, id string) (*os.File, int64, e
 		return nil, 0, err
 	}
 	return d.store.CopyVolume(ctx, id, hold)
+}
+
+// authorizeRead asks the PeerAuthorizer, if any, whether node may read
+// what req names for its claim.
+func (d *Driver) authorizeRead(ctx context.Context, node string, req *peer.ReadRequest) error {
+	if d.cfg.PeerAuthz == nil {
+		return nil
+	}
+	return d.cfg.PeerAuthz.Read(ctx, node, req.Claim, req.Kind, req.ID)
+}
+
+// authorizeVolume asks the PeerAuthorizer, if any, about the volume id by
+// its PV's name (the name the volume was made with). A volume this node
+// does not have is left to the call, which answers NotFound.
+func (d *Driver) authorizeVolume(id string, ask func(az PeerAuthorizer, pv string) error) error {
+	if d.cfg.PeerAuthz == nil {
+		return nil
+	}
+	storeID, _ := splitID(id)
+	v, err := d.store.Volume(storeID)
+	if err != nil {
+		return nil
+	}
+	return ask(d.cfg.PeerAuthz, v.Name)
 }
 
 // checkPeerID accepts only a volume ID of this node: a store ID of the

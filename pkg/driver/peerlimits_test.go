@@ -104,8 +104,9 @@ func TestPullDeadline(t *testing.T) {
 
 // TestPullPeerAnswers: a source's node at its stream limits
 // (ResourceExhausted) is retried (Unavailable), not rescheduled; one that
-// serves no data pins the claim to it (ResourceExhausted), as a plugin
-// whose installation serves none does without asking.
+// refuses the stream (it serves no data, or no claim of this node asks for
+// the source) pins the claim to it (ResourceExhausted), as a plugin whose
+// installation serves none does without asking.
 func TestPullPeerAnswers(t *testing.T) {
 	refuse := func(code codes.Code) func(context.Context, peer.Sink) error {
 		return func(context.Context, peer.Sink) error { return status.Error(code, "refused") }
@@ -114,7 +115,7 @@ func TestPullPeerAnswers(t *testing.T) {
 		t.Errorf("a source's node at its limits: %v, want Unavailable", err)
 	}
 	err := pullWith(t, 10*time.Second, nil, refuse(codes.PermissionDenied))
-	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "sends no data") {
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "its node refused the stream: refused") {
 		t.Errorf("a source's node that sends no data: %v, want ResourceExhausted", err)
 	}
 	err = pullWith(t, 10*time.Second, func(d *Driver) { d.cfg.NoPeerData = true }, func(context.Context, peer.Sink) error {

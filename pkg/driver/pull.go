@@ -256,7 +256,8 @@ func (d *Driver) runPull(ctx context.Context, p *pull) (v blockdev.Volume, err e
 			v, err = blockdev.Volume{}, status.Errorf(codes.Internal, "%s: internal error (panic: %v)", p.progress(), r)
 		}
 	}()
-	req := &peer.ReadRequest{Kind: p.kind, ID: p.source, Target: p.spec.Name, Rate: rate}
+	req := &peer.ReadRequest{Kind: p.kind, ID: p.source, Target: p.spec.Name, Rate: rate,
+		Claim: p.spec.Params[ParamPVCNamespace] + "/" + p.spec.Params[ParamPVCName]}
 	_, err = d.cfg.Peers.ReadData(ctx, p.node, req, sink, pullIdle)
 	if errors.Is(err, errExists) {
 		return sink.existing, nil
@@ -278,7 +279,7 @@ func (d *Driver) runPull(ctx context.Context, p *pull) (v blockdev.Volume, err e
 			// rescheduled as the provisioner does on ResourceExhausted.
 			code = codes.Unavailable
 		case codes.PermissionDenied:
-			return blockdev.Volume{}, d.pinToSource(p.kind, p.source, "its node sends no data: "+st.Message())
+			return blockdev.Volume{}, d.pinToSource(p.kind, p.source, "its node refused the stream: "+st.Message())
 		}
 		return blockdev.Volume{}, status.Errorf(code, "%s: %s", p.progress(), st.Message())
 	}

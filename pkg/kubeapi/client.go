@@ -89,6 +89,23 @@ func (c *Client) Create(ctx context.Context, path string, obj any) error {
 	return err
 }
 
+// Post POSTs obj to path and returns the body of the answer: for the
+// API's reviews (TokenReview), whose answer is the object with its status.
+func (c *Client) Post(ctx context.Context, path string, obj any) ([]byte, error) {
+	body, err := json.Marshal(obj)
+	if err != nil {
+		return nil, fmt.Errorf("post to %s: %w", path, err)
+	}
+	return c.do(ctx, http.MethodPost, c.base+path, body, "application/json")
+}
+
+// Delete deletes the object at path; one that does not exist is
+// ErrNotFound.
+func (c *Client) Delete(ctx context.Context, path string) error {
+	_, err := c.do(ctx, http.MethodDelete, c.base+path, nil, "")
+	return err
+}
+
 // MergePatch applies the JSON merge patch (RFC 7386) patch to the object
 // at path; an object that does not exist is ErrNotFound.
 func (c *Client) MergePatch(ctx context.Context, path string, patch any) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -25,6 +26,7 @@ type apiServer struct {
 	secrets map[string][]byte
 	late    map[string][]byte // made by another plugin just before this one's POST
 	posts   int
+	deletes int
 	pods    string
 }
 
@@ -54,6 +56,9 @@ func (a *apiServer) start(t *testing.T) *kubeapi.Client {
 			}
 			a.secrets[s.Metadata.Name] = body
 			w.WriteHeader(http.StatusCreated)
+		case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, secrets+"/"):
+			a.deletes++
+			delete(a.secrets, r.URL.Path[len(secrets)+1:])
 		case r.Method == http.MethodGet && len(r.URL.Path) > len(secrets) && r.URL.Path[:len(secrets)] == secrets:
 			body, ok := a.secrets[r.URL.Path[len(secrets)+1:]]
 			if !ok {
@@ -79,9 +84,9 @@ func (a *apiServer) start(t *testing.T) *kubeapi.Client {
 	return c
 }
 
-// TestEnsureCA: the first plugin makes the CA Secret, later ones (and a
-// restart, an upgrade) read the same CA; a plugin that loses the race to
-// create it reads the winner's.
+// TestEnsureCA: the first run of the peer-ca Job makes the CA Secret, of
+// its own type; later ones (an upgrade) and the plugins read the same CA;
+// a run that loses the race to create it reads the winner's.
 func TestEnsureCA(t *testing.T) {
 	a := &apiServer{secrets: map[string][]byte{}}
 	api := a.start(t)
@@ -100,14 +105,17 @@ func TestEnsureCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(map[string]any{"data": map[string][]byte{secretCert: winner.CertPEM, secretKey: winner.KeyPEM}})
+	body, _ := json.Marshal(map[string]any{"type": SecretType, "data": map[string][]byte{secretCert: winner.CertPEM, secretKey: winner.KeyPEM}})
 	raced := &apiServer{secrets: map[string][]byte{}, late: map[string][]byte{"peer-ca": body}}
 	got, err := EnsureCA(ctx, raced.start(t), "csi-fastblk", "peer-ca", nil)
 	if err != nil || !got.Cert.Equal(winner.Cert) {
 		t.Fatalf("lost race: %v; want the winner's CA", err)
 	}
 
-	a.secrets["broken"] = []byte(`{"data":{"ca.crt":"bm90IHBlbQ=="}}`)
+	if plugin, err := ReadCA(ctx, api, "csi-fastblk", "peer-ca"); err != nil || !plugin.Cert.Equal(first.Cert) {
+		t.Errorf("a plugin reads %v, %v; want the Job's CA", plugin, err)
+	}
+	a.secrets["broken"] = []byte(`{"type":"` + SecretType + `","data":{"ca.crt":"bm90IHBlbQ=="}}`)
 	if _, err := EnsureCA(ctx, api, "csi-fastblk", "broken", nil); err == nil {
 		t.Error("a Secret without a CA: no error")
 	}
@@ -163,5 +171,30 @@ func TestPodResolverTagCollision(t *testing.T) {
 		if got, err := r.Resolve(context.Background(), "short"); err != nil || got.Node != "short" {
 			t.Errorf("Resolve(short) = %v, %v", got, err)
 		}
+	}
+}
+
+// TestCASecretType: a plugin takes no Secret of another type for the CA
+// (an Opaque one planted under the name by an account that may create
+// Secrets, or made by plugins before); the Job replaces such a Secret
+// with a CA of its own.
+func TestCASecretType(t *testing.T) {
+	planted, err := NewCA("planted", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := json.Marshal(map[string]any{"type": "Opaque", "data": map[string][]byte{secretCert: planted.CertPEM, secretKey: planted.KeyPEM}})
+	a := &apiServer{secrets: map[string][]byte{"peer-ca": body}}
+	api := a.start(t)
+	ctx := context.Background()
+	if ca, err := ReadCA(ctx, api, "csi-fastblk", "peer-ca"); !errors.Is(err, ErrSecretType) {
+		t.Fatalf("a plugin reads an Opaque Secret: %v, %v; want ErrSecretType", ca, err)
+	}
+	made, err := EnsureCA(ctx, api, "csi-fastblk", "peer-ca", nil)
+	if err != nil || made.Cert.Equal(planted.Cert) || a.deletes != 1 || a.posts != 1 {
+		t.Fatalf("the Job over an Opaque Secret: %v (planted CA kept: %v), %d deletes, %d creates; want a new CA", err, err == nil && made.Cert.Equal(planted.Cert), a.deletes, a.posts)
+	}
+	if ca, err := ReadCA(ctx, api, "csi-fastblk", "peer-ca"); err != nil || !ca.Cert.Equal(made.Cert) {
+		t.Errorf("a plugin after the Job: %v, %v; want the Job's CA", ca, err)
 	}
 }

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 )
@@ -42,12 +44,21 @@ func (s Static) Resolve(_ context.Context, tag string) (Peer, error) {
 type Client struct {
 	creds *Credentials
 	res   Resolver
+	tok   *Tokens
 }
 
 // NewClient returns a client that finds peers with res and proves itself
 // with creds.
 func NewClient(creds *Credentials, res Resolver) *Client {
 	return &Client{creds: creds, res: res}
+}
+
+// WithTokens makes c prove its node with t's token on every call and take
+// answers only from the plugin pod of the node it meant (token.go). Call
+// it before c is used.
+func (c *Client) WithTokens(t *Tokens) *Client {
+	c.tok = t
+	return c
 }
 
 // ModifyVolume asks the plugin of the node tagged tag to modify a volume
@@ -94,12 +105,28 @@ func (c *Client) ReadData(ctx context.Context, tag string, req *ReadRequest, sin
 	watchdog := time.AfterFunc(idle, func() { cancel(errIdle) })
 	defer watchdog.Stop()
 	desc := &serviceDesc.Streams[0]
+	if req.Claim != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, mdClaim, req.Claim)
+	}
 	st, err := conn.NewStream(ctx, desc, methodReadData, grpc.CallContentSubtype(xferCodec), grpc.MaxCallRecvMsgSize(maxFrame))
 	if err == nil {
 		err = st.SendMsg(req)
 	}
 	if err == nil {
 		err = st.CloseSend()
+	}
+	if err == nil && c.tok != nil {
+		// Nothing of the data is taken before the server proved
+		// itself the plugin of p's node.
+		if hdr, _ := st.Header(); hdr == nil {
+			// The stream ended before its headers: the refusal
+			// comes with its end.
+			if err = st.RecvMsg(new(Frame)); err == nil || errors.Is(err, io.EOF) {
+				err = status.Error(codes.Unavailable, "the stream ended without headers")
+			}
+		} else if err := c.tok.checkServer(ctx, hdr, p); err != nil {
+			return Received{}, err
+		}
 	}
 	if err != nil {
 		if errors.Is(context.Cause(ctx), errIdle) {
@@ -129,9 +156,14 @@ func (c *Client) dial(ctx context.Context, tag string) (*grpc.ClientConn, Peer, 
 		}
 		return nil, p, status.Errorf(code, "find the plugin of node tag %s: %v", tag, err)
 	}
-	conn, err := grpc.NewClient("passthrough:///"+p.Addr,
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(c.creds.ClientConfig(p.Node))),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)),
+	}
+	if c.tok != nil {
+		opts = append(opts, grpc.WithPerRPCCredentials(callCreds{c.tok}))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+p.Addr, opts...)
 	if err != nil {
 		return nil, p, status.Errorf(codes.Unavailable, "plugin of node %s at %s: %v", p.Node, p.Addr, err)
 	}
@@ -159,5 +191,12 @@ func (c *Client) call(ctx context.Context, tag, method string, req, resp any) er
 		return err
 	}
 	defer conn.Close()
-	return c.unavailable(p, conn.Invoke(ctx, method, req, resp))
+	var hdr metadata.MD
+	if err := conn.Invoke(ctx, method, req, resp, grpc.Header(&hdr)); err != nil {
+		return c.unavailable(p, err)
+	}
+	if c.tok != nil {
+		return c.tok.checkServer(ctx, hdr, p)
+	}
+	return nil
 }

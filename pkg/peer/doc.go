@@ -9,12 +9,16 @@
 //
 // The channel is gRPC over mutual TLS 1.3. Every plugin of an installation
 // shares one CA, kept in a Secret of the installation's namespace that the
-// first plugin to start creates (EnsureCA); each plugin issues itself a
-// short-lived certificate from it (Credentials) that names its namespace,
-// service account and node in a URI SAN (Identity). Both ends check the
-// chain, the validity and the identity: a server serves only clients of
-// its own namespace and service account, and a client talks only to the
-// node it meant to reach. docs/peer.md has the threat model.
+// chart's hook Job creates (EnsureCA) and the plugins only read (ReadCA);
+// each plugin issues itself a short-lived certificate from it
+// (Credentials) that names the installation in a URI SAN (Identity). The
+// certificate encrypts and keeps strangers out; since every plugin reads
+// the CA, it is no proof of a node. Which node a peer is, the projected
+// service-account token of its pod proves (Tokens, Authenticator;
+// token.go): the server serves only the plugin pod of the node a call
+// speaks for, from that pod's address, and the client takes answers only
+// from the plugin pod of the node it meant. docs/peer.md has the threat
+// model.
 //
 // A peer names objects by ID only. The service carries the CSI messages of
 // the calls it forwards (stripped of secrets), and the stream's own
@@ -28,7 +32,9 @@
 // Peers are found through the API server (PodResolver): the running pods
 // of the installation's DaemonSets, by node. Nothing is cached: every
 // forwarded call resolves its peer afresh, so a restarted pod's new
-// address is used at once.
+// address is used at once. Token reviews and pods are cached a short
+// while (Authenticator).
 //
-// Credentials, Server and Client are safe for concurrent use.
+// Credentials, Server, Client, Tokens and Authenticator are safe for
+// concurrent use.
 package peer

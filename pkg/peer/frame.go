@@ -64,6 +64,10 @@ type ReadRequest struct {
 	Target string
 	// Rate is the most data bytes per second the peer sends (0: no limit).
 	Rate int64
+	// Claim is the claim the data is for, <namespace>/<name>, by which
+	// the peer checks that the caller may read the source. It travels
+	// in the call's metadata, not in the request's bytes.
+	Claim string
 }
 
 // FrameType tells the frames of a stream apart.

@@ -11,10 +11,13 @@ import (
 // of the peer CA made for anything else is never taken for a peer.
 const identityHost = "peer.fastblk.csi.io"
 
-// Identity is who a peer certificate speaks for: a plugin of the
-// installation in Namespace, running as ServiceAccount, on Node.
+// Identity is who a peer is: a plugin of the installation in Namespace,
+// running as ServiceAccount, on Node. A certificate's identity is taken
+// as the installation's (its CA is on every node); the node of a call is
+// the one its token proves (token.go), which also names the plugin's Pod.
 type Identity struct {
 	Namespace, ServiceAccount, Node string
+	Pod                             string // the plugin pod, for an identity proved by a token
 }
 
 // URI is the identity as a certificate's URI SAN:
@@ -25,6 +28,9 @@ func (id Identity) URI() *url.URL {
 }
 
 func (id Identity) String() string {
+	if id.Pod != "" {
+		return fmt.Sprintf("%s/%s on node %s (pod %s)", id.Namespace, id.ServiceAccount, id.Node, id.Pod)
+	}
 	return fmt.Sprintf("%s/%s on node %s", id.Namespace, id.ServiceAccount, id.Node)
 }
 

@@ -15,8 +15,9 @@ import (
 
 // Handler does on this node what a peer asks. Its methods get requests
 // from other plugins (already authenticated, never from outside the
-// installation) and must validate them as they validate the CSI socket's:
-// a peer names objects by ID only.
+// installation; Caller says which node) and must validate them as they
+// validate the CSI socket's, and authorize them: a peer names objects by
+// ID only, and may be a stolen node.
 type Handler interface {
 	ModifyVolume(ctx context.Context, req *csi.ControllerModifyVolumeRequest) (*csi.ControllerModifyVolumeResponse, error)
 	ExpandVolume(ctx context.Context, req *csi.ControllerExpandVolumeRequest) (*csi.ControllerExpandVolumeResponse, error)
@@ -156,8 +157,12 @@ func (s *Server) Streams() int { return s.svc.streams.active() }
 // Stop stops the server at once, cutting every call and stream.
 func (s *Server) Stop() { s.srv.Stop() }
 
-// Caller is the identity of the peer that made the call in ctx, for logs.
+// Caller is the identity of the peer that made the call in ctx: the one
+// its token proved, on a server with Tokens; else its certificate's.
 func Caller(ctx context.Context) (Identity, bool) {
+	if id, ok := ctx.Value(callerKey{}).(Identity); ok {
+		return id, true
+	}
 	p, ok := grpcpeer.FromContext(ctx)
 	if !ok {
 		return Identity{}, false

@@ -15,6 +15,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
@@ -256,6 +257,8 @@ func readData(srv any, ss grpc.ServerStream) error {
 	if err := ss.RecvMsg(req); err != nil {
 		return status.Errorf(codes.InvalidArgument, "read request: %v", err)
 	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	req.Claim = first(md, mdClaim)
 	f, size, err := svc.open(ss, req)
 	if err != nil {
 		return err

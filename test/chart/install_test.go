@@ -237,7 +237,8 @@ func TestAdmission(t *testing.T) {
 func checkNamespace(t *testing.T, objs []object, ns string) {
 	t.Helper()
 	cluster := map[string]bool{"Namespace": true, "PriorityClass": true, "ClusterRole": true, "ClusterRoleBinding": true,
-		"CSIDriver": true, "StorageClass": true, "VolumeSnapshotClass": true, "VolumeAttributesClass": true}
+		"CSIDriver": true, "StorageClass": true, "VolumeSnapshotClass": true, "VolumeAttributesClass": true,
+		"ValidatingAdmissionPolicy": true, "ValidatingAdmissionPolicyBinding": true}
 	for _, o := range objs {
 		if !cluster[o.Kind] && o.Metadata.Namespace != ns {
 			t.Errorf("%s %s in namespace %q, want %q", o.Kind, o.Metadata.Name, o.Metadata.Namespace, ns)

@@ -102,6 +102,15 @@ type volume struct {
 		Path string `yaml:"path"`
 		Type string `yaml:"type"`
 	} `yaml:"hostPath"`
+	Projected *struct {
+		Sources []struct {
+			ServiceAccountToken *struct {
+				Path              string `yaml:"path"`
+				Audience          string `yaml:"audience"`
+				ExpirationSeconds int    `yaml:"expirationSeconds"`
+			} `yaml:"serviceAccountToken"`
+		} `yaml:"sources"`
+	} `yaml:"projected"`
 }
 
 // decodeObjects splits a multi-document YAML stream into objects, skipping

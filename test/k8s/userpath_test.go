@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -1502,17 +1503,7 @@ func TestControllerExpansionOnOtherNode(t *testing.T) {
 // which proves the refusals are the plugin's and not the network's.
 func TestPeerRefusesStrangers(t *testing.T) {
 	c := requireChart(t)
-	secret := c.k(t, "-n", pluginNS, "get", "secret", release+"-peer-ca", "-o", "jsonpath={.data.ca\\.crt} {.data.ca\\.key}")
-	crt, key, _ := strings.Cut(strings.TrimSpace(secret), " ")
-	crtPEM, err1 := base64.StdEncoding.DecodeString(crt)
-	keyPEM, err2 := base64.StdEncoding.DecodeString(key)
-	if err1 != nil || err2 != nil {
-		t.Fatalf("peer CA secret: %v %v", err1, err2)
-	}
-	ca, err := peer.ParseCA(crtPEM, keyPEM)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca := c.peerCA(t)
 	other, err := peer.NewCA("another installation", time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -1575,12 +1566,140 @@ func TestPeerRefusesStrangers(t *testing.T) {
 	if n := calls(); n != before {
 		t.Errorf("the plugin on %s logged %d peer calls from refused clients", target, n-before)
 	}
+	// The installation's certificate opens the handshake, but without
+	// the token of a plugin pod no call is served.
 	err = peerCall(t, from, addr, valid(ca, self))
-	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "not a volume ID of node "+target) {
-		t.Errorf("call with the installation's identity: %v, want the plugin's InvalidArgument", err)
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("call with the installation's certificate and no token: %v, want Unauthenticated", err)
 	}
 	if n := calls(); n != before+1 {
-		t.Errorf("the plugin on %s logged %d peer calls after the valid one, want 1", target, n-before)
+		t.Errorf("the plugin on %s logged %d peer calls after the one with a certificate, want 1 (refused)", target, n-before)
+	}
+}
+
+// peerCA is the installation's peer CA from its Secret, which the chart's
+// peer-ca Job made of its own type.
+func (c *cluster) peerCA(t *testing.T) *peer.CA {
+	t.Helper()
+	secret := c.k(t, "-n", pluginNS, "get", "secret", release+"-peer-ca", "-o", "jsonpath={.type} {.data.ca\\.crt} {.data.ca\\.key}")
+	f := strings.Fields(secret)
+	if len(f) != 3 || f[0] != peer.SecretType {
+		t.Fatalf("peer CA secret: %.40q..., want type %s and a certificate and key", secret, peer.SecretType)
+	}
+	crtPEM, err1 := base64.StdEncoding.DecodeString(f[1])
+	keyPEM, err2 := base64.StdEncoding.DecodeString(f[2])
+	if err1 != nil || err2 != nil {
+		t.Fatalf("peer CA secret: %v %v", err1, err2)
+	}
+	ca, err := peer.ParseCA(crtPEM, keyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// TestPeerNodeBoundIdentity runs issue 41's checks of a stolen node: with
+// n1's plugin credentials (its projected token, read from its container,
+// and the installation's transport certificate), from n1's plugin pod's
+// own address, asking n2 for the data of a volume that no claim of n1
+// uses is PermissionDenied naming the claim that does not ask for it, as
+// is a class change its claim does not ask for; the same token speaking
+// for n2 is refused, and so is the token used from anywhere but its pod;
+// the node account may not create Secrets, nor move a claim to another
+// node or change its spec.
+func TestPeerNodeBoundIdentity(t *testing.T) {
+	c := requireChart(t)
+	from, target := nodes[0], nodes[1]
+	c.apply(t, pvc("n2-only", "64Mi", ""))
+	t.Cleanup(func() { c.delete(t, "pvc", "n2-only") })
+	c.startPod(t, pod{name: "n2-only", claim: "n2-only", node: target, script: "echo ok > /data/f && sleep 3600"})
+	c.waitPodPhase(t, "n2-only", "Running", 3*time.Minute)
+	pv := c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", "n2-only")
+	vol := c.jsonpath(t, "{.spec.csi.volumeHandle}", "get", "pv", pv)
+	if !strings.HasSuffix(vol, "-"+target) {
+		t.Fatalf("volume %s of the claim pinned to %s", vol, target)
+	}
+
+	pid := c.pluginPID(t, from)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/var/run/secrets/fastblk.csi.io/peer/token", pid))
+	if err != nil {
+		t.Fatalf("%s's peer token: %v", from, err)
+	}
+	token := strings.TrimSpace(string(b))
+	creds, err := peer.NewCredentials(c.peerCA(t), peer.Identity{Namespace: pluginNS, ServiceAccount: release + "-node", Node: from}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, _ := c.pluginPods(t)
+	addr := net.JoinHostPort(c.jsonpath(t, "{.status.podIP}", "-n", pluginNS, "get", "pod", pods[target]), "9815")
+	fromPod := func() *grpc.ClientConn {
+		return peerConn(t, dialFromPod(t, pid, addr), addr, creds.ClientConfig(target))
+	}
+	refused := func(what string, err error, code codes.Code, says string) {
+		t.Helper()
+		if status.Code(err) != code || !strings.Contains(err.Error(), says) {
+			t.Errorf("%s: %v; want %v saying %q", what, err, code, says)
+		} else {
+			t.Logf("%s: refused: %v", what, err)
+		}
+	}
+
+	refused("read of n2's volume for n2's claim", peerRead(fromPod(), token, from, vol, testNS+"/n2-only"),
+		codes.PermissionDenied, "claim "+testNS+"/n2-only is not scheduled to node "+from)
+	refused("read of n2's volume for no claim", peerRead(fromPod(), token, from, vol, ""), codes.PermissionDenied, "names no claim")
+	refused("read for a claim that does not exist", peerRead(fromPod(), token, from, vol, testNS+"/nothing"),
+		codes.PermissionDenied, "claim "+testNS+"/nothing does not exist")
+	refused("class change its claim does not ask for", peerModify(fromPod(), token, from, vol, map[string]string{"maxIOPS": "10"}),
+		codes.PermissionDenied, "claim "+testNS+"/n2-only asks for no VolumeAttributesClass")
+	refused("n1's token speaking for n2", peerModify(fromPod(), token, target, vol, map[string]string{"maxIOPS": "10"}),
+		codes.PermissionDenied, "the token is of node "+from+", not "+target)
+	refused("n1's token speaking for n2, reading", peerRead(fromPod(), token, target, vol, testNS+"/n2-only"),
+		codes.PermissionDenied, "the token is of node "+from+", not "+target)
+	fromNode := peerConn(t, dialFromNode(t, from, addr), addr, creds.ClientConfig(target))
+	refused("n1's token from n1's node, not its pod", peerModify(fromNode, token, from, vol, nil), codes.PermissionDenied, "not its address")
+	// The token proves n1, and the plugin's own checks answer.
+	refused("a name that is no volume", peerModify(fromPod(), token, from, "not-a-volume", nil),
+		codes.InvalidArgument, "not a volume ID of node "+target)
+
+	out, err := c.kubectl("auth", "can-i", "create", "secrets", "-n", pluginNS, "--as=system:serviceaccount:"+pluginNS+":"+release+"-node")
+	if strings.TrimSpace(out) != "no" {
+		t.Errorf("kubectl auth can-i create secrets as the node account: %q (%v), want no", out, err)
+	}
+	out, err = c.kubectl("auth", "can-i", "create", "tokenreviews.authentication.k8s.io", "--as=system:serviceaccount:"+pluginNS+":"+release+"-node")
+	if strings.TrimSpace(out) != "yes" {
+		t.Errorf("kubectl auth can-i create tokenreviews as the node account: %q (%v), want yes", out, err)
+	}
+	// The node account's right to update claims (its sidecars') does not
+	// let it move n2's claim to n1, or change what the claim asks for
+	// (the chart's ValidatingAdmissionPolicy).
+	// The account may update claims, not patch them: kubectl replace.
+	updateAsNode := func(change func(claim map[string]any)) error {
+		var claim map[string]any
+		if err := json.Unmarshal([]byte(c.k(t, "-n", testNS, "get", "pvc", "n2-only", "-o", "json")), &claim); err != nil {
+			t.Fatal(err)
+		}
+		change(claim)
+		b, err := json.Marshal(claim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.run(string(b), "kubectl", "replace", "-f", "-", "--as=system:serviceaccount:"+pluginNS+":"+release+"-node")
+		return err
+	}
+	err = updateAsNode(func(claim map[string]any) {
+		claim["metadata"].(map[string]any)["annotations"].(map[string]any)["volume.kubernetes.io/selected-node"] = from
+	})
+	if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), "selected-node") {
+		t.Errorf("the node account moving n2's claim to %s: %v, want the policy's refusal", from, err)
+	}
+	err = updateAsNode(func(claim map[string]any) {
+		claim["spec"].(map[string]any)["resources"] = map[string]any{"requests": map[string]any{"storage": "128Mi"}}
+	})
+	if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), "spec") {
+		t.Errorf("the node account growing n2's claim: %v, want the policy's refusal", err)
+	}
+	if got := c.jsonpath(t, "{.metadata.annotations.volume\\.kubernetes\\.io/selected-node}", "-n", testNS, "get", "pvc", "n2-only"); got != target {
+		t.Errorf("n2's claim is selected for %q after the refusals, want %s", got, target)
 	}
 }
 

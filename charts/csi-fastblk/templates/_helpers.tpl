@@ -60,6 +60,17 @@ release's. */}}
 {{- printf "%s-peer-ca" (include "csi-fastblk.fullname" .) -}}
 {{- end -}}
 
+{{/* The audience of the peer channel's tokens: the installation's own, so
+that a token of the plugin's account made for anything else (the API
+server, another installation) is not taken by a peer. */}}
+{{- define "csi-fastblk.peerAudience" -}}
+{{- printf "%s/peer/%s/%s" .Values.driverName (include "csi-fastblk.namespace" .) (include "csi-fastblk.fullname" .) -}}
+{{- end -}}
+
+{{- define "csi-fastblk.peerTokenDir" -}}
+/var/run/secrets/fastblk.csi.io/peer
+{{- end -}}
+
 {{/* The label selector of every node plugin pod of the installation (all
 node groups): the plugin's peers. */}}
 {{- define "csi-fastblk.peerSelector" -}}

@@ -1,0 +1,331 @@
+package peer
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
+)
+
+// Who a peer is comes from a projected service-account token, not from its
+// certificate: the kubelet of a node mints tokens only for the pods it
+// runs (the NodeRestriction admission plugin), and a token bound to a pod
+// carries that pod's name and uid and its node's name, which the API
+// server vouches for in a TokenReview. So a stolen plugin credential
+// speaks for its own node only. The certificate (tls.go) still encrypts
+// and keeps strangers out of the handshake, but the CA that signs it is no
+// authority on nodes.
+//
+// A client sends its token and the node it speaks for with every call; the
+// server reviews the token and checks that it is the plugin's service
+// account, that its node claim names that node, and that its pod is a
+// plugin pod of the installation on that node whose address is the one the
+// call came from. The server then sends its own token in its response
+// headers, and the client checks it the same way against the node it
+// meant and the address it dialed, before it takes the answer.
+//
+// A token is a bearer credential: whoever it is shown to could show it
+// again. Binding it to its pod's address is what keeps a peer (or the
+// wrong server) that has seen a token from using it from anywhere else.
+
+// Metadata keys of the peer calls.
+const (
+	mdAuthorization = "authorization"      // client: "Bearer <token>"
+	mdNode          = "fastblk-peer-node"  // client: the node it speaks for; server: the node it answers for
+	mdServerToken   = "fastblk-peer-token" // server: its own token
+	mdClaim         = "fastblk-peer-claim" // client, ReadData: the claim the data is for, <namespace>/<name>
+	reviewPath      = "/apis/authentication.k8s.io/v1/tokenreviews"
+	extraNode       = "authentication.kubernetes.io/node-name"
+	extraPodName    = "authentication.kubernetes.io/pod-name"
+	extraPodUID     = "authentication.kubernetes.io/pod-uid"
+	saUserPrefix    = "system:serviceaccount:"
+	maxTokenLen     = 16 << 10
+)
+
+// How long a review and a pod are taken as they were: a token is reviewed
+// again after reviewTTL (or its expiry, if sooner), so that a deleted pod's
+// token stops working within it; a pod is read again after podTTL.
+var (
+	reviewTTL = time.Minute
+	podTTL    = 30 * time.Second
+)
+
+// maxCached bounds each cache; past it the cache starts afresh.
+const maxCached = 4096
+
+// TokenFile returns a source of the token in file, read afresh each time:
+// the kubelet replaces a projected token well before it expires.
+func TokenFile(file string) func() (string, error) {
+	return func() (string, error) {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("peer token: %w", err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+}
+
+// Authenticator checks the tokens of peers through the API server.
+type Authenticator struct {
+	API            *kubeapi.Client
+	Namespace      string            // the installation's
+	ServiceAccount string            // the plugin's
+	Audience       string            // the peer channel's token audience
+	Labels         map[string]string // every plugin pod has these
+	Now            func() time.Time  // nil: time.Now
+
+	mu      sync.Mutex
+	reviews map[[32]byte]review
+	pods    map[string]cachedPod // by uid
+}
+
+// review is what a TokenReview said of a token, and until when it holds.
+type review struct {
+	node, pod, uid string
+	err            error
+	until          time.Time
+}
+
+type cachedPod struct {
+	p     podInfo
+	until time.Time
+}
+
+// podInfo is what the authenticator reads of a pod.
+type podInfo struct {
+	Metadata struct {
+		Name   string            `json:"name"`
+		UID    string            `json:"uid"`
+		Labels map[string]string `json:"labels"`
+	} `json:"metadata"`
+	Spec struct {
+		NodeName           string `json:"nodeName"`
+		ServiceAccountName string `json:"serviceAccountName"`
+	} `json:"spec"`
+	Status struct {
+		PodIPs []struct {
+			IP string `json:"ip"`
+		} `json:"podIPs"`
+	} `json:"status"`
+}
+
+// ErrUnauthenticated is the class of a token that does not say who the
+// peer is: none, unreadable, refused by the API server (expired, of
+// another audience, of a deleted pod).
+var ErrUnauthenticated = errors.New("peer not authenticated")
+
+// ErrNotThatPlugin is the class of a valid token of someone other than
+// the plugin of the node it is used for.
+var ErrNotThatPlugin = errors.New("not the plugin of that node")
+
+// Verify returns the identity of the plugin pod whose token is token,
+// which must speak for node and be used from its pod's address from (nil
+// skips that check: only for a token not received over the network). The
+// error wraps ErrUnauthenticated or ErrNotThatPlugin, or is Unavailable
+// when the API server cannot say.
+func (a *Authenticator) Verify(ctx context.Context, token, node string, from net.IP) (Identity, error) {
+	if token == "" || len(token) > maxTokenLen {
+		return Identity{}, fmt.Errorf("%w: no token", ErrUnauthenticated)
+	}
+	if !validName(node) {
+		return Identity{}, fmt.Errorf("%w: no valid node named (%q)", ErrUnauthenticated, node)
+	}
+	r, err := a.review(ctx, token)
+	if err != nil {
+		return Identity{}, err
+	}
+	if r.err != nil {
+		return Identity{}, r.err
+	}
+	if r.node != node {
+		return Identity{}, fmt.Errorf("%w: the token is of node %s, not %s", ErrNotThatPlugin, r.node, node)
+	}
+	p, err := a.pod(ctx, r.pod, r.uid)
+	if err != nil {
+		return Identity{}, err
+	}
+	switch {
+	case p.Spec.NodeName != node:
+		return Identity{}, fmt.Errorf("%w: pod %s runs on node %q, not %s", ErrNotThatPlugin, r.pod, p.Spec.NodeName, node)
+	case p.Spec.ServiceAccountName != a.ServiceAccount:
+		return Identity{}, fmt.Errorf("%w: pod %s runs as %q", ErrNotThatPlugin, r.pod, p.Spec.ServiceAccountName)
+	}
+	for k, v := range a.Labels {
+		if p.Metadata.Labels[k] != v {
+			return Identity{}, fmt.Errorf("%w: pod %s is not a plugin pod of the installation (label %s)", ErrNotThatPlugin, r.pod, k)
+		}
+	}
+	if from != nil && !slices.ContainsFunc(p.Status.PodIPs, func(ip struct {
+		IP string `json:"ip"`
+	}) bool {
+		return net.ParseIP(ip.IP).Equal(from)
+	}) {
+		return Identity{}, fmt.Errorf("%w: the token of pod %s is used from %s, not its address", ErrNotThatPlugin, r.pod, from)
+	}
+	return Identity{Namespace: a.Namespace, ServiceAccount: a.ServiceAccount, Node: node, Pod: r.pod}, nil
+}
+
+func (a *Authenticator) now() time.Time {
+	if a.Now != nil {
+		return a.Now()
+	}
+	return time.Now()
+}
+
+// review returns the API server's review of token, cached until the
+// earlier of reviewTTL and the token's expiry. A refusal is cached as
+// well (bounded by reviewTTL), so that a peer repeating a bad token costs
+// one review a minute. Only a failure to ask is an error of its own.
+func (a *Authenticator) review(ctx context.Context, token string) (review, error) {
+	key := sha256.Sum256([]byte(token))
+	now := a.now()
+	a.mu.Lock()
+	r, ok := a.reviews[key]
+	a.mu.Unlock()
+	if ok && now.Before(r.until) {
+		return r, nil
+	}
+	r, err := a.ask(ctx, token)
+	if err != nil {
+		return review{}, err
+	}
+	r.until = now.Add(reviewTTL)
+	if exp, ok := expiry(token); ok && exp.Before(r.until) {
+		r.until = exp
+	}
+	a.mu.Lock()
+	if a.reviews == nil || len(a.reviews) >= maxCached {
+		a.reviews = make(map[[32]byte]review)
+	}
+	a.reviews[key] = r
+	a.mu.Unlock()
+	return r, nil
+}
+
+// ask sends a TokenReview of token for the audience and reads its answer.
+func (a *Authenticator) ask(ctx context.Context, token string) (review, error) {
+	body, err := a.API.Post(ctx, reviewPath, map[string]any{
+		"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+		"spec": map[string]any{"token": token, "audiences": []string{a.Audience}},
+	})
+	if err != nil {
+		return review{}, status.Errorf(codes.Unavailable, "review a peer's token: %v", err)
+	}
+	var tr struct {
+		Status struct {
+			Authenticated bool     `json:"authenticated"`
+			Audiences     []string `json:"audiences"`
+			Error         string   `json:"error"`
+			User          struct {
+				Username string              `json:"username"`
+				Extra    map[string][]string `json:"extra"`
+			} `json:"user"`
+		} `json:"status"`
+	}
+	if err := json.Unmarshal(body, &tr); err != nil {
+		return review{}, status.Errorf(codes.Unavailable, "review a peer's token: %v", err)
+	}
+	st := tr.Status
+	refuse := func(format string, args ...any) (review, error) {
+		return review{err: fmt.Errorf(format, args...)}, nil
+	}
+	switch {
+	case !st.Authenticated:
+		return refuse("%w: the API server refused the token: %s", ErrUnauthenticated, st.Error)
+	case !slices.Contains(st.Audiences, a.Audience):
+		return refuse("%w: the token is not for the audience %s", ErrUnauthenticated, a.Audience)
+	case st.User.Username != saUserPrefix+a.Namespace+":"+a.ServiceAccount:
+		return refuse("%w: the token is of %s, not of the plugin's service account", ErrNotThatPlugin, st.User.Username)
+	}
+	one := func(k string) string {
+		if v := st.User.Extra[k]; len(v) == 1 {
+			return v[0]
+		}
+		return ""
+	}
+	r := review{node: one(extraNode), pod: one(extraPodName), uid: one(extraPodUID)}
+	if !validName(r.node) || !validName(r.pod) || r.uid == "" {
+		return refuse("%w: the token is not bound to a pod and its node (a projected token is)", ErrNotThatPlugin)
+	}
+	return r, nil
+}
+
+// pod returns the pod name of the installation's namespace if its uid is
+// uid, cached for podTTL.
+func (a *Authenticator) pod(ctx context.Context, name, uid string) (podInfo, error) {
+	now := a.now()
+	a.mu.Lock()
+	c, ok := a.pods[uid]
+	a.mu.Unlock()
+	if ok && now.Before(c.until) {
+		return c.p, nil
+	}
+	body, err := a.API.Get(ctx, "/api/v1/namespaces/"+url.PathEscape(a.Namespace)+"/pods/"+url.PathEscape(name), nil)
+	if errors.Is(err, kubeapi.ErrNotFound) {
+		return podInfo{}, fmt.Errorf("%w: pod %s/%s of the token does not exist", ErrNotThatPlugin, a.Namespace, name)
+	}
+	if err != nil {
+		return podInfo{}, status.Errorf(codes.Unavailable, "get the pod of a peer's token: %v", err)
+	}
+	var p podInfo
+	if err := json.Unmarshal(body, &p); err != nil {
+		return podInfo{}, status.Errorf(codes.Unavailable, "pod %s: %v", name, err)
+	}
+	if p.Metadata.UID != uid {
+		return podInfo{}, fmt.Errorf("%w: pod %s/%s is not the token's (uid %s)", ErrNotThatPlugin, a.Namespace, name, uid)
+	}
+	a.mu.Lock()
+	if a.pods == nil || len(a.pods) >= maxCached {
+		a.pods = make(map[string]cachedPod)
+	}
+	a.pods[uid] = cachedPod{p: p, until: now.Add(podTTL)}
+	a.mu.Unlock()
+	return p, nil
+}
+
+// expiry reads the exp claim of a JWT without checking it (the review
+// did): only to bound how long its review is kept.
+func expiry(token string) (time.Time, bool) {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 {
+		return time.Time{}, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return time.Time{}, false
+	}
+	var c struct {
+		Exp int64 `json:"exp"`
+	}
+	if json.Unmarshal(b, &c) != nil || c.Exp == 0 {
+		return time.Time{}, false
+	}
+	return time.Unix(c.Exp, 0), true
+}
+
+// authCode is the gRPC code of an authentication error: Unauthenticated
+// for a token that says nothing, PermissionDenied for one of someone
+// else, and the API server's trouble as it is (Unavailable).
+func authCode(err error) codes.Code {
+	switch {
+	case errors.Is(err, ErrUnauthenticated):
+		return codes.Unauthenticated
+	case errors.Is(err, ErrNotThatPlugin):
+		return codes.PermissionDenied
+	}
+	return status.Code(err)
+}

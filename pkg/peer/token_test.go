@@ -1,0 +1,235 @@
+package peer
+
+import (
+	"context"
+	"encoding/base64"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/container-storage-interface/spec/lib/go/csi"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/fastblk/csi-fastblk/pkg/peer/peertest"
+)
+
+const testAudience = "peer.fastblk.csi.io/csi-fastblk"
+
+var plugin = map[string]string{"app": "fastblk"}
+
+// tokenAPI is an API server that knows a plugin pod on each of n1, n2 and
+// n3 (all at 127.0.0.1) and their projected tokens "tok-<node>", and the
+// authenticator of the installation against it.
+func tokenAPI(t *testing.T) (*peertest.API, *Authenticator) {
+	t.Helper()
+	api := peertest.New()
+	for _, n := range []string{"n1", "n2", "n3"} {
+		api.Tokens["tok-"+n] = peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
+			Node: n, Pod: "plugin-" + n, UID: "uid-" + n}
+		api.Set("/api/v1/namespaces/csi-fastblk/pods/plugin-"+n, peertest.Pod("plugin-"+n, "uid-"+n, n, "csi-fastblk-node", "127.0.0.1", plugin))
+	}
+	auth := &Authenticator{API: api.Start(t), Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node", Audience: testAudience, Labels: plugin}
+	return api, auth
+}
+
+func fixed(token string) func() (string, error) { return func() (string, error) { return token, nil } }
+
+// tokenPair serves h as n2's plugin with n2's token, and returns a client
+// of n1's that sends token as node.
+func tokenPair(t *testing.T, auth *Authenticator, h Handler, token, node string) *Client {
+	t.Helper()
+	ca := newCA(t)
+	addr := serve(t, newCreds(t, ca, n2), h, (&Tokens{Self: fixed("tok-n2"), Node: "n2", Auth: auth}).ServerOptions()...)
+	return NewClient(newCreds(t, ca, n1), Static{"n2": {Node: "n2", Addr: addr}}).WithTokens(&Tokens{Self: fixed(token), Node: node, Auth: auth})
+}
+
+// TestTokenProvesTheNode: a call with the projected token of n1's plugin
+// pod, made as n1 from that pod's address, is served, and the server
+// knows its caller as that pod on n1; every other token, or n1's token
+// used for another node or from elsewhere, is refused before the call
+// runs: one that says nothing (none, expired, another audience) with
+// Unauthenticated, one of someone else with PermissionDenied.
+func TestTokenProvesTheNode(t *testing.T) {
+	for _, tc := range []struct {
+		name, token, node string
+		change            func(*peertest.API)
+		want              codes.Code
+		says              string
+	}{
+		{name: "own node", token: "tok-n1", node: "n1", want: codes.OK},
+		{name: "n1's token as n2", token: "tok-n1", node: "n2", want: codes.PermissionDenied, says: "the token is of node n1, not n2"},
+		{name: "n1's token as n3", token: "tok-n1", node: "n3", want: codes.PermissionDenied, says: "the token is of node n1, not n3"},
+		{name: "no token", token: "", node: "n1", want: codes.Unauthenticated, says: "no token"},
+		{name: "unknown token", token: "forged", node: "n1", want: codes.Unauthenticated, says: "invalid bearer token"},
+		{name: "expired", token: "tok-old", node: "n1", want: codes.Unauthenticated, says: "expired",
+			change: func(a *peertest.API) {
+				a.Tokens["tok-old"] = peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
+					Node: "n1", Pod: "plugin-n1", UID: "uid-n1", Expired: true}
+			}},
+		{name: "another audience", token: "tok-api", node: "n1", want: codes.Unauthenticated, says: "audiences are invalid",
+			change: func(a *peertest.API) {
+				a.Tokens["tok-api"] = peertest.Token{Audience: "https://kubernetes.default.svc", Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
+					Node: "n1", Pod: "plugin-n1", UID: "uid-n1"}
+			}},
+		{name: "another service account", token: "tok-default", node: "n1", want: codes.PermissionDenied, says: "system:serviceaccount:csi-fastblk:default",
+			change: func(a *peertest.API) {
+				a.Tokens["tok-default"] = peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "default",
+					Node: "n1", Pod: "app", UID: "uid-app"}
+			}},
+		{name: "pod replaced", token: "tok-n1", node: "n1", want: codes.PermissionDenied, says: "is not the token's",
+			change: func(a *peertest.API) {
+				a.Set("/api/v1/namespaces/csi-fastblk/pods/plugin-n1", peertest.Pod("plugin-n1", "uid-new", "n1", "csi-fastblk-node", "127.0.0.1", plugin))
+			}},
+		{name: "pod deleted", token: "tok-n1", node: "n1", want: codes.PermissionDenied, says: "does not exist",
+			change: func(a *peertest.API) { delete(a.Objects, "/api/v1/namespaces/csi-fastblk/pods/plugin-n1") }},
+		{name: "not a plugin pod", token: "tok-n1", node: "n1", want: codes.PermissionDenied, says: "not a plugin pod",
+			change: func(a *peertest.API) {
+				a.Set("/api/v1/namespaces/csi-fastblk/pods/plugin-n1", peertest.Pod("plugin-n1", "uid-n1", "n1", "csi-fastblk-node", "127.0.0.1", nil))
+			}},
+		{name: "from another address", token: "tok-n1", node: "n1", want: codes.PermissionDenied, says: "not its address",
+			change: func(a *peertest.API) {
+				a.Set("/api/v1/namespaces/csi-fastblk/pods/plugin-n1", peertest.Pod("plugin-n1", "uid-n1", "n1", "csi-fastblk-node", "10.1.2.3", plugin))
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			api, auth := tokenAPI(t)
+			if tc.change != nil {
+				tc.change(api) // before any call
+			}
+			h := &recorder{}
+			c := tokenPair(t, auth, h, tc.token, tc.node)
+			_, err := c.ModifyVolume(callCtx(t), "n2", &csi.ControllerModifyVolumeRequest{VolumeId: "v1-n2"})
+			if status.Code(err) != tc.want || (tc.says != "" && !strings.Contains(err.Error(), tc.says)) {
+				t.Fatalf("call: %v; want %v saying %q", err, tc.want, tc.says)
+			}
+			if tc.want != codes.OK {
+				if h.count() != 0 {
+					t.Errorf("the handler ran for a refused call")
+				}
+				return
+			}
+			if got := h.callers[0]; got.Node != "n1" || got.Pod != "plugin-n1" {
+				t.Errorf("the server knows the caller as %v, want plugin-n1 on n1", got)
+			}
+		})
+	}
+}
+
+// TestTokenProvesTheServer: the client takes an answer, unary or a
+// stream's data, only from the plugin pod of the node it meant: a server
+// with the token of another node's plugin (a stale address, or a stolen
+// node answering for another), or with none, is not believed.
+func TestTokenProvesTheServer(t *testing.T) {
+	src, _ := sparseSource(t, 1<<20, [][2]int64{{0, 4096}})
+	for _, tc := range []struct {
+		name   string
+		server *Tokens // nil: no token at all
+	}{
+		{"another node's token", &Tokens{Self: fixed("tok-n3"), Node: "n3"}},
+		{"another node's token, naming the node meant", &Tokens{Self: fixed("tok-n3"), Node: "n2"}},
+		{"no token", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, auth := tokenAPI(t)
+			ca := newCA(t)
+			var opts []grpc.ServerOption
+			if tc.server != nil {
+				tc.server.Auth = auth
+				opts = tc.server.ServerOptions()
+			}
+			h := &recorder{files: map[string]string{"s1-n2": src}}
+			addr := serve(t, newCreds(t, ca, n2), h, opts...)
+			c := NewClient(newCreds(t, ca, n1), Static{"n2": {Node: "n2", Addr: addr}}).
+				WithTokens(&Tokens{Self: fixed("tok-n1"), Node: "n1", Auth: auth})
+			_, err := c.ExpandVolume(callCtx(t), "n2", &csi.ControllerExpandVolumeRequest{VolumeId: "v1-n2", CapacityRange: &csi.CapacityRange{RequiredBytes: 1 << 20}})
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("ExpandVolume: %v; want Unavailable (the answer not taken)", err)
+			}
+			sink := newFileSink(t)
+			if _, err := c.ReadData(callCtx(t), "n2", &ReadRequest{Kind: SourceSnapshot, ID: "s1-n2", Target: "pvc-x"}, sink, time.Minute); status.Code(err) != codes.Unavailable {
+				t.Errorf("ReadData: %v; want Unavailable", err)
+			}
+			if sink.progress.Load() != 0 {
+				t.Errorf("%d bytes of data taken from a server that did not prove its node", sink.progress.Load())
+			}
+		})
+	}
+}
+
+// TestTokenReadDataClaim: a stream's caller is the node its token proves,
+// and the claim the data is for reaches the server's Handler.
+func TestTokenReadDataClaim(t *testing.T) {
+	src, _ := sparseSource(t, 1<<20, [][2]int64{{0, 4096}})
+	_, auth := tokenAPI(t)
+	h := &recorder{files: map[string]string{"s1-n2": src}}
+	c := tokenPair(t, auth, h, "tok-n1", "n1")
+	if _, err := c.ReadData(callCtx(t), "n2", &ReadRequest{Kind: SourceSnapshot, ID: "s1-n2", Target: "pvc-x", Claim: "shop/data"}, newFileSink(t), time.Minute); err != nil {
+		t.Fatalf("ReadData: %v", err)
+	}
+	if r := h.calls[0].(*ReadRequest); r.Claim != "shop/data" || h.callers[0].Node != "n1" || h.callers[0].Pod != "plugin-n1" {
+		t.Errorf("the server got %+v from %v; want the claim shop/data from plugin-n1 on n1", r, h.callers[0])
+	}
+}
+
+// TestTokenReviewsCached: a token is reviewed once while its review
+// holds, again after reviewTTL, and never past its own expiry.
+func TestTokenReviewsCached(t *testing.T) {
+	api, auth := tokenAPI(t)
+	var mu sync.Mutex
+	now := time.Now()
+	auth.Now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	c := tokenPair(t, auth, &recorder{}, "tok-n1", "n1")
+	call := func() {
+		t.Helper()
+		if _, err := c.ModifyVolume(callCtx(t), "n2", &csi.ControllerModifyVolumeRequest{VolumeId: "v1-n2"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reviews := func() int { api.Lock(); defer api.Unlock(); return api.Reviews }
+	call()
+	call()
+	call()
+	if got := reviews(); got != 2 { // the client's token at the server, the server's at the client
+		t.Errorf("3 calls: %d reviews, want 2", got)
+	}
+	mu.Lock()
+	now = now.Add(reviewTTL + time.Second)
+	mu.Unlock()
+	call()
+	if got := reviews(); got != 4 {
+		t.Errorf("after the reviews' lifetime: %d reviews, want 4", got)
+	}
+
+	jwt := func(exp time.Time) string {
+		return "e30." + b64(`{"exp":`+itoa(exp.Unix())+`}`) + ".sig"
+	}
+	if exp, ok := expiry(jwt(now.Add(10 * time.Second))); !ok || !exp.Equal(time.Unix(now.Add(10*time.Second).Unix(), 0)) {
+		t.Errorf("expiry of a JWT: %v, %v", exp, ok)
+	}
+	soon := jwt(now.Add(10 * time.Second))
+	api.Lock()
+	api.Tokens[soon] = api.Tokens["tok-n1"]
+	api.Unlock()
+	ctx := context.Background()
+	if _, err := auth.Verify(ctx, soon, "n1", nil); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	now = now.Add(11 * time.Second)
+	mu.Unlock()
+	before := reviews()
+	if _, err := auth.Verify(ctx, soon, "n1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if reviews() != before+1 {
+		t.Error("a review was kept past its token's expiry")
+	}
+}
+
+func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
