@@ -53,7 +53,7 @@ func TestServeBatchIOFlag(t *testing.T) {
 }
 
 // TestServeNowaitWritesFlag proves --ublk-nowait-writes takes auto, on and
-// off, refuses anything else, and leaves auto (empty) without it.
+// off, refuses anything else, and is off without it.
 func TestServeNowaitWritesFlag(t *testing.T) {
 	for _, arg := range []string{"off", "auto", "on", "yes"} {
 		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
@@ -65,8 +65,8 @@ func TestServeNowaitWritesFlag(t *testing.T) {
 		}
 	}
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	if cfg := serveFlags(fs); fs.Parse(nil) != nil || cfg.devices.NowaitWrites != "" {
-		t.Errorf("without the flag: %q, want the server's default (auto)", cfg.devices.NowaitWrites)
+	if cfg := serveFlags(fs); fs.Parse(nil) != nil || cfg.devices.NowaitWrites != "off" {
+		t.Errorf("without the flag: %q, want off", cfg.devices.NowaitWrites)
 	}
 }
 

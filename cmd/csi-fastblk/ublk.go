@@ -52,7 +52,7 @@ func ublkServe(ctx context.Context, args []string) error {
 	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
 	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a server thread polls for completions after a busy round before sleeping (0: never)")
-	nowait := fs.String("nowait-writes", "auto", "keep the backing file's mtime current from the server thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: auto (where the filesystem refuses NOWAIT writes over a stale mtime), on or off")
+	nowait := fs.String("nowait-writes", "off", "keep the backing file's mtime current from the server thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: off (the plugin's default), auto (where the filesystem refuses NOWAIT writes over a stale mtime) or on")
 	var tc ublk.ThreadConfig
 	fs.Func("iowq-workers", "cap on each server thread's io-wq workers (0: the kernel's cap plus the depth of the deepest queue it serves, so that a stalled backing file holds only its own queue's)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
