@@ -1,0 +1,98 @@
+package cbt
+
+import (
+	"fmt"
+	"math"
+	"math/bits"
+	"sync/atomic"
+)
+
+// Granularity is the size of the chunks a Bitmap records, in bytes: a
+// request that touches any byte of a chunk marks all of it. 64 KiB keeps a
+// bitmap at 2 KiB per GiB of volume and a delta's over-reporting at most
+// 60 KiB per write (figures in docs/cbt.md).
+const Granularity = 64 << 10
+
+const granShift = 16 // log2(Granularity)
+
+// Bitmap records which chunks of a device were written. One queue's server
+// thread marks it (Mark); the control side reads and clears it (Cut).
+//
+// Words are read and written with sync/atomic so that a Cut never loses a
+// mark made at the same time: a mark lands either in the cut or in the
+// bitmap after it. Mark first loads the word and writes only when a bit is
+// missing, so a write into a chunk already marked since the last cut costs
+// one plain load (sync/atomic loads are plain loads on amd64 and arm64);
+// the read-modify-write (a locked OR) is paid once per chunk per snapshot.
+type Bitmap struct {
+	words []atomic.Uint64
+	size  int64 // bytes covered
+	// beyond is set by a mark that reached past size (a device grown
+	// after the bitmap was made): everything from size on is changed.
+	beyond atomic.Bool
+}
+
+// NewBitmap returns an empty bitmap of a device of size bytes.
+func NewBitmap(size int64) (*Bitmap, error) {
+	if size < 0 {
+		return nil, fmt.Errorf("bitmap of %d bytes: negative size", size)
+	}
+	chunks := (size + Granularity - 1) >> granShift
+	return &Bitmap{words: make([]atomic.Uint64, (chunks+63)/64), size: size}, nil
+}
+
+// Size is how many bytes of the device the bitmap covers.
+func (b *Bitmap) Size() int64 { return b.size }
+
+// Mark records that the request [off, off+n) changed the device. It is
+// safe for concurrent use with Mark and Cut, does not allocate, and
+// ignores n <= 0 and negative offsets (the data plane decodes neither).
+func (b *Bitmap) Mark(off, n int64) {
+	if n <= 0 || off < 0 {
+		return
+	}
+	end := off + n
+	if n > math.MaxInt64-off || end > b.size {
+		b.beyond.Store(true)
+		end = b.size
+		if off >= end {
+			return
+		}
+	}
+	first, last := off>>granShift, (end-1)>>granShift
+	for w := first >> 6; w <= last>>6; w++ {
+		lo, hi := max(first, w<<6)-w<<6, min(last, w<<6+63)-w<<6
+		mask := (^uint64(0) >> (63 - (hi - lo))) << lo
+		word := &b.words[w]
+		if word.Load()&mask != mask {
+			word.Or(mask)
+		}
+	}
+}
+
+// Cut returns the extents marked since the last Cut, normalized, and
+// clears them: marks made during the Cut land either in its answer or in
+// the bitmap for the next one. A mark past the bitmap's size makes the
+// answer end with [size, math.MaxInt64). Safe for concurrent use with
+// Mark; Cuts of one bitmap must not overlap each other.
+func (b *Bitmap) Cut() []Extent {
+	var out []Extent
+	for w := range b.words {
+		word := b.words[w].Swap(0)
+		for word != 0 {
+			lo := bits.TrailingZeros64(word)
+			run := bits.TrailingZeros64(^(word >> lo))
+			if run == 64 {
+				word = 0
+			} else {
+				word &^= (uint64(1)<<run - 1) << lo
+			}
+			off := (int64(w)<<6 + int64(lo)) << granShift
+			out = append(out, Extent{Offset: off, Length: min(int64(run)<<granShift, b.size-off)})
+		}
+	}
+	if b.beyond.Swap(false) {
+		out = append(out, Extent{Offset: b.size, Length: math.MaxInt64 - b.size})
+	}
+	return Normalize(out)
+}
