@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
@@ -300,8 +301,16 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	}
 	lim := qos.New(st.Limits)
 	st.NowaitWrites = s.nowaitWrites(file, &st)
+	// What the old process recorded died with it: the record starts
+	// untrusted, and the volume's next snapshot falls back to the exact
+	// comparison.
+	changes, err := cbt.NewTracker(st.SizeBytes, st.Tuning.Queues, nil, false)
+	if err != nil {
+		file.Close()
+		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
+	}
 	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: st.target(file), DMAAlign: dio, Owner: s.owner,
-		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads()})
+		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads(), Changes: changes})
 	if err != nil {
 		if errors.Is(err, errQueuesLive) {
 			// Its queues still serve from that file: kept open, not
@@ -316,7 +325,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		}
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
-	s.put(st.VolumeID, &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file, recoveries: 1})
+	s.put(st.VolumeID, &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file, recoveries: 1, changes: changes})
 	return nil
 }
 
