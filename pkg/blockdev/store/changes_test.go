@@ -105,7 +105,7 @@ func writeFileAt(t *testing.T, file string, off int64, data []byte) {
 // covering every block in which the two snapshot files differ.
 func checkDelta(t *testing.T, s *Store, base, target blockdev.Snapshot, want DeltaMethod) []cbt.Extent {
 	t.Helper()
-	exts, size, how, err := s.Delta(context.Background(), base.ID, target.ID)
+	exts, size, how, err := s.Delta(context.Background(), base.ID, target.ID, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +148,17 @@ func TestTrackedDeltaCoversWritesDiscardsAndZeroes(t *testing.T) {
 	want := []cbt.Extent{{Offset: mib, Length: 64 << 10}, {Offset: 4 * mib, Length: mib}, {Offset: 6 * mib, Length: 64 << 10}, {Offset: 40 * mib, Length: 128 << 10}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("delta = %v, want %v", got, want)
+	}
+	// A backend that does not track gets the comparison, and the same
+	// changes at block granularity.
+	exts, _, how, err := s.Delta(context.Background(), s1.ID, s2.ID, false)
+	if err != nil || how != DeltaCompared || len(exts) == 0 {
+		t.Fatalf("untracked delta = %v %s %v", exts, how, err)
+	}
+	for _, e := range exts {
+		if cbt.Total(cbt.Clip(want, e.Offset, e.End())) != e.Length {
+			t.Fatalf("compared delta %v reaches outside the tracked %v", exts, want)
+		}
 	}
 	// Nothing written since: an empty delta, from the record.
 	s3 := d.snapshot("s3")
@@ -291,13 +302,13 @@ func TestDeltaChainRules(t *testing.T) {
 	})
 	t.Run("snapshots of different volumes are invalid", func(t *testing.T) {
 		other := mustSnapshot(t, s, "other", w.ID)
-		if _, _, _, err := s.Delta(ctx, s1.ID, other.ID); !errors.Is(err, blockdev.ErrInvalid) {
+		if _, _, _, err := s.Delta(ctx, s1.ID, other.ID, true); !errors.Is(err, blockdev.ErrInvalid) {
 			t.Fatalf("err = %v, want ErrInvalid", err)
 		}
 	})
 	t.Run("missing snapshots are not found", func(t *testing.T) {
 		for _, pair := range [][2]string{{s1.ID, blockdev.SnapshotID("none")}, {blockdev.SnapshotID("none"), s1.ID}, {"bad", s1.ID}} {
-			if _, _, _, err := s.Delta(ctx, pair[0], pair[1]); !errors.Is(err, blockdev.ErrNotFound) {
+			if _, _, _, err := s.Delta(ctx, pair[0], pair[1], true); !errors.Is(err, blockdev.ErrNotFound) {
 				t.Fatalf("Delta(%s, %s) err = %v, want ErrNotFound", pair[0], pair[1], err)
 			}
 		}
@@ -396,7 +407,7 @@ func TestDeltaDifferential(t *testing.T) {
 	}
 	for i := range snaps {
 		for j := i; j < len(snaps); j++ {
-			exts, _, how, err := s.Delta(context.Background(), snaps[i].ID, snaps[j].ID)
+			exts, _, how, err := s.Delta(context.Background(), snaps[i].ID, snaps[j].ID, true)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -52,9 +52,12 @@ const (
 // (a 64 KiB chunk of which one block was written, a range written with
 // the data it held), never leave one out.
 //
+// With tracked false the records are not consulted: the caller's backend
+// does not track its devices (loop), so the files are always compared.
+//
 // A missing snapshot is ErrNotFound; snapshots of different volumes are
 // ErrInvalid. The snapshots are not deleted while Delta runs.
-func (s *Store) Delta(ctx context.Context, baseID, targetID string) ([]cbt.Extent, int64, DeltaMethod, error) {
+func (s *Store) Delta(ctx context.Context, baseID, targetID string, tracked bool) ([]cbt.Extent, int64, DeltaMethod, error) {
 	for _, id := range []string{baseID, targetID} {
 		if !blockdev.IsSnapshotID(id) {
 			return nil, 0, "", fmt.Errorf("snapshot %q: %w", id, blockdev.ErrNotFound)
@@ -78,7 +81,7 @@ func (s *Store) Delta(ctx context.Context, baseID, targetID string) ([]cbt.Exten
 			baseID, targetID, base.SourceVolumeID, target.SourceVolumeID, blockdev.ErrInvalid)
 	}
 	size := target.SizeBytes
-	if exts, ok := s.trackedDelta(base, target); ok {
+	if exts, ok := s.trackedDelta(base, target); ok && tracked {
 		if base.SizeBytes < size {
 			// Past the base's end: what the target holds there
 			// (nothing of it was in the base).
