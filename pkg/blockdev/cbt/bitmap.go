@@ -9,8 +9,9 @@ import (
 
 // Granularity is the size of the chunks a Bitmap records, in bytes: a
 // request that touches any byte of a chunk marks all of it. 64 KiB keeps a
-// bitmap at 2 KiB per GiB of volume and a delta's over-reporting at most
-// 60 KiB per write (figures in docs/cbt.md).
+// bitmap at 2 KiB per GiB of volume per queue, and a delta names at most
+// the 64 KiB around each write (costs measured in docs/benchmarks.md,
+// "Changed-block tracking").
 const Granularity = 64 << 10
 
 const granShift = 16 // log2(Granularity)
