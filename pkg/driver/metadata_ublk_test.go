@@ -3,6 +3,7 @@ package driver
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -17,9 +18,10 @@ import (
 // TestUblkDeltaMatchesWrites writes known ranges through a raw block
 // volume's ublk device between snapshots and checks the deltas: from the
 // data path's records (never reading data) while the plugin runs, across
-// an unstage and a restage (the record handed over), and by comparing
-// files after a restart whose re-adopted device lost the record, a write
-// made before the restart included (hack/vm step 46 runs it).
+// an unstage and a restage and across a clean restart (the record handed
+// over each time), and by comparing files after a restart whose
+// re-adopted device lost the record, a write made before the restart
+// included (hack/vm step 46 runs it).
 func TestUblkDeltaMatchesWrites(t *testing.T) {
 	testgate.RequireUblk(t)
 	ctx := context.Background()
@@ -111,9 +113,9 @@ func TestUblkDeltaMatchesWrites(t *testing.T) {
 	check(n, s2, s3, store.DeltaTracked, b1, b2)
 	check(n, s1, s3, store.DeltaTracked, append(a, b1, b2)...)
 
-	// A write, then the plugin stops without a hand-over (its backend
-	// closes, the device stays, quiesced) and a new one re-adopts the
-	// device: the record of that write is gone, so the delta compares.
+	// A write, then the plugin stops cleanly (its backend closes, the
+	// device stays, quiesced) and hands the record over in the device's
+	// state file: the next process's re-adopted device carries it on.
 	c1 := write(30*mib, 4096, 8)
 	if err := n.backend.Close(); err != nil {
 		t.Fatal(err)
@@ -121,12 +123,50 @@ func TestUblkDeltaMatchesWrites(t *testing.T) {
 	n2 := serveMetadata(t, newTestNodeWith(t, dir, "n1", "ublk"))
 	c2 := write(31*mib, 4096, 9)
 	s4 := n2.snapshot("s4", vol)
-	check(n2, s3, s4, store.DeltaCompared, c1, c2)
+	check(n2, s3, s4, store.DeltaTracked, c1, c2)
+
+	// A write, then the plugin ends without a hand-over (a crash: here
+	// its backend closes and the hand-over is taken out of the state
+	// file, as if the process died first): the record of that write is
+	// gone, so the delta compares files, and includes it.
+	d1 := write(33*mib, 4096, 10)
+	if err := n2.backend.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dropHandover(t, filepath.Join(dir, "data", "ublk", storeVolumeIDOf(vol)+".json"))
+	n3 := serveMetadata(t, newTestNodeWith(t, dir, "n1", "ublk"))
+	d2 := write(34*mib, 4096, 11)
+	s5 := n3.snapshot("s5", vol)
+	check(n3, s4, s5, store.DeltaCompared, d1, d2)
 	// From that snapshot on, the re-adopted device's record is trusted.
-	d1 := write(32*mib, 4096, 10)
-	s5 := n2.snapshot("s5", vol)
-	check(n2, s4, s5, store.DeltaTracked, d1)
-	unstage(n2)
+	e1 := write(35*mib, 4096, 12)
+	s6 := n3.snapshot("s6", vol)
+	check(n3, s5, s6, store.DeltaTracked, e1)
+	unstage(n3)
+}
+
+// dropHandover removes the change record a clean stop left in a ublk
+// device's state file.
+func dropHandover(t *testing.T, path string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(data, &st); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := st["handover"]; !ok {
+		t.Fatalf("no hand-over in %s after a clean stop", path)
+	}
+	delete(st, "handover")
+	if data, err = json.Marshal(st); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // storeVolumeIDOf is the store's ID in a CSI ID.

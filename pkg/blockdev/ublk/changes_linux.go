@@ -48,3 +48,36 @@ func (s *Server) PutBackChanges(id string, ch Changes) error {
 	sv.changes.PutBack(ch.Extents, ch.Trusted)
 	return nil
 }
+
+// handOver records the change record of a device Close released in its
+// state file (State.Handover), for the next process's re-adoption. The
+// caller has ended every server thread, so no mark is still to come.
+func (s *Server) handOver(sv *served) error {
+	if sv.changes == nil {
+		return nil
+	}
+	exts, trusted := sv.changes.Cut()
+	st := sv.st
+	st.Handover = &Changes{Extents: exts, Trusted: trusted}
+	if err := saveState(s.cfg.StateDir, st); err != nil {
+		return fmt.Errorf("hand over the change record of %s: %w", st.VolumeID, err)
+	}
+	return nil
+}
+
+// takeHandover returns the tracker a re-adopted device starts with: the
+// record an earlier process's Close handed over in st, removed from the
+// state file first (durably), so that a crash after the device serves
+// again never finds it; an empty, untrusted one when there is none or it
+// cannot be removed. It returns st without the hand-over.
+func (s *Server) takeHandover(st State) (*cbt.Tracker, State, error) {
+	h := st.Handover
+	st.Handover = nil
+	var carry []cbt.Extent
+	trusted := false
+	if h != nil && saveState(s.cfg.StateDir, st) == nil {
+		carry, trusted = h.Extents, h.Trusted
+	}
+	tr, err := cbt.NewTracker(st.SizeBytes, st.Tuning.Queues, carry, trusted)
+	return tr, st, err
+}

@@ -28,7 +28,8 @@
 //     yet. dataplane.go re-exports the types callers configure.
 //   - Change records (changes_linux.go): each device's cbt.Tracker, a
 //     bitmap per queue that the data plane marks; cut for a snapshot,
-//     handed over at a clean detach, untrusted after a re-adoption.
+//     handed over at a clean detach and by Close (in the device's state
+//     file, for the next process); untrusted after a re-adoption without.
 //   - ChooseTuning (tuning.go): queues and depth from CPUs and a memory
 //     budget; the one place the policy is stated.
 //   - Server (server_linux.go, state.go): the devices of one plugin

@@ -14,7 +14,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
@@ -301,10 +300,10 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	}
 	lim := qos.New(st.Limits)
 	st.NowaitWrites = s.nowaitWrites(file, &st)
-	// What the old process recorded died with it: the record starts
-	// untrusted, and the volume's next snapshot falls back to the exact
-	// comparison.
-	changes, err := cbt.NewTracker(st.SizeBytes, st.Tuning.Queues, nil, false)
+	// The old process's record: handed over by its Close, or lost with
+	// it (then the record starts untrusted, and the volume's next
+	// snapshot's delta compares files).
+	changes, st, err := s.takeHandover(st)
 	if err != nil {
 		file.Close()
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)

@@ -389,9 +389,13 @@ func (s *Server) Close() error {
 	for _, st := range stuck {
 		errs = append(errs, st.release())
 	}
+	handover := len(errs) == 0 // no thread can mark a record any more
 	for _, sv := range devs {
 		errs = append(errs, sv.dev.Release(context.Background()))
 		sv.file.Close()
+		if handover {
+			errs = append(errs, s.handOver(sv))
+		}
 	}
 	return errors.Join(append(errs, s.ctl.Close())...)
 }
