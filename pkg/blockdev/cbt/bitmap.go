@@ -7,14 +7,19 @@ import (
 	"sync/atomic"
 )
 
-// Granularity is the size of the chunks a Bitmap records, in bytes: a
-// request that touches any byte of a chunk marks all of it. 64 KiB keeps a
-// bitmap at 2 KiB per GiB of volume per queue, and a delta names at most
-// the 64 KiB around each write (costs measured in docs/benchmarks.md,
-// "Changed-block tracking").
+// Granularity is the size of the chunks a Bitmap records, in bytes, on
+// volumes up to maxChunks of them (512 GiB): a request that touches any
+// byte of a chunk marks all of it. 64 KiB keeps a bitmap at 2 KiB per GiB
+// of volume per queue, and a delta names at most the 64 KiB around each
+// write (costs measured in docs/benchmarks.md, "Changed-block tracking").
+// Larger volumes get chunks of the next powers of two, so that no bitmap
+// exceeds 1 MiB per queue.
 const Granularity = 64 << 10
 
-const granShift = 16 // log2(Granularity)
+const (
+	granShift = 16      // log2(Granularity)
+	maxChunks = 1 << 23 // bits of the largest bitmap: 1 MiB
+)
 
 // Bitmap records which chunks of a device were written. One queue's server
 // thread marks it (Mark); the control side reads and clears it (Cut).
@@ -28,6 +33,7 @@ const granShift = 16 // log2(Granularity)
 type Bitmap struct {
 	words []atomic.Uint64
 	size  int64 // bytes covered
+	shift uint  // log2 of the chunk size
 	// beyond is set by a mark that reached past size (a device grown
 	// after the bitmap was made): everything from size on is changed.
 	beyond atomic.Bool
@@ -38,12 +44,20 @@ func NewBitmap(size int64) (*Bitmap, error) {
 	if size < 0 {
 		return nil, fmt.Errorf("bitmap of %d bytes: negative size", size)
 	}
-	chunks := (size + Granularity - 1) >> granShift
-	return &Bitmap{words: make([]atomic.Uint64, (chunks+63)/64), size: size}, nil
+	shift := uint(granShift)
+	for (size-1)>>shift >= maxChunks {
+		shift++
+	}
+	chunks := (size + 1<<shift - 1) >> shift
+	return &Bitmap{words: make([]atomic.Uint64, (chunks+63)/64), size: size, shift: shift}, nil
 }
 
 // Size is how many bytes of the device the bitmap covers.
 func (b *Bitmap) Size() int64 { return b.size }
+
+// Granularity is the size of the bitmap's chunks: Granularity, or more for
+// a device of over 512 GiB.
+func (b *Bitmap) Granularity() int64 { return 1 << b.shift }
 
 // Mark records that the request [off, off+n) changed the device. It is
 // safe for concurrent use with Mark and Cut, does not allocate, and
@@ -60,7 +74,7 @@ func (b *Bitmap) Mark(off, n int64) {
 			return
 		}
 	}
-	first, last := off>>granShift, (end-1)>>granShift
+	first, last := off>>b.shift, (end-1)>>b.shift
 	for w := first >> 6; w <= last>>6; w++ {
 		lo, hi := max(first, w<<6)-w<<6, min(last, w<<6+63)-w<<6
 		mask := (^uint64(0) >> (63 - (hi - lo))) << lo
@@ -88,8 +102,8 @@ func (b *Bitmap) Cut() []Extent {
 			} else {
 				word &^= (uint64(1)<<run - 1) << lo
 			}
-			off := (int64(w)<<6 + int64(lo)) << granShift
-			out = append(out, Extent{Offset: off, Length: min(int64(run)<<granShift, b.size-off)})
+			off := (int64(w)<<6 + int64(lo)) << b.shift
+			out = append(out, Extent{Offset: off, Length: min(int64(run)<<b.shift, b.size-off)})
 		}
 	}
 	if b.beyond.Swap(false) {

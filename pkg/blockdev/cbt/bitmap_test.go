@@ -121,6 +121,30 @@ func TestCutLosesNoConcurrentMark(t *testing.T) {
 	}
 }
 
+// TestLargeDevicesGetCoarserChunks: no bitmap exceeds 1 MiB; a device of
+// up to 512 GiB has 64 KiB chunks, a larger one the next power of two.
+func TestLargeDevicesGetCoarserChunks(t *testing.T) {
+	for _, tc := range []struct {
+		size, gran int64
+	}{
+		{0, g}, {1, g}, {512 << 30, g}, {512<<30 + 4096, 2 * g}, {1 << 40, 2 * g}, {64 << 40, 128 * g},
+	} {
+		b, err := NewBitmap(tc.size)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Granularity() != tc.gran || len(b.words)*8 > 1<<20 {
+			t.Fatalf("%d bytes: chunks of %d and %d bytes of bitmap, want chunks of %d", tc.size, b.Granularity(), len(b.words)*8, tc.gran)
+		}
+		if tc.size > 0 {
+			b.Mark(tc.size-1, 1)
+			if got := b.Cut(); len(got) != 1 || got[0].End() != tc.size || got[0].Length > tc.gran {
+				t.Fatalf("%d bytes: last byte marked as %v", tc.size, got)
+			}
+		}
+	}
+}
+
 func TestMarkDoesNotAllocate(t *testing.T) {
 	b, _ := NewBitmap(1 << 30)
 	if n := testing.AllocsPerRun(100, func() { b.Mark(12345, 4096) }); n != 0 {
