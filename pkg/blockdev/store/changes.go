@@ -36,8 +36,11 @@ import (
 //
 // Delta answers from the records of every snapshot after the base up to
 // the target when each is trusted and they chain back to the base;
-// otherwise (an untrusted or missing record, a snapshot deleted in
-// between) it compares the two files (cbt.Compare). Nothing else writes a
+// otherwise (an untrusted or missing record, a chain through a snapshot
+// whose record was lost) it compares the two files (cbt.Compare). A
+// deleted snapshot's record is folded into the one after it, so the chain
+// goes on around it; deleting the volume's latest snapshot, whose
+// successor is still the volume's own record, breaks it there. Nothing else writes a
 // volume's file while no device serves it: a restore, clone or import is
 // a new volume, and an expansion adds zeros (Delta also reports what the
 // target holds past the base's end).
@@ -210,4 +213,48 @@ func (s *Store) removeStrayChanges() error {
 		}
 	}
 	return atomicfile.SyncDir(dir)
+}
+
+// followers returns the snapshots whose change record follows the
+// snapshot id's (Prev is id): one, or more where a snapshot's record
+// could not restart the volume's (takeSnapshot).
+func (s *Store) followers(id string) []string {
+	var xc snapshotChanges
+	if !s.readChanges(id, &xc) {
+		return nil
+	}
+	var out []string
+	for _, snap := range s.Snapshots() {
+		var sc snapshotChanges
+		if snap.SourceVolumeID == xc.Volume && s.readChanges(snap.ID, &sc) && sc.Prev == id && sc.PrevToken == xc.Token {
+			out = append(out, snap.ID)
+		}
+	}
+	return out
+}
+
+// foldChanges rewrites the change records of next, the followers of the
+// snapshot id that is about to be deleted (the caller holds all their
+// guards), to follow id's predecessor instead, with id's changes added:
+// trusted only where both were. A follower that no longer follows id is
+// left alone. It is written before id goes: a crash in between leaves
+// records that skip id while it exists, which only makes a delta from id
+// compare files. A fold that fails leaves the follower's record naming
+// id, which once id is gone makes deltas across it compare files: never
+// a missed change, so it is not an error.
+func (s *Store) foldChanges(id string, next []string) {
+	var xc snapshotChanges
+	if !s.readChanges(id, &xc) {
+		return
+	}
+	for _, y := range next {
+		var yc snapshotChanges
+		if !s.readChanges(y, &yc) || yc.Prev != id || yc.PrevToken != xc.Token {
+			continue
+		}
+		yc.Prev, yc.PrevToken = xc.Prev, xc.PrevToken
+		yc.Changes = cbt.Union(xc.Changes, yc.Changes)
+		yc.Trusted = yc.Trusted && xc.Trusted
+		_ = s.writeChanges(y, yc)
+	}
 }

@@ -179,12 +179,15 @@ func (s *Store) snapshotChanges(snap blockdev.Snapshot, inUse bool, c heldCut) (
 }
 
 // DeleteSnapshot removes a snapshot. Unknown and invalid IDs return nil.
-// Volumes created from the snapshot are independent and not affected.
+// Volumes created from the snapshot are independent and not affected. The
+// snapshot's change record is folded into the records that follow it
+// (foldChanges), so that deltas across it still come from the records.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	if !blockdev.IsSnapshotID(id) {
 		return nil
 	}
-	release, err := s.acquire(ctx, id)
+	next := s.followers(id) // their guards too: foldChanges rewrites them
+	release, err := s.acquire(ctx, append(next, id)...)
 	if err != nil {
 		return err
 	}
@@ -192,6 +195,7 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	if _, err := s.Snapshot(id); err != nil {
 		return nil
 	}
+	s.foldChanges(id, next)
 	if err := s.deleteObject(id); err != nil {
 		return err
 	}
