@@ -132,8 +132,9 @@ func (d *Driver) snapshotElsewhere(id string) error {
 
 // sendPages streams the normalized exts that end after offset (one that
 // spans it is clipped to start there) in pages of at most maxResults
-// tuples (0: defaultMaxResults). An offset past size is OUT_OF_RANGE. ctx
-// is checked before each page.
+// tuples (0: defaultMaxResults); with none, one page without tuples, so
+// that the caller still learns the volume's capacity. An offset past size
+// is OUT_OF_RANGE. ctx is checked before each page.
 func sendPages(ctx context.Context, exts []cbt.Extent, size, offset int64, maxResults int32, send func([]*csi.BlockMetadata) error) error {
 	if offset > size {
 		return status.Errorf(codes.OutOfRange, "starting offset %d is past the volume's %d bytes", offset, size)
@@ -143,7 +144,7 @@ func sendPages(ctx context.Context, exts []cbt.Extent, size, offset int64, maxRe
 	if n == 0 {
 		n = defaultMaxResults
 	}
-	for len(exts) > 0 {
+	for first := true; first || len(exts) > 0; first = false {
 		if err := ctx.Err(); err != nil {
 			return toStatus(err)
 		}

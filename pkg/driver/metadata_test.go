@@ -189,8 +189,8 @@ func TestSnapshotMetadataOverGRPC(t *testing.T) {
 			t.Fatalf("allocated from 5 MiB+100 = %v, want %v", got, wantFrom)
 		}
 		r, err = n.allocated(&csi.GetMetadataAllocatedRequest{SnapshotId: base, StartingOffset: 16 * mib})
-		if err != nil || len(r.all()) != 0 {
-			t.Fatalf("allocated from the end = %v, %v; want nothing", r.all(), err)
+		if err != nil || len(r.all()) != 0 || len(r.pages) != 1 || r.capacity != 16*mib {
+			t.Fatalf("allocated from the end = %v (capacity %d), %v; want one page without tuples", r.pages, r.capacity, err)
 		}
 	})
 	t.Run("delta", func(t *testing.T) {
