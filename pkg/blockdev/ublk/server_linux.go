@@ -84,8 +84,9 @@ type AttachSpec struct {
 	// Changes are the ranges of the volume written since its last
 	// snapshot that an earlier device recorded (the record its clean
 	// detach left), and ChangesTrusted whether they are all of them:
-	// the new device's change record starts from them (ChangeTracker).
-	// A device the Server re-adopts instead starts untrusted.
+	// a new device's change record starts from them (CutChanges). A
+	// device the Server re-adopts starts from what the previous
+	// process's Close handed over instead, or untrusted.
 	Changes        []cbt.Extent
 	ChangesTrusted bool
 }
