@@ -75,7 +75,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		NowaitWrites: s.nowaitWrites(file, nil), KeepAllocated: spec.KeepAllocated, Limits: spec.Limits, Owner: s.owner}
 	lim := qos.New(spec.Limits)
 	var changes *cbt.Tracker
-	if !spec.Null {
+	if !spec.Null && s.cfg.Thread.Ablation.TracksChanges() {
 		if changes, err = cbt.NewTracker(size, tun.Queues, spec.Changes, spec.ChangesTrusted); err != nil {
 			return nil, fmt.Errorf("attach %s: %w: %w", spec.VolumeID, err, errInvalid)
 		}

@@ -78,6 +78,9 @@ func (s *Server) takeHandover(st State) (*cbt.Tracker, State, error) {
 	if h != nil && saveState(s.cfg.StateDir, st) == nil {
 		carry, trusted = h.Extents, h.Trusted
 	}
+	if !s.cfg.Thread.Ablation.TracksChanges() {
+		return nil, st, nil
+	}
 	tr, err := cbt.NewTracker(st.SizeBytes, st.Tuning.Queues, carry, trusted)
 	return tr, st, err
 }
