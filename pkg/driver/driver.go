@@ -123,7 +123,7 @@ func (d *Driver) reattach(ctx context.Context, id string) error {
 	if v.Node.StagingPath == "" {
 		return nil // unstaged meanwhile
 	}
-	dev, err := d.backend.Attach(ctx, d.attachRequest(v))
+	dev, err := d.attach(ctx, v)
 	if err != nil {
 		return err
 	}

@@ -46,7 +46,7 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 			return err
 		}
 	}
-	dev, err := d.backend.Attach(ctx, d.attachRequest(v))
+	dev, err := d.attach(ctx, v)
 	if err != nil {
 		return fmt.Errorf("attach: %w", tuningError(v.Params, err))
 	}
@@ -62,7 +62,7 @@ func (d *Driver) stage(ctx context.Context, v blockdev.Volume, staging string, c
 		ns.FsType = fsTypeFor(c, v.Params)
 	}
 	if _, err := d.store.UpdateNode(ctx, v.ID, ns); err != nil {
-		return errors.Join(fmt.Errorf("record staging: %w", err), d.backend.Detach(ctx, v.ID))
+		return errors.Join(fmt.Errorf("record staging: %w", err), d.detach(ctx, v.ID))
 	}
 	klog.InfoS("volume attached", "volumeID", v.ID, "device", dev.Path, "link", dev.Link,
 		"backend", dev.Backend, "queues", dev.Tuning.Queues, "queueDepth", dev.Tuning.QueueDepth,
@@ -191,7 +191,7 @@ func devicePath(dev blockdev.Device) string {
 
 // undoStage detaches and forgets a half-made staging.
 func (d *Driver) undoStage(ctx context.Context, id string) error {
-	if err := d.backend.Detach(ctx, id); err != nil {
+	if err := d.detach(ctx, id); err != nil {
 		return fmt.Errorf("detach after failed stage: %w", err)
 	}
 	_, err := d.store.UpdateNode(ctx, id, blockdev.NodeState{})
@@ -210,7 +210,7 @@ func (d *Driver) unstage(ctx context.Context, v blockdev.Volume, staging string)
 	if err := d.unmountIfMounted(staging); err != nil {
 		return err
 	}
-	if err := d.backend.Detach(ctx, v.ID); err != nil {
+	if err := d.detach(ctx, v.ID); err != nil {
 		return fmt.Errorf("detach: %w", err)
 	}
 	if v.Node.StagingPath == "" {

@@ -83,15 +83,35 @@ func (l *unixListener) Close() error {
 	return err
 }
 
-// NewServer returns a gRPC server with Identity, Controller and Node
-// registered, and an interceptor that logs every call and turns panics into
-// Internal errors.
+// NewServer returns a gRPC server with Identity, Controller, Node and
+// SnapshotMetadata registered, and interceptors that log every call and
+// turn panics into Internal errors.
 func (d *Driver) NewServer() *grpc.Server {
-	srv := grpc.NewServer(grpc.UnaryInterceptor(logAndRecover))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(logAndRecover), grpc.StreamInterceptor(logAndRecoverStream))
 	csi.RegisterIdentityServer(srv, &Identity{d: d})
 	csi.RegisterControllerServer(srv, &Controller{d: d})
 	csi.RegisterNodeServer(srv, &Node{d: d})
+	csi.RegisterSnapshotMetadataServer(srv, &SnapshotMetadata{d: d})
 	return srv
+}
+
+// logAndRecoverStream is logAndRecover for streaming calls (the
+// SnapshotMetadata service): the request is not logged, the handler
+// logs what it answers.
+func logAndRecoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			klog.ErrorS(nil, "panic in CSI call", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
+		}
+		if err != nil {
+			klog.V(2).InfoS("call failed", "method", info.FullMethod, "code", status.Code(err), "err", err, "duration", time.Since(start))
+			return
+		}
+		klog.V(2).InfoS("call", "method", info.FullMethod, "duration", time.Since(start))
+	}()
+	return handler(srv, ss)
 }
 
 // Serve serves on lis until ctx is done, then stops gracefully (in-flight

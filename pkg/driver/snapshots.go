@@ -64,7 +64,7 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 			return nil, err
 		}
 	}
-	snap, err := s.d.store.CreateSnapshot(ctx, name, src, hold)
+	snap, err := s.d.store.CreateSnapshotTracked(ctx, name, src, hold, s.d.changeCut(src))
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("create snapshot %q: %w", name, err))
 	}

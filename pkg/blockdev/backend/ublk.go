@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 )
@@ -98,8 +99,17 @@ func (b *ublkBackend) Name() string { return "ublk" }
 const MaxIOBytesLimit = ublk.ZeroCopyMaxIOBytes
 
 // Attach serves the volume file as /dev/ublkbN. Idempotent: a device
-// already serving the volume is returned.
+// already serving the volume is returned. The new device's change record
+// starts untrusted (AttachTracked gives it the volume's record).
 func (b *ublkBackend) Attach(ctx context.Context, req blockdev.AttachRequest) (blockdev.Device, error) {
+	return b.AttachTracked(ctx, req, nil, false)
+}
+
+// AttachTracked is Attach whose new device's change record (package cbt)
+// starts from changes, the ranges written since the volume's last
+// snapshot, trusted when they are all of them. A device already serving
+// the volume keeps its own record.
+func (b *ublkBackend) AttachTracked(ctx context.Context, req blockdev.AttachRequest, changes []cbt.Extent, trusted bool) (blockdev.Device, error) {
 	if !blockdev.IsVolumeID(req.VolumeID) {
 		return blockdev.Device{}, fmt.Errorf("attach %q: volume id: %w", req.VolumeID, blockdev.ErrInvalid)
 	}
@@ -124,7 +134,7 @@ func (b *ublkBackend) Attach(ctx context.Context, req blockdev.AttachRequest) (b
 	recorded, _ := os.Readlink(filepath.Join(b.cfg.DevDir, req.VolumeID))
 	s, err := b.srv.Attach(ctx, ublk.AttachSpec{VolumeID: req.VolumeID, File: req.File, SizeBytes: req.SizeBytes,
 		ReadOnly: req.ReadOnly, Queues: t.Queues, Depth: t.QueueDepth, MaxIOBytes: uint32(t.MaxIOBytes), Limits: req.Limits,
-		KeepAllocated: req.KeepAllocated, RecordedDev: recorded})
+		KeepAllocated: req.KeepAllocated, RecordedDev: recorded, Changes: changes, ChangesTrusted: trusted})
 	if err != nil {
 		return blockdev.Device{}, ublkErr("attach "+req.VolumeID, err)
 	}
@@ -148,17 +158,46 @@ func (b *ublkBackend) device(s ublk.Served, link string) blockdev.Device {
 // Detach removes the volume's device and link. Unknown volumes return
 // nil; a mounted or exclusively open device returns ErrBusy.
 func (b *ublkBackend) Detach(ctx context.Context, volumeID string) error {
+	_, _, _, err := b.DetachTracked(ctx, volumeID)
+	return err
+}
+
+// DetachTracked is Detach that hands over the device's change record once
+// its queues have ended (tracked false: no tracked device was detached).
+func (b *ublkBackend) DetachTracked(ctx context.Context, volumeID string) (changes []cbt.Extent, trusted, tracked bool, err error) {
 	if !blockdev.IsVolumeID(volumeID) {
-		return nil
+		return nil, false, false, nil
 	}
-	if err := b.srv.Detach(ctx, volumeID); err != nil {
-		return ublkErr("detach "+volumeID, err)
+	ch, err := b.srv.DetachChanges(ctx, volumeID)
+	if err != nil {
+		return nil, false, false, ublkErr("detach "+volumeID, err)
 	}
 	link := filepath.Join(b.cfg.DevDir, volumeID)
 	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("detach %s: remove link: %w", volumeID, err)
+		return nil, false, false, fmt.Errorf("detach %s: remove link: %w", volumeID, err)
 	}
-	return nil
+	if ch == nil {
+		return nil, false, false, nil
+	}
+	return ch.Extents, ch.Trusted, true, nil
+}
+
+// CutChanges returns the change record of the volume's device since its
+// attach or last cut and starts a new one (ublk.Server.CutChanges); the
+// caller holds the device's I/O. No tracked device is ErrNotFound.
+func (b *ublkBackend) CutChanges(volumeID string) ([]cbt.Extent, bool, error) {
+	ch, err := b.srv.CutChanges(volumeID)
+	if err != nil {
+		return nil, false, ublkErr("cut changes of "+volumeID, err)
+	}
+	return ch.Extents, ch.Trusted, nil
+}
+
+// PutBackChanges returns a cut to the volume's device when the snapshot it
+// was for failed. A device gone meanwhile took its record with it; its
+// volume's record on disk says untrusted, as it has since the attach.
+func (b *ublkBackend) PutBackChanges(volumeID string, changes []cbt.Extent, trusted bool) {
+	_ = b.srv.PutBackChanges(volumeID, ublk.Changes{Extents: changes, Trusted: trusted})
 }
 
 // Resize makes the device report sizeBytes (UPDATE_SIZE, Linux 6.16+);

@@ -10,7 +10,10 @@
 // created, cloned and expanded in volume.go, snapshots taken and deleted in
 // snapshot.go; a copy of a volume in use is held steady only while it
 // catches up (Hold; package quiesce makes the holds, package filecopy the
-// copies).
+// copies). Each snapshot keeps the record of the ranges its volume changed
+// since the one before (changes.go, filled from the device's tracker of
+// package cbt), from which Delta answers without reading data when every
+// record is trusted, comparing the files when not (delta.go).
 //
 // The Store knows neither devices nor CSI: detaching is a callback of
 // DeleteVolume, and errors wrap the classes of package blockdev. It is safe

@@ -8,6 +8,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/filecopy"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/internal/atomicfile"
 )
@@ -26,6 +27,15 @@ import (
 // that case). The snapshot is a file of its own: deleting the volume later
 // does not touch it.
 func (s *Store) CreateSnapshot(ctx context.Context, name, sourceVolumeID string, hold Hold) (blockdev.Snapshot, error) {
+	return s.CreateSnapshotTracked(ctx, name, sourceVolumeID, hold, nil)
+}
+
+// CreateSnapshotTracked is CreateSnapshot for a volume whose device may
+// record the ranges it changes: while hold holds the volume, cut (nil
+// when the backend does not track) cuts the device's record, which is
+// saved with the snapshot (changes.go) and put back if the snapshot
+// fails.
+func (s *Store) CreateSnapshotTracked(ctx context.Context, name, sourceVolumeID string, hold Hold, cut *ChangeCut) (blockdev.Snapshot, error) {
 	if err := blockdev.CheckName(name); err != nil {
 		return blockdev.Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)
 	}
@@ -56,7 +66,7 @@ func (s *Store) CreateSnapshot(ctx context.Context, name, sourceVolumeID string,
 		return blockdev.Snapshot{}, fmt.Errorf("snapshot %q: %w", name, err)
 	}
 	defer s.unreserve(id)
-	if err := s.takeSnapshot(ctx, snap, hold); err != nil {
+	if err := s.takeSnapshot(ctx, snap, hold, cut); err != nil {
 		return blockdev.Snapshot{}, err
 	}
 	s.mu.Lock()
@@ -77,28 +87,107 @@ func (s *Store) reserveCopy(id, src string) error {
 	return s.reserve(id, st.Blocks*512, false)
 }
 
-// takeSnapshot copies the volume file while it is held, then records
-// the snapshot. Nothing is left behind on error.
-func (s *Store) takeSnapshot(ctx context.Context, snap blockdev.Snapshot, hold Hold) error {
+// takeSnapshot copies the volume file while it is held, cutting its
+// device's change record meanwhile, then records the snapshot's changes
+// and the snapshot, and starts the volume's next record. Nothing is left
+// behind on error, and the cut goes back to the device.
+func (s *Store) takeSnapshot(ctx context.Context, snap blockdev.Snapshot, hold Hold, cut *ChangeCut) error {
 	file, src := s.dataFile(snap.ID), s.dataFile(snap.SourceVolumeID)
-	err := copyHeld(ctx, file, src, snap.SizeBytes, hold, true)
+	var c heldCut
+	err := copyHeld(ctx, file, src, snap.SizeBytes, c.wrap(hold, cut), true)
+	var sc snapshotChanges
+	if err == nil {
+		sc, err = s.snapshotChanges(snap, hold != nil, c)
+	}
+	if err == nil {
+		err = s.writeChanges(snap.ID, sc)
+	}
 	if err == nil {
 		err = s.writeRecord(snap.ID, record{State: stateReady, Snapshot: &snap})
 	}
 	if err != nil {
+		atomicfile.Remove(s.changesPath(snap.ID))
 		atomicfile.Remove(file)
+		c.putBack(cut)
 		return classify(fmt.Errorf("create snapshot %s: %w", snap.ID, err))
+	}
+	// The volume's record starts afresh from this snapshot: trusted
+	// while no device serves the volume, and on disk untrusted while one
+	// does (its tracker holds the record in memory). Should this fail, the
+	// old record still holds (it names the previous snapshot), and the
+	// device's must again cover everything since that one.
+	next := volumeChanges{Version: changesVersion, Base: snap.ID, BaseToken: sc.Token, Trusted: hold == nil}
+	if err := s.writeChanges(snap.SourceVolumeID, next); err != nil {
+		c.putBack(cut)
 	}
 	return nil
 }
 
+// heldCut is the cut of a device's change record taken while the volume is
+// held for its snapshot.
+type heldCut struct {
+	exts    []cbt.Extent
+	trusted bool
+	done    bool
+}
+
+// wrap returns hold, cutting the device's record (cut) once the volume is
+// held. A cut that fails (the device is not tracked) leaves c not done:
+// the snapshot's record is then untrusted.
+func (c *heldCut) wrap(hold Hold, cut *ChangeCut) Hold {
+	if hold == nil || cut == nil {
+		return hold
+	}
+	return func(ctx context.Context) (func() error, error) {
+		release, err := hold(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if exts, trusted, err := cut.Cut(); err == nil {
+			c.exts, c.trusted, c.done = exts, trusted, true
+		}
+		return release, nil
+	}
+}
+
+func (c *heldCut) putBack(cut *ChangeCut) {
+	if c.done && cut != nil && cut.PutBack != nil {
+		cut.PutBack(c.exts, c.trusted)
+		c.done = false
+	}
+}
+
+// snapshotChanges builds the change record of snap: the device's cut when
+// one was taken, else the volume's record, trusted only when no device
+// served the volume (inUse false) and the record is trusted.
+func (s *Store) snapshotChanges(snap blockdev.Snapshot, inUse bool, c heldCut) (snapshotChanges, error) {
+	token, err := newToken()
+	if err != nil {
+		return snapshotChanges{}, fmt.Errorf("snapshot token: %w", err)
+	}
+	var vc volumeChanges
+	known := s.readChanges(snap.SourceVolumeID, &vc)
+	sc := snapshotChanges{Version: changesVersion, Volume: snap.SourceVolumeID, Token: token, Size: snap.SizeBytes,
+		Prev: vc.Base, PrevToken: vc.BaseToken}
+	switch {
+	case c.done:
+		sc.Changes, sc.Trusted = c.exts, c.trusted && known
+	case !inUse:
+		sc.Changes, sc.Trusted = vc.Changes, known && vc.Trusted
+	}
+	return sc, nil
+}
+
 // DeleteSnapshot removes a snapshot. Unknown and invalid IDs return nil.
-// Volumes created from the snapshot are independent and not affected.
+// Volumes created from the snapshot are independent and not affected. The
+// snapshot's change record is folded into the records that follow it
+// (foldChanges), so that deltas across it still come from the records.
 func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	if !blockdev.IsSnapshotID(id) {
 		return nil
 	}
-	release, err := s.acquire(ctx, id)
+	next := s.followers(id) // their guards too: foldChanges rewrites them
+	release, err := s.acquire(ctx, append(next, id)...)
 	if err != nil {
 		return err
 	}
@@ -106,7 +195,11 @@ func (s *Store) DeleteSnapshot(ctx context.Context, id string) error {
 	if _, err := s.Snapshot(id); err != nil {
 		return nil
 	}
-	return s.deleteObject(id)
+	s.foldChanges(id, next)
+	if err := s.deleteObject(id); err != nil {
+		return err
+	}
+	return atomicfile.Remove(s.changesPath(id))
 }
 
 // copyHeld makes file a copy of src (or an empty file when src is "") of

@@ -73,6 +73,7 @@ type Hold func(ctx context.Context) (release func() error, err error)
 //	<dir>/volumes/<id>.img    sparse volume files
 //	<dir>/snapshots/<id>.img  snapshot files (reflinks or sparse copies)
 //	<dir>/meta/<id>.json      one record per object, replaced atomically
+//	<dir>/changes/<id>.json   changed-block records (changes.go)
 //	<dir>/lock                flocked by the process serving the directory
 //	<dir>/owner               the owner token its devices carry (package owner)
 //
@@ -139,7 +140,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("open store %s: %w", cfg.Dir, err)
 	}
 	cfg.Dir = dir
-	for _, sub := range []string{"", "volumes", "snapshots", "meta"} {
+	for _, sub := range []string{"", "volumes", "snapshots", "meta", changesDir} {
 		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
 			return nil, fmt.Errorf("open store: %w", err)
 		}
@@ -185,7 +186,7 @@ func (s *Store) load() error {
 			s.snapshots[id] = *r.Snapshot
 		}
 	}
-	return nil
+	return s.removeStrayChanges()
 }
 
 // Close gives back the data directory's lock (when no other Store of this

@@ -214,7 +214,10 @@ func (s *Store) DeleteVolume(ctx context.Context, id string, detach func(ctx con
 			return fmt.Errorf("delete volume %s: detach a device left behind: %w", id, err)
 		}
 	}
-	return s.deleteObject(id)
+	if err := s.deleteObject(id); err != nil {
+		return err
+	}
+	return atomicfile.Remove(s.changesPath(id))
 }
 
 // deleteObject removes the record (the object is gone from then on), then

@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
@@ -73,7 +74,13 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 	st := State{VolumeID: spec.VolumeID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly, Tuning: tun,
 		NowaitWrites: s.nowaitWrites(file, nil), KeepAllocated: spec.KeepAllocated, Limits: spec.Limits, Owner: s.owner}
 	lim := qos.New(spec.Limits)
-	cfg := DeviceConfig{Target: st.target(file), SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly,
+	var changes *cbt.Tracker
+	if !spec.Null && s.cfg.Thread.Ablation.TracksChanges() {
+		if changes, err = cbt.NewTracker(size, tun.Queues, spec.Changes, spec.ChangesTrusted); err != nil {
+			return nil, fmt.Errorf("attach %s: %w: %w", spec.VolumeID, err, errInvalid)
+		}
+	}
+	cfg := DeviceConfig{Target: st.target(file), SizeBytes: size, Tuning: tun, Flags: flags, ReadOnly: spec.ReadOnly, Changes: changes,
 		DMAAlign: dio, Owner: s.owner, Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads(), Persist: func(info DevInfo) error {
 			st.DevID, st.Flags = info.DevID, info.Flags
 			if spec.Null {
@@ -91,7 +98,7 @@ func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, siz
 		}
 		return nil, err
 	}
-	return &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file}, nil
+	return &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file, changes: changes}, nil
 }
 
 // queueOptions returns ServerConfig.Queue with NowaitWrites set to the

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
@@ -48,6 +49,10 @@ type DeviceConfig struct {
 	// device re-adopted in-process keeps its predecessor's, so that a
 	// pause in force goes on (healThread).
 	Gate *dataplane.Gate
+	// Changes records the ranges the device's writes, discards and
+	// write-zeroes change: queue q marks Changes.Queue(q), so it must
+	// have a bitmap for every queue. nil: not tracked.
+	Changes *cbt.Tracker
 	// Persist is called after ADD_DEV, before START_DEV makes the device
 	// visible, with the negotiated info; an error aborts the creation.
 	Persist func(DevInfo) error
@@ -229,10 +234,17 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 		slots = diskSlots(cfg.Target.FD, cfg.Threads.Len())
 	}
 	for q := uint16(0); q < d.info.NrHWQueues; q++ {
+		var changes *cbt.Bitmap
+		if cfg.Changes != nil {
+			if changes = cfg.Changes.Queue(int(q)); changes == nil {
+				dataplane.UnreserveAll(threads[q:], d.info.QueueDepth)
+				return fmt.Errorf("ublk device %d: change record has no bitmap for queue %d: %w", d.ID(), q, errInvalid)
+			}
+		}
 		queue, err := dataplane.StartQueue(dataplane.QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
 			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
-			Mtime: d.mtime, Gate: d.gate, Thread: threads[q], Reserved: true, DiskSlots: slots,
+			Mtime: d.mtime, Gate: d.gate, Thread: threads[q], Reserved: true, DiskSlots: slots, Changes: changes,
 		})
 		if err != nil {
 			dataplane.UnreserveAll(threads[q+1:], d.info.QueueDepth)

@@ -26,6 +26,10 @@
 //     backing I/O → COMMIT_AND_FETCH. It also holds back reads and writes
 //     that the device's rate limits (pkg/blockdev/qos) do not let start
 //     yet. dataplane.go re-exports the types callers configure.
+//   - Change records (changes_linux.go): each device's cbt.Tracker, a
+//     bitmap per queue that the data plane marks; cut for a snapshot,
+//     handed over at a clean detach and by Close (in the device's state
+//     file, for the next process); untrusted after a re-adoption without.
 //   - ChooseTuning (tuning.go): queues and depth from CPUs and a memory
 //     budget; the one place the policy is stated.
 //   - Server (server_linux.go, state.go): the devices of one plugin

@@ -300,8 +300,16 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	}
 	lim := qos.New(st.Limits)
 	st.NowaitWrites = s.nowaitWrites(file, &st)
+	// The old process's record: handed over by its Close, or lost with
+	// it (then the record starts untrusted, and the volume's next
+	// snapshot's delta compares files).
+	changes, st, err := s.takeHandover(st)
+	if err != nil {
+		file.Close()
+		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
+	}
 	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: st.target(file), DMAAlign: dio, Owner: s.owner,
-		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads()})
+		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads(), Changes: changes})
 	if err != nil {
 		if errors.Is(err, errQueuesLive) {
 			// Its queues still serve from that file: kept open, not
@@ -316,7 +324,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		}
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
-	s.put(st.VolumeID, &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file, recoveries: 1})
+	s.put(st.VolumeID, &served{op: new(sync.Mutex), st: st, dev: dev, lim: lim, file: file, recoveries: 1, changes: changes})
 	return nil
 }
 

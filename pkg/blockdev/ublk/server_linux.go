@@ -13,6 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
@@ -80,6 +81,14 @@ type AttachSpec struct {
 	// its stable link leads), "" for none: with the volume's state file
 	// unreadable, the device to re-adopt if the kernel agrees (heal).
 	RecordedDev string
+	// Changes are the ranges of the volume written since its last
+	// snapshot that an earlier device recorded (the record its clean
+	// detach left), and ChangesTrusted whether they are all of them:
+	// a new device's change record starts from them (CutChanges). A
+	// device the Server re-adopts starts from what the previous
+	// process's Close handed over instead, or untrusted.
+	Changes        []cbt.Extent
+	ChangesTrusted bool
 }
 
 // Served describes a device the Server serves.
@@ -143,6 +152,9 @@ type served struct {
 	// ended holds the counters of the queues that rehome ended, so that
 	// the volume's counters run on across a heal instead of restarting.
 	ended QueueStats
+	// changes is the device's change record (nil for a null target),
+	// kept across its in-process re-adoptions (rehome).
+	changes *cbt.Tracker
 }
 
 // NewServer opens the control device, checks the kernel (Features), and
@@ -285,25 +297,40 @@ func (sv *served) info() Served { return Served{State: sv.st, Path: blockPath(sv
 // Detach deletes the volume's device and forgets it. Unknown volumes
 // return nil.
 func (s *Server) Detach(ctx context.Context, id string) error {
+	_, err := s.DetachChanges(ctx, id)
+	return err
+}
+
+// DetachChanges is Detach that also hands over the device's change record
+// (see CutChanges) once its queues have ended, so that nothing written
+// is missing from it: the record a clean detach leaves for the volume's
+// next device or snapshot. A volume without a tracked device (unknown,
+// or a device whose re-adoption failed) gives a nil Changes.
+func (s *Server) DetachChanges(ctx context.Context, id string) (*Changes, error) {
 	if err := validName(id); err != nil {
-		return err
+		return nil, err
 	}
 	sv, unlock := s.lockVolume(id)
 	defer unlock()
 	if sv == nil {
-		return s.detachRecorded(id)
+		return nil, s.detachRecorded(id)
 	}
 	if err := checkIdle(sv.dev.BlockPath()); err != nil {
-		return fmt.Errorf("detach %s: %w", id, err)
+		return nil, fmt.Errorf("detach %s: %w", id, err)
 	}
 	if err := sv.dev.Delete(ctx); err != nil {
-		return fmt.Errorf("detach %s: %w", id, err)
+		return nil, fmt.Errorf("detach %s: %w", id, err)
 	}
 	s.put(id, nil)
 	if sv.file != nil {
 		sv.file.Close()
 	}
-	return removeState(s.cfg.StateDir, id)
+	var ch *Changes
+	if sv.changes != nil {
+		exts, trusted := sv.changes.Cut()
+		ch = &Changes{Extents: exts, Trusted: trusted}
+	}
+	return ch, removeState(s.cfg.StateDir, id)
 }
 
 // detachRecorded removes a device that has a state file but is not served
@@ -363,9 +390,13 @@ func (s *Server) Close() error {
 	for _, st := range stuck {
 		errs = append(errs, st.release())
 	}
+	handover := len(errs) == 0 // no thread can mark a record any more
 	for _, sv := range devs {
 		errs = append(errs, sv.dev.Release(context.Background()))
 		sv.file.Close()
+		if handover {
+			errs = append(errs, s.handOver(sv))
+		}
 	}
 	return errors.Join(append(errs, s.ctl.Close())...)
 }

@@ -199,7 +199,7 @@ func (s *Server) rehome(ctx context.Context, id string, t *dataplane.Thread) err
 		return fmt.Errorf("re-adopt %s: %w", id, err)
 	}
 	dev, err := RecoverDevice(ctx, s.ctl, old.ID(), DeviceConfig{Target: sv.st.target(sv.file), Owner: s.owner,
-		Queue: s.queueOptions(sv.st.NowaitWrites), Limiter: sv.lim, Threads: s.threads, Gate: old.gate})
+		Queue: s.queueOptions(sv.st.NowaitWrites), Limiter: sv.lim, Threads: s.threads, Gate: old.gate, Changes: sv.changes})
 	if err != nil {
 		if errors.Is(err, errQueuesLive) {
 			// Its new queues serve from the volume's file: the file

@@ -62,6 +62,11 @@ type Ablation struct {
 	// thread: the worker-pool design, which the kernel loop driver
 	// measured as a loss.
 	HandOff bool
+	// NoChangeTracking gives new and re-adopted devices no change record
+	// (package cbt): their writes mark nothing, and every snapshot's
+	// delta compares files. It measures what tracking costs the data
+	// path, side by side with the default.
+	NoChangeTracking bool
 }
 
 // ablations names each switch, as ParseAblation takes and String gives.
@@ -80,6 +85,7 @@ var ablations = []struct {
 	{"no-fixed-files", func(a *Ablation) *bool { return &a.NoFixedFiles }},
 	{"no-fixed-buffers", func(a *Ablation) *bool { return &a.NoFixedBuffers }},
 	{"hand-off", func(a *Ablation) *bool { return &a.HandOff }},
+	{"no-change-tracking", func(a *Ablation) *bool { return &a.NoChangeTracking }},
 }
 
 // ParseAblation parses a comma-separated list of ablation names ("" is
@@ -137,3 +143,7 @@ func (a Ablation) unbounded() bool      { return a.Unbounded }
 func (a Ablation) noFixedFiles() bool   { return a.NoFixedFiles }
 func (a Ablation) noFixedBuffers() bool { return a.NoFixedBuffers }
 func (a Ablation) handOff() bool        { return a.HandOff }
+
+// TracksChanges says whether devices get a change record (package ublk
+// asks it when it makes one).
+func (a Ablation) TracksChanges() bool { return !a.NoChangeTracking }

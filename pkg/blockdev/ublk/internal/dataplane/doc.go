@@ -25,8 +25,10 @@
 // Per request (queue_io_linux.go): the tag's completion → decode the
 // descriptor (desc.go) → one backing SQE (READ/WRITE, FSYNC DATASYNC,
 // FALLOCATE) → its completion → COMMIT_AND_FETCH with the full byte count
-// or -errno. Short transfers are continued, -EAGAIN retried. Nothing on
-// this path allocates. With UBLK_F_BATCH_IO (Linux 7.0+) requests come in
+// or -errno. Short transfers are continued, -EAGAIN retried. A WRITE,
+// DISCARD or WRITE_ZEROES marks its range in the queue's change bitmap
+// (QueueConfig.Changes, package cbt) as its backing operation is issued.
+// Nothing on this path allocates. With UBLK_F_BATCH_IO (Linux 7.0+) requests come in
 // batches through one multishot FETCH and a round's results go back in one
 // COMMIT (queue_batch_linux.go).
 //

@@ -96,11 +96,15 @@ func (l *queueState) issue(tag uint16) error {
 	off := uint64(t.req.off) + uint64(t.done)
 	n := t.req.len - t.done
 	switch t.plan.act {
-	case actRead, actWrite:
+	case actRead:
+		l.prepRW(sqe, tag, off, n)
+	case actWrite:
+		l.changed(off, n)
 		l.prepRW(sqe, tag, off, n)
 	case actFsync:
 		sqe.PrepFsync(l.fileBacking, uring.IORING_FSYNC_DATASYNC)
 	case actFallocate:
+		l.changed(off, n)
 		sqe.PrepFallocate(l.fileBacking, t.plan.mode, off, uint64(n))
 	}
 	sqe.Flags |= l.fileFlag
@@ -110,6 +114,19 @@ func (l *queueState) issue(tag uint16) error {
 	sqe.UserData = encodeUD(udBacking, l.slot, tag)
 	l.backingStarted()
 	return nil
+}
+
+// changed records in the queue's change bitmap (QueueConfig.Changes) that
+// the backing file's range [off, off+n) is about to change: when the
+// operation is issued, not when the request arrives, so that a write held
+// back (by a paused Gate, the rate limits or admission) until after a
+// snapshot's cut is recorded after it, and before it completes, so that a
+// write that fails halfway is recorded too. A retried or continued
+// operation marks its range again, which costs a load.
+func (l *queueState) changed(off uint64, n uint32) {
+	if l.cfg.Changes != nil {
+		l.cfg.Changes.Mark(int64(off), int64(n))
+	}
 }
 
 // backingStarted and backingEnded count a backing operation of the queue in

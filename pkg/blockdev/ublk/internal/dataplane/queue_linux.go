@@ -8,6 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
@@ -50,6 +51,10 @@ type QueueConfig struct {
 	// per clock tick serves them all (freshenMtime). nil: the
 	// queue keeps its own (with Options.NowaitWrites).
 	Mtime *MtimeToucher
+	// Changes records the ranges the queue's writes, discards and
+	// write-zeroes change (package cbt): marked by the queue's thread,
+	// cut by the device's owner. nil: not tracked.
+	Changes *cbt.Bitmap
 	// DiskSlots is the serving thread's share of the request slots of
 	// the disk under the backing file: the most reads and writes the
 	// thread keeps in flight there, holding the rest itself

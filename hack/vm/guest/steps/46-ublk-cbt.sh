@@ -1,0 +1,17 @@
+#!/bin/sh
+# timeout: 300
+# 46-ublk-cbt: changed-block tracking on the ublk data path (issue 42):
+# known ranges written through a raw block volume's device between
+# snapshots come back as the delta, from the data path's records while the
+# plugin runs and across a clean unstage and restage, and by comparing the
+# snapshot files after a restart whose re-adopted device lost its record
+# (a write made before the restart included); and the server's own record
+# of writes, discards and zero-outs per cut, across a detach and a clean
+# and an unclean restart. The marking itself is tested on the host
+# (pkg/blockdev/cbt, the dataplane's TestQueueRecordsChanges).
+. /opt/fastblk/vm/lib.sh
+[ -e /dev/ublk-control ] || { echo "no /dev/ublk-control: ublk_drv not loaded"; exit 1; }
+gotest pkg/blockdev/ublk -test.run '^TestServerRecordsChanges$' || exit 1
+gotest pkg/driver -test.run '^TestUblkDeltaMatchesWrites$' || exit 1
+left=$(ublk_devices | grep -v ublk-control)
+[ -z "$left" ] || { echo "ublk devices left behind: $left"; exit 1; }
