@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
@@ -64,6 +65,10 @@ type Driver struct {
 	peerCopies peerCopies
 	// readiness is set before serving (AddReadinessCheck), read only after.
 	readiness []readinessCheck
+	// snapMeta is this node's own SnapshotMetadata service, for its own
+	// snapshots (nil: the plugin offers none); the CSI socket serves it
+	// routed (snapmeta_route.go).
+	snapMeta csi.SnapshotMetadataServer
 }
 
 // New validates cfg and returns a Driver over store and backend.

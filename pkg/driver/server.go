@@ -84,13 +84,14 @@ func (l *unixListener) Close() error {
 }
 
 // NewServer returns a gRPC server with Identity, Controller and Node
-// registered, and an interceptor that logs every call and turns panics into
+// registered (and SnapshotMetadata where the node has it), and an interceptor that logs every call and turns panics into
 // Internal errors.
 func (d *Driver) NewServer() *grpc.Server {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(logAndRecover))
 	csi.RegisterIdentityServer(srv, &Identity{d: d})
 	csi.RegisterControllerServer(srv, &Controller{d: d})
 	csi.RegisterNodeServer(srv, &Node{d: d})
+	d.registerSnapshotMetadata(srv)
 	return srv
 }
 
