@@ -65,7 +65,7 @@ func (r *metadataRouter) GetMetadataAllocated(req *csi.GetMetadataAllocatedReque
 	if fw == nil {
 		return r.local.GetMetadataAllocated(req, st)
 	}
-	klog.V(4).InfoS("snapshot metadata forwarded", "call", "GetMetadataAllocated", "snapshotID", req.GetSnapshotId(), "node", tagNode(tag))
+	klog.V(2).InfoS("snapshot metadata forwarded", "call", "GetMetadataAllocated", "snapshotID", req.GetSnapshotId(), "node", tagNode(tag))
 	return fw.GetMetadataAllocated(st.Context(), tag, req, st.Send)
 }
 
@@ -80,7 +80,7 @@ func (r *metadataRouter) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, st c
 	if fw == nil {
 		return r.local.GetMetadataDelta(req, st)
 	}
-	klog.V(4).InfoS("snapshot metadata forwarded", "call", "GetMetadataDelta", "baseSnapshotID", req.GetBaseSnapshotId(),
+	klog.V(2).InfoS("snapshot metadata forwarded", "call", "GetMetadataDelta", "baseSnapshotID", req.GetBaseSnapshotId(),
 		"targetSnapshotID", req.GetTargetSnapshotId(), "node", tagNode(tag))
 	return fw.GetMetadataDelta(st.Context(), tag, req, st.Send)
 }

@@ -210,7 +210,7 @@ func checkSnapshotMetadataRBAC(t *testing.T, objs []object) {
 	}
 	side := rules(smName)
 	for res, verb := range map[string]string{"tokenreviews": "create", "subjectaccessreviews": "create",
-		"volumesnapshots": "get", "volumesnapshotcontents": "get"} {
+		"volumesnapshots": "get", "volumesnapshotcontents": "get", "volumesnapshotclasses": "list"} {
 		if !slices.Contains(side[res], verb) {
 			t.Errorf("the sidecar may not %s %s: %v", verb, res, side)
 		}
