@@ -153,8 +153,8 @@ func TestSnapshotMetadataRouting(t *testing.T) {
 	n1, n2, c := routedNodes(t)
 	nodes, offs, err := allocated(t, c, &csi.GetMetadataAllocatedRequest{SnapshotId: snapA + "-n2", StartingOffset: 4096,
 		Secrets: map[string]string{"k": "v"}})
-	if err != nil || len(nodes) != 2 || nodes[0] != 2 || n1.calls != 0 {
-		t.Fatalf("n2's own snapshot: %v, answers from nodes %v (n1 called %d times); want 2 answers of n2", err, nodes, n1.calls)
+	if err != nil || len(nodes) != 2 || nodes[0] != 2 || offs[1] != 4096+1<<20 || n1.calls != 0 {
+		t.Fatalf("n2's own snapshot: %v, answers from nodes %v at %v (n1 called %d times); want 2 answers of n2", err, nodes, offs, n1.calls)
 	}
 	nodes, offs, err = allocated(t, c, &csi.GetMetadataAllocatedRequest{SnapshotId: snapA + "-n1", StartingOffset: 4096,
 		Secrets: map[string]string{"k": "v"}})
