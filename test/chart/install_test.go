@@ -189,6 +189,13 @@ func TestNotesSayWhatIsWrong(t *testing.T) {
 			[]string{"data directory: /var/lib/csi-fastblk (20Gi reserved)"}, nil},
 		{"no lookup", api, []string{"snapshotController.lookup=false", "snapshotController.distributedInCluster=true"},
 			[]string{`VolumeSnapshotClass "fastblk" is ready`}, []string{"WARNING"}},
+		{"snapshot metadata", []string{"--api-versions", snapshotAPI, "--api-versions", "cbt.storage.k8s.io/v1beta1"},
+			[]string{"snapshotController.install=true", "snapshotMetadata.enabled=true"},
+			[]string{"served at\ncsi-fastblk-snapshot-metadata.csi-fastblk:6443", `SnapshotMetadataService "fastblk.csi.io"`,
+				"csi-fastblk-snapshot-metadata-client-token (RoleBinding"}, []string{"WARNING"}},
+		{"snapshot metadata without its API", api, []string{"snapshotController.install=true", "snapshotMetadata.enabled=true"},
+			[]string{"WARNING: the cluster has no cbt.storage.k8s.io/v1beta1 API"}, []string{"SnapshotMetadataService \""}},
+		{"snapshot metadata off", api, []string{"snapshotController.install=true"}, nil, []string{"Snapshot metadata"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
