@@ -106,6 +106,58 @@ func TestSnapshotMetadataLister(t *testing.T) {
 			t.Errorf("node %s (volume on %s): forwarded %v, want %v", n, owner, forwarded, n != owner)
 		}
 	}
+
+	t.Run("upgrade keeps the CA", func(t *testing.T) {
+		ca, crt := c.smsCA(t), c.jsonpath(t, "{.data.tls\\.crt}", "-n", pluginNS, "get", "secret", smsService+"-tls")
+		c.upgrade(t, "--set", "snapshotMetadata.certValidityDays=3000")
+		if c.smsCA(t) != ca || c.jsonpath(t, "{.data.tls\\.crt}", "-n", pluginNS, "get", "secret", smsService+"-tls") != crt {
+			t.Error("helm upgrade changed the CA or the certificate of the snapshot metadata service")
+		}
+	})
+	t.Run("rotation", func(t *testing.T) {
+		// As the chart README says: delete both Secrets, upgrade; the
+		// sidecars load the new certificate from the refreshed Secret
+		// without a restart of the plugin pods.
+		before, _ := c.pluginPods(t)
+		ca := c.smsCA(t)
+		c.k(t, "-n", pluginNS, "delete", "secret", smsService+"-ca", smsService+"-tls")
+		c.upgrade(t)
+		if c.smsCA(t) == ca {
+			t.Fatal("the CA is the same after the Secrets were deleted and the release upgraded")
+		}
+		var err error
+		deadline := time.Now().Add(4 * time.Minute)
+		for i := 0; time.Now().Before(deadline); i++ {
+			var alloc []extent
+			if alloc, _, err = c.tryListBlocks(t, fmt.Sprintf("cbt-rot-%d", i), owner, "-s", "cbt-1"); err == nil {
+				checkAllocated(t, owner+" after rotation", alloc, writes1)
+				break
+			}
+			time.Sleep(10 * time.Second)
+		}
+		if err != nil {
+			t.Fatalf("no listing with the new CA within 4 minutes: %v", err)
+		}
+		if after, _ := c.pluginPods(t); after[owner] != before[owner] {
+			t.Errorf("the plugin pod of %s was replaced (%s, then %s): rotation must not restart plugins", owner, before[owner], after[owner])
+		}
+	})
+}
+
+// smsCA is the CA bundle of the driver's SnapshotMetadataService.
+func (c *cluster) smsCA(t *testing.T) string {
+	t.Helper()
+	return c.jsonpath(t, "{.spec.caCert}", "get", "snapshotmetadataservices", driver)
+}
+
+// upgrade runs helm upgrade of the release with its values and args.
+func (c *cluster) upgrade(t *testing.T, args ...string) {
+	t.Helper()
+	out, err := c.run("", "helm", append([]string{"upgrade", release, chartDir(t), "--namespace", pluginNS, "--reuse-values",
+		"--wait", "--timeout", "5m"}, args...)...)
+	if err != nil {
+		t.Fatalf("helm upgrade %v: %v\n%s", args, err, out)
+	}
 }
 
 // enableSnapshotMetadata upgrades the release with the snapshot metadata
@@ -113,11 +165,7 @@ func TestSnapshotMetadataLister(t *testing.T) {
 // ready; the test's end turns it off again.
 func (c *cluster) enableSnapshotMetadata(t *testing.T) {
 	t.Helper()
-	out, err := c.run("", "helm", "upgrade", release, chartDir(t), "--namespace", pluginNS, "--reuse-values",
-		"--set", "snapshotMetadata.enabled=true", "--set", "snapshotMetadata.service.clusterIP="+smsIP, "--wait", "--timeout", "5m")
-	if err != nil {
-		t.Fatalf("helm upgrade with snapshotMetadata: %v\n%s", err, out)
-	}
+	c.upgrade(t, "--set", "snapshotMetadata.enabled=true", "--set", "snapshotMetadata.service.clusterIP="+smsIP)
 	t.Cleanup(func() {
 		if out, err := c.run("", "helm", "upgrade", release, chartDir(t), "--namespace", pluginNS, "--reuse-values",
 			"--set", "snapshotMetadata.enabled=false", "--wait", "--timeout", "5m"); err != nil {
@@ -168,6 +216,32 @@ func (c *cluster) writeBlocks(t *testing.T, name, claim, node string, ws []exten
 // volume's capacity it reported.
 func (c *cluster) listBlocks(t *testing.T, name, node string, args ...string) ([]extent, int64) {
 	t.Helper()
+	c.startLister(t, name, node, args...)
+	c.waitPodPhase(t, name, "Succeeded", 2*time.Minute)
+	return parseListing(t, c.logs(t, name))
+}
+
+// tryListBlocks is listBlocks for a listing that may fail: the pod's
+// failure is an error with its output.
+func (c *cluster) tryListBlocks(t *testing.T, name, node string, args ...string) ([]extent, int64, error) {
+	t.Helper()
+	c.startLister(t, name, node, args...)
+	var phase string
+	eventually(t, 2*time.Minute, "lister pod "+name+" to end", func() (bool, string) {
+		phase = c.jsonpath(t, "{.status.phase}", "-n", testNS, "get", "pod", name)
+		return phase == "Succeeded" || phase == "Failed", phase
+	})
+	if phase == "Failed" {
+		return nil, 0, fmt.Errorf("lister pod %s failed:\n%s", name, c.describe(name))
+	}
+	ext, capacity := parseListing(t, c.logs(t, name))
+	return ext, capacity, nil
+}
+
+// startLister starts the lister with args in a pod on node under the
+// backup account; the pod goes when the test ends.
+func (c *cluster) startLister(t *testing.T, name, node string, args ...string) {
+	t.Helper()
 	c.apply(t, fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: %s, namespace: %s}
@@ -184,8 +258,6 @@ spec:
 `, name, testNS, backupSA, node, lister,
 		fmt.Sprintf("snapshot-metadata-lister -n %s -o json %s", testNS, strings.Join(args, " "))))
 	t.Cleanup(func() { _, _ = c.kubectl("-n", testNS, "delete", "pod", name, "--ignore-not-found", "--wait=false") })
-	c.waitPodPhase(t, name, "Succeeded", 2*time.Minute)
-	return parseListing(t, c.logs(t, name))
 }
 
 // parseListing reads the lister's JSON output: a list of streamed messages,
