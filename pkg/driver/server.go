@@ -84,8 +84,8 @@ func (l *unixListener) Close() error {
 }
 
 // NewServer returns a gRPC server with Identity, Controller and Node
-// registered (and SnapshotMetadata where the node has it), and an interceptor that logs every call and turns panics into
-// Internal errors.
+// registered (and SnapshotMetadata where the node has it), and an
+// interceptor that logs every call and turns panics into Internal errors.
 func (d *Driver) NewServer() *grpc.Server {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(logAndRecover))
 	csi.RegisterIdentityServer(srv, &Identity{d: d})

@@ -71,8 +71,15 @@ func (r *metadataRouter) GetMetadataAllocated(req *csi.GetMetadataAllocatedReque
 
 // GetMetadataDelta answers for the node of the target snapshot: both
 // snapshots of one volume live on the volume's node, and that node's own
-// service says what it makes of a base snapshot it does not hold.
+// service says what it makes of a base snapshot it does not hold. Two
+// snapshots tagged with different nodes are no snapshots of one volume:
+// this node's service refuses them (InvalidArgument) without a forward.
 func (r *metadataRouter) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, st csi.SnapshotMetadata_GetMetadataDeltaServer) error {
+	_, baseTag := splitID(req.GetBaseSnapshotId())
+	_, targetTag := splitID(req.GetTargetSnapshotId())
+	if baseTag != "" && targetTag != "" && baseTag != targetTag {
+		return r.local.GetMetadataDelta(req, st)
+	}
 	fw, tag, err := r.d.metadataOwner(req.GetTargetSnapshotId())
 	if err != nil {
 		return err

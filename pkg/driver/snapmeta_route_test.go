@@ -175,12 +175,22 @@ func TestSnapshotMetadataRouting(t *testing.T) {
 		t.Errorf("delta of n1's snapshots through n2: %v, %v; want n1's answer", r, err)
 	}
 
+	calls1, calls2 := n1.calls, n2.calls
+	st, err = c.GetMetadataDelta(ctx, &csi.GetMetadataDeltaRequest{BaseSnapshotId: snapB + "-n2", TargetSnapshotId: snapA + "-n1"})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) != codes.NotFound || n1.calls != calls1 || n2.calls != calls2+1 {
+		t.Errorf("delta of snapshots of two nodes: %v (n1 called %d more times, n2 %d): want n2's own answer, no forward",
+			err, n1.calls-calls1, n2.calls-calls2)
+	}
+
 	_, _, err = allocated(t, c, &csi.GetMetadataAllocatedRequest{SnapshotId: snapA + "-n3"})
 	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "n3") {
 		t.Errorf("a snapshot of a node without a plugin: %v, want Unavailable naming it", err)
 	}
 	_, _, err = allocated(t, c, &csi.GetMetadataAllocatedRequest{SnapshotId: "not-a-snapshot"})
-	if status.Code(err) != codes.NotFound || n2.calls != 2 {
+	if status.Code(err) != codes.NotFound || n2.calls != calls2+2 {
 		t.Errorf("an ID of no node: %v (n2 called %d times), want n2's own NotFound", err, n2.calls)
 	}
 
