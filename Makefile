@@ -121,7 +121,8 @@ chart-readme:
 	$(GO) run ./hack/chart/valuesdoc charts/csi-fastblk
 
 # Put the upstream snapshot.storage.k8s.io CRDs of the chart's
-# csi-snapshotter version, unmodified, into charts/csi-fastblk/crds/.
+# csi-snapshotter version and the cbt.storage.k8s.io CRD of its
+# csi-snapshot-metadata version, unmodified, into charts/csi-fastblk/crds/.
 chart-crds:
 	hack/chart/snapshot-crds.sh
 

@@ -35,6 +35,7 @@ declare -A sets=(
 	[admission]="--set namespace.create=true,namespace.name=fastblk-system,priorityClass.create=true"
 	[classes]="--set storageClasses[0].name=fastblk-xfs,storageClasses[0].fsType=xfs,storageClasses[1].name=capped,storageClasses[1].maxIOPS=1000,storageClasses[2].name=thick,storageClasses[2].preallocation=falloc"
 	[monitoring]="--set metrics.monitor.enabled=true --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true"
+	[snapshot-metadata]="--set snapshotMetadata.enabled=true --set snapshotMetadata.service.clusterIP=10.96.0.53 --api-versions cbt.storage.k8s.io/v1beta1"
 	[service-monitor]="--set metrics.monitor.enabled=true --set metrics.monitor.kind=ServiceMonitor --set uninstallCheck.allowWithVolumes=true"
 )
 for name in "${!sets[@]}"; do

@@ -8,10 +8,12 @@
 #      kube-proxy and kubectl from the k8s.io/kubernetes Go module through a
 #      wrapper module that replaces the staging modules by their releases;
 #   4. helm as hack/chart builds it;
-#   5. the CSI sidecars from their Go modules: csi-provisioner, csi-snapshotter
-#      and snapshot-controller at the chart's versions, csi-resizer at
-#      $RESIZER_TAG (lib.sh: the newest release the module proxy serves), and
-#      the OCI image archives of every image the cluster runs. The plugin
+#   5. the CSI sidecars from their Go modules: csi-provisioner, csi-snapshotter,
+#      snapshot-controller and csi-snapshot-metadata at the chart's versions,
+#      csi-resizer at $RESIZER_TAG (lib.sh: the newest release the module
+#      proxy serves), the backup client of the changed-block test
+#      (hack/k8s/snapshotlister, in csi-snapshot-metadata's wrapper module),
+#      and the OCI image archives of every image the cluster runs. The plugin
 #      registers itself with the kubelet and answers its liveness probe, so
 #      neither node-driver-registrar nor livenessprobe is needed;
 #   6. e2e: storage-e2e.test (Kubernetes' external storage suite alone, from
@@ -122,7 +124,14 @@ sidecar_list() {
 	echo "registry.k8s.io/sig-storage/csi-resizer external-resizer $RESIZER_TAG csi-resizer"
 	echo "registry.k8s.io/sig-storage/csi-snapshotter external-snapshotter $(val snapshotter) csi-snapshotter"
 	echo "registry.k8s.io/sig-storage/snapshot-controller external-snapshotter $(val snapshotController) snapshot-controller"
+	echo "registry.k8s.io/sig-storage/csi-snapshot-metadata external-snapshot-metadata $(val snapshotMetadata) csi-snapshot-metadata"
 }
+
+# Harness programs built in a sidecar's wrapper module, against that
+# module's packages at the sidecar's tag: repository => a directory of
+# hack/k8s holding one command behind the build tag of its name. The command
+# is built as $K8S_BIN/sidecars/<directory>-<tag>.
+declare -A SIDECAR_EXTRA=([external-snapshot-metadata]=snapshotlister)
 
 # sidecar_module REPO TAG prints the Go module path of a kubernetes-csi
 # repository at TAG (github.com/kubernetes-csi/REPO, with /vN for N >= 2).
@@ -165,8 +174,11 @@ sidecar_replaces() {
 sidecar_build() {
 	local repo=$1 tag=$2 mod dir gomod c
 	shift 2
-	local id="sidecar-module-$repo-$tag" have=1
-	for c in "$@"; do [[ -x $K8S_BIN/sidecars/$c-$tag ]] || have=0; done
+	local id="sidecar-module-$repo-$tag" have=1 extra=${SIDECAR_EXTRA[$repo]:-}
+	for c in "$@" $extra; do [[ -x $K8S_BIN/sidecars/$c-$tag ]] || have=0; done
+	if [[ -n $extra ]] && ! cmp -s "$ROOT/hack/k8s/$extra/main.go" "$K8S_CACHE/src/mod-$repo-$tag/$extra/main.go"; then
+		have=0
+	fi
 	stamp "$id" && ((have)) && return 0
 	mod=$(sidecar_module "$repo" "$tag")
 	dir=$K8S_CACHE/src/mod-$repo-$tag
@@ -194,19 +206,26 @@ sidecar_build() {
 		for c in "$@"; do echo "	_ \"$mod/cmd/$c\""; done
 		echo ")"
 	} >"$dir/tools.go"
+	# go mod tidy sees every build tag, so it records the extra's imports too.
+	[[ -z $extra ]] || { mkdir -p "$dir/$extra" && cp "$ROOT/hack/k8s/$extra/main.go" "$dir/$extra/"; }
 	rm -f "$dir/go.sum"
 	(cd "$dir" && GOFLAGS=-mod=mod go mod tidy) || die "go mod tidy of the wrapper module $dir"
 	for c in "$@"; do
 		(cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.version=$tag" \
 			-o "$K8S_BIN/sidecars/$c-$tag" "$mod/cmd/$c") || die "building $c $tag from $mod"
 	done
+	if [[ -n $extra ]]; then
+		(cd "$dir" && CGO_ENABLED=0 go build -trimpath -tags "$extra" -ldflags "-s -w" \
+			-o "$K8S_BIN/sidecars/$extra-$tag" "./$extra") || die "building $extra against $mod $tag"
+	fi
 	mark "$id"
 }
 
 # sidecars puts each sidecar's static binary in $K8S_BIN/sidecars as
 # <command>-<tag>, built from its Go module (external-provisioner/v6,
-# external-snapshotter/v8, external-resizer at $RESIZER_TAG) through a
-# wrapper module; the builds of different modules run in parallel.
+# external-snapshotter/v8, external-snapshot-metadata, external-resizer at
+# $RESIZER_TAG) through a wrapper module, with the SIDECAR_EXTRA commands;
+# the builds of different modules run in parallel.
 sidecars() {
 	local ref repo tag cmd key pids=() fail=0 p
 	declare -A cmds=()
@@ -286,6 +305,17 @@ images() {
 		install -m 0755 "$K8S_BIN/sidecars/$cmd-$tag" "$root/fs/$cmd"
 		oci_image "$ref:$tag" "$root/fs" entrypoint "/$cmd"
 	done < <(sidecar_list)
+	# The changed-block test's backup client, on the busybox image's files
+	# (its pod's shell prints the client's output and exit code).
+	local lister out=$K8S_CACHE/images/${LISTER_IMAGE##*/}
+	out=${out/:/-}.oci.tar
+	tag=$(sidecar_list | awk '$2 == "external-snapshot-metadata" {print $3}')
+	lister=$K8S_BIN/sidecars/snapshotlister-$tag
+	if [[ ! -s $out || $lister -nt $out ]]; then
+		rm -rf "$root/fs" && busybox_root "$root/fs"
+		install -m 0755 "$lister" "$root/fs/bin/snapshot-metadata-lister"
+		oci_image "$LISTER_IMAGE" "$root/fs" cmd sh
+	fi
 	rm -rf "$root"
 }
 

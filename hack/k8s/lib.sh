@@ -40,3 +40,7 @@ GLIBC_TAG=2.0.0
 GLIBC_IMAGE=registry.k8s.io/e2e-test-images/glibc-dns-testing:$GLIBC_TAG
 NGINX_TAG=1.15-4
 NGINX_IMAGE=registry.k8s.io/e2e-test-images/nginx:$NGINX_TAG
+# The backup client of the changed-block test (hack/k8s/snapshotlister,
+# test/k8s/snapshotmetadata_test.go), built with the csi-snapshot-metadata
+# sidecar from its module.
+LISTER_IMAGE=csi-fastblk.local/snapshot-metadata-lister:e2e

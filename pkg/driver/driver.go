@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"regexp"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
@@ -68,6 +69,10 @@ type Driver struct {
 	peerCopies peerCopies
 	// readiness is set before serving (AddReadinessCheck), read only after.
 	readiness []readinessCheck
+	// snapMeta is this node's own SnapshotMetadata service, for its own
+	// snapshots (nil: the plugin offers none); the CSI socket serves it
+	// routed (snapmeta_route.go).
+	snapMeta csi.SnapshotMetadataServer
 }
 
 // New validates cfg and returns a Driver over store and backend.
@@ -82,7 +87,7 @@ func New(cfg Config, store *store.Store, backend blockdev.Backend) (*Driver, err
 		return nil, errors.New("store and backend are required")
 	}
 	ex := utilexec.New()
-	return &Driver{
+	d := &Driver{
 		cfg:     cfg,
 		store:   store,
 		backend: backend,
@@ -90,7 +95,9 @@ func New(cfg Config, store *store.Store, backend blockdev.Backend) (*Driver, err
 		exec:    ex,
 		locks:   newKeyLocks(),
 		tag:     nodeTag(cfg.NodeID),
-	}, nil
+	}
+	d.snapMeta = &SnapshotMetadata{d: d}
+	return d, nil
 }
 
 // Reconcile brings devices back in line with persisted node state after a

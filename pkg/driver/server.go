@@ -91,7 +91,7 @@ func (d *Driver) NewServer() *grpc.Server {
 	csi.RegisterIdentityServer(srv, &Identity{d: d})
 	csi.RegisterControllerServer(srv, &Controller{d: d})
 	csi.RegisterNodeServer(srv, &Node{d: d})
-	csi.RegisterSnapshotMetadataServer(srv, &SnapshotMetadata{d: d})
+	d.registerSnapshotMetadata(srv)
 	return srv
 }
 

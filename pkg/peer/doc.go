@@ -5,7 +5,9 @@
 // its own node's plugin whatever node the volume lives on; CreateVolume
 // from a source of that node (a handoff); and ReadData, a stream of a
 // snapshot's or volume's data for a restore or clone on another node,
-// checked frame by frame and end to end (stream.go, frame.go).
+// checked frame by frame and end to end (stream.go, frame.go); and the CSI
+// SnapshotMetadata calls of a backup application for a snapshot of that
+// node, streamed back message by message (metadata.go).
 //
 // The channel is gRPC over mutual TLS 1.3. Every plugin of an installation
 // shares one CA, kept in a Secret of the installation's namespace that the

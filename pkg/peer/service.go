@@ -121,6 +121,7 @@ func NewServerWith(creds *Credentials, h Handler, lim Limits, opts ...grpc.Serve
 	}, grpcLimits()...)
 	srv := grpc.NewServer(append(base, opts...)...)
 	srv.RegisterService(&serviceDesc, svc)
+	srv.RegisterService(&metadataDesc, svc)
 	return &Server{srv: srv, svc: svc}
 }
 

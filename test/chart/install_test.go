@@ -68,27 +68,43 @@ func TestSnapshotClassOnlyWhereItWorks(t *testing.T) {
 	}
 }
 
-// TestSnapshotCRDsAreUpstream checks crds/ holds exactly the upstream
-// snapshot.storage.k8s.io CRDs, byte for byte, of the external-snapshotter
-// release the chart's csi-snapshotter image names (hack/chart/snapshot-crds.sh
-// fetches them as a Go module), with their licence.
+// TestSnapshotCRDsAreUpstream checks crds/ holds exactly the upstream CRDs,
+// byte for byte, with their licence: the snapshot.storage.k8s.io ones of the
+// external-snapshotter release the chart's csi-snapshotter image names, and
+// the cbt.storage.k8s.io one of the external-snapshot-metadata release its
+// csi-snapshot-metadata image names (hack/chart/snapshot-crds.sh fetches
+// both as Go modules).
 func TestSnapshotCRDsAreUpstream(t *testing.T) {
 	root := repoRoot(t)
-	out, err := exec.Command(filepath.Join(root, "hack/chart/snapshot-crds.sh"), "--dir").Output()
-	if err != nil {
-		testgate.Skip(t, testgate.Chart, "upstream CRDs not reachable (no module cache and no module proxy?): %v", err)
+	crdDir := func(flag string) string {
+		out, err := exec.Command(filepath.Join(root, "hack/chart/snapshot-crds.sh"), flag).Output()
+		if err != nil {
+			testgate.Skip(t, testgate.Chart, "upstream CRDs not reachable (no module cache and no module proxy?): %v", err)
+		}
+		return strings.TrimSpace(string(out))
 	}
-	upstream := strings.TrimSpace(string(out))
+	upstream, cbt := crdDir("--dir"), crdDir("--cbt-dir")
 	want, err := filepath.Glob(filepath.Join(upstream, "snapshot.storage.k8s.io_*.yaml"))
 	if err != nil || len(want) != 3 {
 		t.Fatalf("upstream %s: %d snapshot CRDs (%v), want 3", upstream, len(want), err)
 	}
+	cbtCRDs, err := filepath.Glob(filepath.Join(cbt, "cbt.storage.k8s.io_*.yaml"))
+	if err != nil || len(cbtCRDs) != 1 {
+		t.Fatalf("upstream %s: %d cbt CRDs (%v), want 1", cbt, len(cbtCRDs), err)
+	}
+	want = append(want, cbtCRDs...)
 	want = append(want, filepath.Join(upstream, "..", "..", "LICENSE"))
 	got, _ := filepath.Glob(filepath.Join(root, "charts/csi-fastblk/crds/*"))
+	if a, err := os.ReadFile(filepath.Join(cbt, "..", "..", "LICENSE")); err != nil {
+		t.Fatal(err)
+	} else if b, err := os.ReadFile(filepath.Join(root, "charts/csi-fastblk/crds/LICENSE.cbt")); err != nil || !bytes.Equal(a, b) {
+		t.Errorf("crds/LICENSE.cbt differs from the licence of %s (%v): run make chart-crds", cbt, err)
+	}
+	want = append(want, "LICENSE.cbt") // checked above
 	if len(got) != len(want) {
 		t.Errorf("crds/ holds %d files, want the %d upstream ones: run make chart-crds", len(got), len(want))
 	}
-	for _, w := range want {
+	for _, w := range want[:len(want)-1] {
 		a, err := os.ReadFile(w)
 		if err != nil {
 			t.Fatal(err)
@@ -173,6 +189,13 @@ func TestNotesSayWhatIsWrong(t *testing.T) {
 			[]string{"data directory: /var/lib/csi-fastblk (20Gi reserved)"}, nil},
 		{"no lookup", api, []string{"snapshotController.lookup=false", "snapshotController.distributedInCluster=true"},
 			[]string{`VolumeSnapshotClass "fastblk" is ready`}, []string{"WARNING"}},
+		{"snapshot metadata", []string{"--api-versions", snapshotAPI, "--api-versions", "cbt.storage.k8s.io/v1beta1"},
+			[]string{"snapshotController.install=true", "snapshotMetadata.enabled=true"},
+			[]string{"served at\ncsi-fastblk-snapshot-metadata.csi-fastblk:6443", `SnapshotMetadataService "fastblk.csi.io"`,
+				"csi-fastblk-snapshot-metadata-client-token (RoleBinding"}, []string{"WARNING"}},
+		{"snapshot metadata without its API", api, []string{"snapshotController.install=true", "snapshotMetadata.enabled=true"},
+			[]string{"WARNING: the cluster has no cbt.storage.k8s.io/v1beta1 API"}, []string{"SnapshotMetadataService \""}},
+		{"snapshot metadata off", api, []string{"snapshotController.install=true"}, nil, []string{"Snapshot metadata"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

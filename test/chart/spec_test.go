@@ -148,8 +148,10 @@ func TestNodePod(t *testing.T) {
 
 // TestSnapshotCRDs checks the CRDs of crds/ (which Helm installs where
 // missing, before it renders the templates): the three of
-// snapshot.storage.k8s.io, serving and storing v1, approved for a k8s.io
-// group; and that the VolumeSnapshotClass is an ordinary object: as a hook
+// snapshot.storage.k8s.io, serving and storing v1, and the
+// SnapshotMetadataService of cbt.storage.k8s.io, serving and storing
+// v1beta1 (the version the csi-snapshot-metadata sidecar and its clients
+// read), each approved for a k8s.io group; and that the VolumeSnapshotClass is an ordinary object: as a hook
 // in the same release as its CRD a real API server refuses it.
 func TestSnapshotCRDs(t *testing.T) {
 	out, stderr, err := helm(t, "show", "crds", "charts/csi-fastblk")
@@ -161,7 +163,9 @@ func TestSnapshotCRDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]bool{"volumesnapshots.snapshot.storage.k8s.io": false,
-		"volumesnapshotcontents.snapshot.storage.k8s.io": false, "volumesnapshotclasses.snapshot.storage.k8s.io": false}
+		"volumesnapshotcontents.snapshot.storage.k8s.io": false, "volumesnapshotclasses.snapshot.storage.k8s.io": false,
+		"snapshotmetadataservices.cbt.storage.k8s.io": false}
+	version := map[string]string{"snapshot.storage.k8s.io": "v1", "cbt.storage.k8s.io": "v1beta1"}
 	for _, o := range find(crds, "CustomResourceDefinition") {
 		var crd struct {
 			Spec struct {
@@ -176,16 +180,20 @@ func TestSnapshotCRDs(t *testing.T) {
 		if err := o.decode(&crd); err != nil {
 			t.Fatal(err)
 		}
-		v1 := false
+		wantV, ok := version[crd.Spec.Group]
+		if !ok {
+			t.Errorf("CRD %s of group %s: the chart ships none of that group", o.Metadata.Name, crd.Spec.Group)
+		}
+		stored := false
 		for _, v := range crd.Spec.Versions {
-			if v.Name == "v1" {
-				v1 = v.Served && v.Storage
+			if v.Name == wantV {
+				stored = v.Served && v.Storage
 			} else if v.Served || v.Storage {
-				t.Errorf("CRD %s serves or stores %s besides v1", o.Metadata.Name, v.Name)
+				t.Errorf("CRD %s serves or stores %s besides %s", o.Metadata.Name, v.Name, wantV)
 			}
 		}
-		if crd.Spec.Group != "snapshot.storage.k8s.io" || !v1 {
-			t.Errorf("CRD %s: %+v, want v1 served and stored", o.Metadata.Name, crd.Spec)
+		if !stored {
+			t.Errorf("CRD %s: %+v, want %s served and stored", o.Metadata.Name, crd.Spec, wantV)
 		}
 		if o.Metadata.Annotations["api-approved.kubernetes.io"] == "" {
 			t.Errorf("CRD %s lacks api-approved.kubernetes.io (required for *.k8s.io groups)", o.Metadata.Name)

@@ -9,7 +9,9 @@
 // -run subset runs alone. go test runs them in file order, then source
 // order: TestHelmInstall and the tests before it in userpath_test.go try
 // installs of their own first, so a test that installs the chart belongs
-// in userpath_test.go after them (or in a file that sorts after it).
+// in userpath_test.go after them (or in a file that sorts after it:
+// zsnapshotmetadata_test.go, which runs after TestCleanup and so makes and
+// removes its own objects).
 // After them e2e.sh runs the quick subset of
 // Kubernetes' external storage suite on the same cluster (hack/k8s/conformance.sh).
 package k8s

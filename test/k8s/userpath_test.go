@@ -214,7 +214,7 @@ func TestHelmInstall(t *testing.T) {
 	t.Run("server-side validation of optional objects", func(t *testing.T) {
 		// What the default install leaves out: the chart's own namespace
 		// and PriorityClass, node groups, more classes, rate-limit tiers,
-		// the uninstall check's hook objects (monitoring needs the
+		// the snapshot metadata service, the uninstall check's hook objects (monitoring needs the
 		// Prometheus operator's CRDs, which this cluster lacks).
 		// (namespace.create wants a release namespace other than its own;
 		// the objects go to the existing pluginNS, as the dry run needs.)
@@ -225,7 +225,8 @@ func TestHelmInstall(t *testing.T) {
 			"--set", `nodeGroups[0].name=fast,nodeGroups[0].nodeSelector.kubernetes\.io/hostname=n1,nodeGroups[0].dataDir=/var/lib/csi-fastblk/fast,nodeGroups[0].reserve=1Gi`,
 			"--set", "storageClasses[0].name=fastblk-capped,storageClasses[0].maxIOPS=1000,storageClasses[0].fsType=xfs",
 			"--set", "volumeAttributesClasses[0].name=bronze,volumeAttributesClasses[0].maxIOPS=500",
-			"--set", "snapshotController.install=true")
+			"--set", "snapshotController.install=true",
+			"--api-versions", "cbt.storage.k8s.io/v1beta1", "--set", "snapshotMetadata.enabled=true,snapshotMetadata.service.clusterIP=10.233.0.54")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -233,7 +234,8 @@ func TestHelmInstall(t *testing.T) {
 		if err != nil {
 			t.Fatalf("the API server rejects the optional objects: %v\n%s", err, out)
 		}
-		for _, want := range []string{"namespace/" + pluginNS, "priorityclass.scheduling.k8s.io/", "daemonset.apps/" + release + "-node-fast", "storageclass.storage.k8s.io/fastblk-capped", "volumeattributesclass.storage.k8s.io/bronze", "job.batch/" + release + "-uninstall-check"} {
+		for _, want := range []string{"namespace/" + pluginNS, "priorityclass.scheduling.k8s.io/", "daemonset.apps/" + release + "-node-fast", "storageclass.storage.k8s.io/fastblk-capped", "volumeattributesclass.storage.k8s.io/bronze", "job.batch/" + release + "-uninstall-check",
+			"service/" + release + "-snapshot-metadata", "snapshotmetadataservice.cbt.storage.k8s.io/" + driver} {
 			if !strings.Contains(out, want) {
 				t.Errorf("the dry run did not include %s:\n%s", want, out)
 			}

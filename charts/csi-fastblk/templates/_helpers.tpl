@@ -77,6 +77,26 @@ node groups): the plugin's peers. */}}
 {{- printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s,app.kubernetes.io/component=node" (include "csi-fastblk.name" .) .Release.Name -}}
 {{- end -}}
 
+{{/* The snapshot metadata service's Service, Secrets and RBAC. */}}
+{{- define "csi-fastblk.snapshotMetadataName" -}}
+{{- printf "%s-snapshot-metadata" (include "csi-fastblk.fullname" .) -}}
+{{- end -}}
+
+{{/* snapshotMetadataAddress is what the SnapshotMetadataService object
+tells backup applications to dial: the Service's fixed cluster IP when
+set, else its name in its namespace. */}}
+{{- define "csi-fastblk.snapshotMetadataAddress" -}}
+{{- $sm := .Values.snapshotMetadata -}}
+{{- $host := printf "%s.%s" (include "csi-fastblk.snapshotMetadataName" .) (include "csi-fastblk.namespace" .) -}}
+{{- with $sm.service.clusterIP -}}{{- $host = . -}}{{- end -}}
+{{- printf "%s:%d" $host (int $sm.service.port) -}}
+{{- end -}}
+
+{{/* snapshotMetadataAudience is the audience of backup applications' tokens. */}}
+{{- define "csi-fastblk.snapshotMetadataAudience" -}}
+{{- default (printf "%s-snapshot-metadata" .Values.driverName) .Values.snapshotMetadata.audience -}}
+{{- end -}}
+
 {{- define "csi-fastblk.snapshotControllerName" -}}
 {{- printf "%s-snapshot-controller" (include "csi-fastblk.fullname" .) -}}
 {{- end -}}
@@ -115,6 +135,16 @@ securityContext:
 {{- end -}}
 {{- if .Values.peer.enabled -}}
 {{- $ports = append $ports (list "peer.port" .Values.peer.port) -}}
+{{- end -}}
+{{- if .Values.snapshotMetadata.enabled -}}
+{{- $ports = append $ports (list "snapshotMetadata.port" .Values.snapshotMetadata.port) -}}
+{{- $ports = append $ports (list "snapshotMetadata.httpPort" .Values.snapshotMetadata.httpPort) -}}
+{{- if not .Values.peer.enabled -}}
+{{- fail "snapshotMetadata.enabled needs peer.enabled: the Service sends each backup call to any node's sidecar, whose plugin forwards it over the peer channel to the node that holds the snapshot" -}}
+{{- end -}}
+{{- if not .Values.snapshotter.enabled -}}
+{{- fail "snapshotMetadata.enabled needs snapshotter.enabled: without the csi-snapshotter there are no snapshots to list" -}}
+{{- end -}}
 {{- end -}}
 {{- if and .Values.controllerExpansion (not .Values.peer.enabled) -}}
 {{- fail "controllerExpansion needs peer.enabled: the external-resizer's one leader would ask its own node's plugin to grow every node's volumes, and without the peer channel that plugin cannot forward them" -}}
