@@ -130,6 +130,19 @@ func relay[Resp any](ctx context.Context, c *Client, tag, method string, req pro
 	if err == nil {
 		err = st.CloseSend()
 	}
+	if err == nil && c.tok != nil {
+		// No answer is taken before the server proved itself the
+		// plugin of p's node, as for ReadData.
+		if hdr, _ := st.Header(); hdr == nil {
+			// The stream ended before its headers: the refusal
+			// comes with its end.
+			if err = st.RecvMsg(new(Resp)); err == nil || errors.Is(err, io.EOF) {
+				err = status.Error(codes.Unavailable, "the stream ended without headers")
+			}
+		} else if err := c.tok.checkServer(ctx, hdr, p); err != nil {
+			return err
+		}
+	}
 	if err != nil {
 		return c.unavailable(p, err)
 	}

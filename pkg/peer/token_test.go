@@ -141,7 +141,8 @@ func TestTokenProvesTheServer(t *testing.T) {
 				tc.server.Auth = auth
 				opts = tc.server.ServerOptions()
 			}
-			h := &recorder{files: map[string]string{"s1-n2": src}}
+			// It also answers snapshot metadata (for s1-n1).
+			h := &metadataRecorder{recorder: recorder{files: map[string]string{"s1-n2": src}}, pages: 2}
 			addr := serve(t, newCreds(t, ca, n2), h, opts...)
 			c := NewClient(newCreds(t, ca, n1), Static{"n2": {Node: "n2", Addr: addr}}).
 				WithTokens(&Tokens{Self: fixed("tok-n1"), Node: "n1", Auth: auth})
@@ -155,6 +156,12 @@ func TestTokenProvesTheServer(t *testing.T) {
 			}
 			if sink.progress.Load() != 0 {
 				t.Errorf("%d bytes of data taken from a server that did not prove its node", sink.progress.Load())
+			}
+			taken := 0
+			err = c.GetMetadataAllocated(callCtx(t), "n2", &csi.GetMetadataAllocatedRequest{SnapshotId: "s1-n1"},
+				func(*csi.GetMetadataAllocatedResponse) error { taken++; return nil })
+			if err == nil || taken != 0 {
+				t.Errorf("GetMetadataAllocated: %v, %d answers taken; want an error and none", err, taken)
 			}
 		})
 	}
