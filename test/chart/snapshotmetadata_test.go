@@ -46,18 +46,6 @@ type secretVolumes struct {
 	} `yaml:"spec"`
 }
 
-// named returns the object of kind and name, or fails.
-func named(t *testing.T, objs []object, kind, name string) object {
-	t.Helper()
-	for _, o := range find(objs, kind) {
-		if o.Metadata.Name == name {
-			return o
-		}
-	}
-	t.Fatalf("no %s %s", kind, name)
-	return object{}
-}
-
 // TestSnapshotMetadataOffByDefault: a default render has no sidecar, no
 // Service, Secret, ClusterRole or SnapshotMetadataService of it.
 func TestSnapshotMetadataOffByDefault(t *testing.T) {
