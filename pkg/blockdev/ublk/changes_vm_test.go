@@ -22,6 +22,17 @@ func TestServerRecordsChanges(t *testing.T) {
 	dir := scratchDir(t)
 	file := sparseFile(t, dir, "vol.img", 64<<20)
 	state := filepath.Join(dir, "state")
+	// A failure leaves the device released for re-adoption, which would
+	// count against the tests after this one: remove it.
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		if s, _, err := NewServer(context.Background(), ServerConfig{StateDir: state}); err == nil {
+			s.Detach(context.Background(), "vol")
+			s.Close()
+		}
+	})
 	s := newTestServer(t, state)
 	defer s.Close()
 	ctx := context.Background()

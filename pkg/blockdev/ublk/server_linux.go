@@ -390,7 +390,9 @@ func (s *Server) Close() error {
 	for _, st := range stuck {
 		errs = append(errs, st.release())
 	}
-	handover := len(errs) == 0 // no thread can mark a record any more
+	// No thread can mark a record any more, unless one failed to end.
+	// (errs holds the nils of what succeeded.)
+	handover := errors.Join(errs...) == nil
 	for _, sv := range devs {
 		errs = append(errs, sv.dev.Release(context.Background()))
 		sv.file.Close()
