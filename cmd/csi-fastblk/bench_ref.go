@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -40,11 +39,8 @@ func scaleRef(ctx context.Context, c scaleConfig) error {
 	}()
 	var devs []string
 	for i := range c.volumes {
-		file := filepath.Join(c.dir, fmt.Sprintf("ref-%d.img", i))
-		if err := os.WriteFile(file, nil, 0o600); err != nil {
-			return err
-		}
-		if err := os.Truncate(file, c.size); err != nil {
+		file, err := c.backingFile(fmt.Sprintf("ref-%d.img", i))
+		if err != nil {
 			return err
 		}
 		defer os.Remove(file)
@@ -68,11 +64,7 @@ func scaleRef(ctx context.Context, c scaleConfig) error {
 	if err != nil {
 		return err
 	}
-	guest0, err := guestBusyTicks()
-	if err != nil {
-		return err
-	}
-	ios, err := c.runFio(ctx, devs)
+	ios, guest, err := c.runFioGuestCPU(ctx, devs)
 	if err != nil {
 		return err
 	}
@@ -80,11 +72,7 @@ func scaleRef(ctx context.Context, c scaleConfig) error {
 	if err != nil {
 		return err
 	}
-	guest1, err := guestBusyTicks()
-	if err != nil {
-		return err
-	}
-	line := c.describe(ios) + guestCPU(guest1-guest0, ios.total)
+	line := c.describe(ios) + guest
 	line += fmt.Sprintf(" threads=%d rss_mib=%.1f", after.threads, float64(after.rssKiB)/1024)
 	if ios.total > 0 {
 		line += fmt.Sprintf(" cpu_us_per_io=%.2f", float64(after.cpuTicks-before.cpuTicks)*1e6/clockTicks/float64(ios.total))

@@ -303,11 +303,8 @@ func scaleLoop(ctx context.Context, c scaleConfig) error {
 		}
 	}()
 	for i := range c.volumes {
-		file := filepath.Join(c.dir, fmt.Sprintf("loop-%d.img", i))
-		if err := os.WriteFile(file, nil, 0o600); err != nil {
-			return err
-		}
-		if err := os.Truncate(file, c.size); err != nil {
+		file, err := c.backingFile(fmt.Sprintf("loop-%d.img", i))
+		if err != nil {
 			return err
 		}
 		defer os.Remove(file)
@@ -332,20 +329,40 @@ func scaleLoop(ctx context.Context, c scaleConfig) error {
 	if err := c.fill(ctx, devs); err != nil {
 		return err
 	}
-	guest0, err := guestBusyTicks()
+	ios, guest, err := c.runFioGuestCPU(ctx, devs)
 	if err != nil {
 		return err
+	}
+	fmt.Println(c.describe(ios) + guest)
+	return nil
+}
+
+// runFioGuestCPU is runFio with the machine's busy CPU per I/O of the run
+// (guestCPU's field).
+func (c scaleConfig) runFioGuestCPU(ctx context.Context, devs []string) (fioResult, string, error) {
+	guest0, err := guestBusyTicks()
+	if err != nil {
+		return fioResult{}, "", err
 	}
 	ios, err := c.runFio(ctx, devs)
 	if err != nil {
-		return err
+		return ios, "", err
 	}
 	guest1, err := guestBusyTicks()
 	if err != nil {
-		return err
+		return ios, "", err
 	}
-	fmt.Println(c.describe(ios) + guestCPU(guest1-guest0, ios.total))
-	return nil
+	return ios, guestCPU(guest1-guest0, ios.total), nil
+}
+
+// backingFile makes the sparse file name of the run's size in its work
+// directory and returns its path.
+func (c scaleConfig) backingFile(name string) (string, error) {
+	file := filepath.Join(c.dir, name)
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		return "", err
+	}
+	return file, os.Truncate(file, c.size)
 }
 
 // fioResult is what runFio measured over every job.

@@ -108,25 +108,12 @@ func (c *Client) ReadData(ctx context.Context, tag string, req *ReadRequest, sin
 	if req.Claim != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, mdClaim, req.Claim)
 	}
-	st, err := conn.NewStream(ctx, desc, methodReadData, grpc.CallContentSubtype(xferCodec), grpc.MaxCallRecvMsgSize(maxFrame))
-	if err == nil {
-		err = st.SendMsg(req)
-	}
-	if err == nil {
-		err = st.CloseSend()
-	}
-	if err == nil && c.tok != nil {
-		// Nothing of the data is taken before the server proved
-		// itself the plugin of p's node.
-		if hdr, _ := st.Header(); hdr == nil {
-			// The stream ended before its headers: the refusal
-			// comes with its end.
-			if err = st.RecvMsg(new(Frame)); err == nil || errors.Is(err, io.EOF) {
-				err = status.Error(codes.Unavailable, "the stream ended without headers")
-			}
-		} else if err := c.tok.checkServer(ctx, hdr, p); err != nil {
-			return Received{}, err
-		}
+	// Nothing of the data is taken before the server proved itself the
+	// plugin of p's node.
+	st, err, proofErr := c.openStream(ctx, conn, p, desc, methodReadData, req, new(Frame),
+		grpc.CallContentSubtype(xferCodec), grpc.MaxCallRecvMsgSize(maxFrame))
+	if proofErr != nil {
+		return Received{}, proofErr
 	}
 	if err != nil {
 		if errors.Is(context.Cause(ctx), errIdle) {
@@ -143,6 +130,45 @@ func (c *Client) ReadData(ctx context.Context, tag string, req *ReadRequest, sin
 		return got, errIdle
 	}
 	return got, c.unavailable(p, err)
+}
+
+// openStream opens a stream of method to p on conn, sends req as its one
+// request and checks the server's proof (serverProof, end for a stream
+// that ends before its headers): streamErr is the stream's failure,
+// proofErr the server's.
+func (c *Client) openStream(ctx context.Context, conn *grpc.ClientConn, p Peer, desc *grpc.StreamDesc, method string, req, end any,
+	opts ...grpc.CallOption) (st grpc.ClientStream, streamErr, proofErr error) {
+	st, err := conn.NewStream(ctx, desc, method, opts...)
+	if err == nil {
+		err = st.SendMsg(req)
+	}
+	if err == nil {
+		err = st.CloseSend()
+	}
+	if err != nil {
+		return st, err, nil
+	}
+	streamErr, proofErr = c.serverProof(ctx, st, p, end)
+	return st, streamErr, proofErr
+}
+
+// serverProof checks, with tokens, that the server of the stream st to p
+// proved itself the plugin of p's node in its headers, before anything it
+// sends is taken: proofErr says it did not. A stream that ended before
+// its headers gives instead the error of its end (streamErr: a refusal
+// comes with its end), received into end.
+func (c *Client) serverProof(ctx context.Context, st grpc.ClientStream, p Peer, end any) (streamErr, proofErr error) {
+	if c.tok == nil {
+		return nil, nil
+	}
+	hdr, _ := st.Header()
+	if hdr == nil {
+		if streamErr = st.RecvMsg(end); streamErr == nil || errors.Is(streamErr, io.EOF) {
+			streamErr = status.Error(codes.Unavailable, "the stream ended without headers")
+		}
+		return streamErr, nil
+	}
+	return nil, c.tok.checkServer(ctx, hdr, p)
 }
 
 // dial resolves the plugin of the node tagged tag and makes a connection

@@ -123,25 +123,12 @@ func relay[Resp any](ctx context.Context, c *Client, tag, method string, req pro
 	defer conn.Close()
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	st, err := conn.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, method, grpc.MaxCallRecvMsgSize(maxMetadataAnswer))
-	if err == nil {
-		err = st.SendMsg(req)
-	}
-	if err == nil {
-		err = st.CloseSend()
-	}
-	if err == nil && c.tok != nil {
-		// No answer is taken before the server proved itself the
-		// plugin of p's node, as for ReadData.
-		if hdr, _ := st.Header(); hdr == nil {
-			// The stream ended before its headers: the refusal
-			// comes with its end.
-			if err = st.RecvMsg(new(Resp)); err == nil || errors.Is(err, io.EOF) {
-				err = status.Error(codes.Unavailable, "the stream ended without headers")
-			}
-		} else if err := c.tok.checkServer(ctx, hdr, p); err != nil {
-			return err
-		}
+	// No answer is taken before the server proved itself the plugin of
+	// p's node, as for ReadData.
+	st, err, proofErr := c.openStream(ctx, conn, p, &grpc.StreamDesc{ServerStreams: true}, method, req, new(Resp),
+		grpc.MaxCallRecvMsgSize(maxMetadataAnswer))
+	if proofErr != nil {
+		return proofErr
 	}
 	if err != nil {
 		return c.unavailable(p, err)
