@@ -153,8 +153,13 @@ func dropHandover(t *testing.T, path string) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Numbers as they are: the owner is a 64-bit nonce, which a float64
+	// would round (and the device, no longer its owner's, would never be
+	// re-adopted).
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
 	var st map[string]any
-	if err := json.Unmarshal(data, &st); err != nil {
+	if err := dec.Decode(&st); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := st["handover"]; !ok {
