@@ -83,10 +83,12 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.devices.NearQueues, "ublk-near-queues", false, "benchmarks only: pin ublk server threads one per CPU and place each device queue on the thread of a CPU the kernel maps to it")
 	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
-	// Off by default: beside busy neighbours the kernel's hand-off of the
-	// writes to io-wq gave them 10-28% more IOPS at less CPU per I/O on
-	// 7.3 (docs/benchmark-studies.md, "RWF_NOWAIT writes beside busy
-	// neighbours"), and a lone volume's writes were even within the noise.
+	// Off by default: beside busy neighbours on the host's disk the
+	// kernel's hand-off of the writes to io-wq gave them 9-29% more IOPS
+	// at less CPU per I/O on 7.3, and a lone volume's writes were even
+	// within the noise; with the data disk in RAM, NOWAIT kept the quiet
+	// volume closer to loop (docs/benchmark-studies.md, "RWF_NOWAIT
+	// writes beside busy neighbours").
 	c.devices.NowaitWrites = string(ublk.ModeOff)
 	fs.Func("ublk-nowait-writes", "benchmarks only: ublk devices keep their backing file's mtime current from the server thread and send writes with RWF_NOWAIT: off (io_uring's hand-off of the writes that would block; default), auto (where the filesystem refuses NOWAIT writes over a stale mtime) or on",
 		func(s string) error {
