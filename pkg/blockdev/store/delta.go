@@ -16,20 +16,15 @@ const maxChain = 4096
 // file's extent map, cbt.Allocated) and its size. A missing snapshot is
 // ErrNotFound.
 func (s *Store) Allocated(ctx context.Context, id string) ([]cbt.Extent, int64, error) {
-	if !blockdev.IsSnapshotID(id) {
-		return nil, 0, fmt.Errorf("snapshot %q: %w", id, blockdev.ErrNotFound)
-	}
-	release, err := s.acquire(ctx, id)
-	if err != nil {
-		return nil, 0, err
-	}
-	defer release()
-	snap, err := s.Snapshot(id)
-	if err != nil {
-		return nil, 0, err
-	}
-	exts, err := cbt.Allocated(ctx, s.dataFile(id), snap.SizeBytes)
-	return exts, snap.SizeBytes, err
+	var exts []cbt.Extent
+	var size int64
+	err := s.withSnapshot(ctx, id, func(snap blockdev.Snapshot) error {
+		var err error
+		exts, err = cbt.Allocated(ctx, s.dataFile(id), snap.SizeBytes)
+		size = snap.SizeBytes
+		return err
+	})
+	return exts, size, err
 }
 
 // DeltaMethod says how Delta found its answer.

@@ -156,23 +156,36 @@ func (imp *Import) end() {
 // size. The open file keeps the data while it is read, whatever happens to
 // the snapshot meanwhile.
 func (s *Store) OpenSnapshot(ctx context.Context, id string) (*os.File, int64, error) {
+	var f *os.File
+	var size int64
+	err := s.withSnapshot(ctx, id, func(snap blockdev.Snapshot) error {
+		var err error
+		if f, err = os.Open(s.dataFile(id)); err != nil {
+			return fmt.Errorf("open snapshot %s: %w", id, err)
+		}
+		size = snap.SizeBytes
+		return nil
+	})
+	return f, size, err
+}
+
+// withSnapshot runs fn with the snapshot's record while the snapshot is
+// held (not deleted meanwhile). An ID that is no snapshot's is
+// ErrNotFound.
+func (s *Store) withSnapshot(ctx context.Context, id string, fn func(blockdev.Snapshot) error) error {
 	if !blockdev.IsSnapshotID(id) {
-		return nil, 0, fmt.Errorf("snapshot %q: %w", id, blockdev.ErrNotFound)
+		return fmt.Errorf("snapshot %q: %w", id, blockdev.ErrNotFound)
 	}
 	release, err := s.acquire(ctx, id)
 	if err != nil {
-		return nil, 0, err
+		return err
 	}
 	defer release()
 	snap, err := s.Snapshot(id)
 	if err != nil {
-		return nil, 0, err
+		return err
 	}
-	f, err := os.Open(s.dataFile(id))
-	if err != nil {
-		return nil, 0, fmt.Errorf("open snapshot %s: %w", id, err)
-	}
-	return f, snap.SizeBytes, nil
+	return fn(snap)
 }
 
 // CopyVolume takes a point-in-time copy of the volume, as consistent as
