@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
-.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-conformance e2e-k8s-down bench bench-engine \
+.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-conformance e2e-k8s-long e2e-k8s-down bench bench-engine \
         bench-vm bench-scale chart-test chart-readme chart-crds deploy image lint fmt vet clean
 
 all: build
@@ -92,6 +92,12 @@ e2e-k8s:
 # it (hack/k8s/conformance.sh).
 e2e-k8s-conformance:
 	E2E_K8S_CONFORMANCE=1 hack/k8s/e2e.sh
+
+# The cluster tests that take half an hour, outside make test: the
+# plugin's API token renewed by the kubelet while the plugin runs
+# (TestAPITokenRenewal, about 35 minutes with the cluster's start).
+e2e-k8s-long:
+	FASTBLK_K8S_LONG=1 E2E_K8S_SUITE=0 E2E_K8S_RUN='$(or $(E2E_K8S_RUN),TestAPITokenRenewal)' hack/k8s/e2e.sh
 
 # Tear down a cluster left by E2E_K8S_KEEP=1 or an interrupted run.
 e2e-k8s-down:

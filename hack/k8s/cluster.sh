@@ -181,6 +181,7 @@ control_plane() {
 		--kubelet-preferred-address-types=InternalIP \
 		--service-account-key-file="$PKI/sa.pub" --service-account-signing-key-file="$PKI/sa.key" \
 		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
+		--service-account-extend-token-expiration=false \
 		--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
 		--allow-privileged=true --profiling=false --v=1 \
 		--runtime-config=storage.k8s.io/v1beta1=true

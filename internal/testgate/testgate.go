@@ -54,6 +54,7 @@ const (
 // FASTBLK_REQUIRE makes a run without it fail.
 const (
 	Cluster         = "k8s"              // FASTBLK_K8S: the cluster of hack/k8s/e2e.sh
+	ClusterLong     = "k8s-long"         // FASTBLK_K8S_LONG=1: cluster tests of half an hour (make e2e-k8s-long)
 	PowerCut        = "powercut"         // FASTBLK_POWERCUT: two VM boots of hack/vm/powercut.sh
 	Sysctl          = "sysctl"           // FASTBLK_TEST_SYSCTL=1: may change machine-wide sysctls
 	ExclusiveMounts = "exclusive-mounts" // FASTBLK_EXCLUSIVE_MOUNTS=1: no other test mounts meanwhile
