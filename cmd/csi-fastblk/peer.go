@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/driver"
@@ -149,7 +150,7 @@ func selectorLabels(sel string) (map[string]string, error) {
 // it is up. Every call is authenticated by the peers' tokens (pkg/peer's
 // Tokens) and authorized by the API server's objects (the driver's
 // PeerAuthz, set by newPeerAuthz).
-func runPeer(ctx context.Context, c peerConfig, api *kubeapi.Client, nodeID string, drv *driver.Driver, ch *peerChannel) error {
+func runPeer(ctx context.Context, c peerConfig, api dynamic.Interface, nodeID string, drv *driver.Driver, ch *peerChannel) error {
 	lis, err := net.Listen("tcp", c.address)
 	if err != nil {
 		return fmt.Errorf("peer channel: listen: %w", err)
@@ -175,19 +176,22 @@ func runPeer(ctx context.Context, c peerConfig, api *kubeapi.Client, nodeID stri
 	if err != nil {
 		return fmt.Errorf("peer channel: %w", err)
 	}
+	peers := peer.NewPodResolver(api, c.namespace, c.selector, port, driver.NodeTag)
+	if err := peers.Start(ctx); err != nil {
+		return nil // only ctx's end stops the first list
+	}
 	tok := &peer.Tokens{Self: peer.TokenFile(c.tokenFile), Node: nodeID, Auth: &peer.Authenticator{
-		API: api, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
+		API: api, Pods: peers.Pod, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
 	if _, err := tok.Self(); err != nil {
 		return fmt.Errorf("peer channel: %w", err)
 	}
-	ch.client.Store(peer.NewClient(creds, &peer.PodResolver{API: api, Namespace: c.namespace, Selector: c.selector,
-		Port: port, Tag: driver.NodeTag}).WithTokens(tok))
+	ch.client.Store(peer.NewClient(creds, peers).WithTokens(tok))
 	klog.InfoS("peer channel up", "address", c.address, "identity", creds.Self(), "ca", ca.Cert.Subject.CommonName, "audience", c.audience, "limits", c.limits)
 	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(driver.LogAndRecover)}, tok.ServerOptions()...)
 	return peer.NewServerWith(creds, drv.PeerService(), c.limits, opts...).Serve(ctx, lis)
 }
 
 // newPeerAuthz is the driver's authorizer of peers' calls.
-func newPeerAuthz(api *kubeapi.Client, driverName string) driver.PeerAuthorizer {
+func newPeerAuthz(api dynamic.Interface, driverName string) driver.PeerAuthorizer {
 	return &driver.APIAuthorizer{API: api, Driver: driverName}
 }

@@ -32,7 +32,7 @@ func runPeerCA(ctx context.Context, args []string) error {
 		}
 		labels = l
 	}
-	api, err := kubeapi.InCluster()
+	api, err := kubeapi.InCluster("peer-ca")
 	if err != nil {
 		return fmt.Errorf("peer-ca: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
@@ -173,11 +174,13 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return err
 	}
 	var peers *peerChannel
-	var api *kubeapi.Client
-	if cfg.peer.address != "" {
-		if api, err = kubeapi.InCluster(); err != nil {
-			return fmt.Errorf("peer channel: %w", err)
+	var api dynamic.Interface
+	if cfg.peer.address != "" || cfg.labelContents {
+		if api, err = kubeapi.InCluster("plugin"); err != nil {
+			return fmt.Errorf("kubernetes API (for the peer channel and the snapshot labeller): %w", err)
 		}
+	}
+	if cfg.peer.address != "" {
 		peers = &peerChannel{}
 		cfg.driver.Peers = peers
 		cfg.driver.NoPeerData = !cfg.peer.serveData
@@ -207,10 +210,6 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	go drv.WatchIOErrors(ctx, ioWatchInterval)
 	if cfg.labelContents {
-		api, err := kubeapi.InCluster()
-		if err != nil {
-			return fmt.Errorf("--label-snapshot-contents: %w", err)
-		}
 		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot}
 		go l.Run(ctx, contentLabelInterval)
 	}
@@ -240,7 +239,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 
 // serveWithPeers serves the CSI endpoint and the peer channel until ctx
 // ends or either fails.
-func serveWithPeers(ctx context.Context, cfg *serveConfig, api *kubeapi.Client, drv *driver.Driver, peers *peerChannel, lis net.Listener) error {
+func serveWithPeers(ctx context.Context, cfg *serveConfig, api dynamic.Interface, drv *driver.Driver, peers *peerChannel, lis net.Listener) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	peerErr := make(chan error, 1)

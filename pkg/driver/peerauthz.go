@@ -2,17 +2,18 @@ package driver
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
 	"maps"
-	"math"
-	"net/url"
-	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	storagev1beta1 "k8s.io/api/storage/v1beta1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
@@ -46,73 +47,40 @@ type PeerAuthorizer interface {
 const annSelectedNode = "volume.kubernetes.io/selected-node"
 
 // APIAuthorizer is the PeerAuthorizer of a cluster: it reads the claims,
-// volumes, snapshots and classes the calls name (none cached: the calls
-// are rare, and a claim may change between them).
+// volumes, snapshots and classes the calls name from the API server (none
+// cached: the calls are rare, and a claim may change between them).
 type APIAuthorizer struct {
-	API    *kubeapi.Client
+	API    dynamic.Interface
 	Driver string // the CSI driver name, which the objects must name
 }
 
 var _ PeerAuthorizer = (*APIAuthorizer)(nil)
 
-type objectRef struct {
-	APIGroup  string `json:"apiGroup"`
-	Kind      string `json:"kind"`
-	Name      string `json:"name"`
-	Namespace string `json:"namespace"`
-}
-
-type claimObject struct {
-	Metadata struct {
-		UID         string            `json:"uid"`
-		Annotations map[string]string `json:"annotations"`
-	} `json:"metadata"`
-	Spec struct {
-		DataSource                *objectRef `json:"dataSource"`
-		DataSourceRef             *objectRef `json:"dataSourceRef"`
-		VolumeName                string     `json:"volumeName"`
-		VolumeAttributesClassName *string    `json:"volumeAttributesClassName"`
-		Resources                 struct {
-			Requests map[string]string `json:"requests"`
-		} `json:"resources"`
-	} `json:"spec"`
-}
-
-type pvObject struct {
-	Spec struct {
-		CSI *struct {
-			Driver       string `json:"driver"`
-			VolumeHandle string `json:"volumeHandle"`
-		} `json:"csi"`
-		ClaimRef *struct {
-			Namespace string `json:"namespace"`
-			Name      string `json:"name"`
-			UID       string `json:"uid"`
-		} `json:"claimRef"`
-	} `json:"spec"`
-}
-
-// get reads the object at path, what in errors: a missing object is
-// PermissionDenied naming it.
-func (a *APIAuthorizer) get(ctx context.Context, path, what string, v any) error {
-	body, err := a.API.Get(ctx, path, nil)
-	if errors.Is(err, kubeapi.ErrNotFound) {
+// got turns the error of a read of what into the call's: a missing object
+// is PermissionDenied naming it, any other failure Unavailable.
+func got(err error, what string) error {
+	switch {
+	case err == nil:
+		return nil
+	case apierrors.IsNotFound(err):
 		return status.Errorf(codes.PermissionDenied, "peer call refused: %s does not exist", what)
 	}
-	if err != nil {
-		return status.Errorf(codes.Unavailable, "peer call: get %s: %v", what, err)
-	}
-	if err := json.Unmarshal(body, v); err != nil {
-		return status.Errorf(codes.Unavailable, "peer call: %s: %v", what, err)
-	}
-	return nil
+	return status.Errorf(codes.Unavailable, "peer call: get %s: %v", what, err)
 }
 
 func denied(format string, args ...any) error {
 	return status.Errorf(codes.PermissionDenied, "peer call refused: "+format, args...)
 }
 
-func esc(s string) string { return url.PathEscape(s) }
+func (a *APIAuthorizer) claim(ctx context.Context, ns, name, what string) (*corev1.PersistentVolumeClaim, error) {
+	c, err := kubeapi.Get[corev1.PersistentVolumeClaim](ctx, a.API, kubeapi.PersistentVolumeClaims, ns, name)
+	return c, got(err, what)
+}
+
+func (a *APIAuthorizer) volume(ctx context.Context, name, what string) (*corev1.PersistentVolume, error) {
+	v, err := kubeapi.Get[corev1.PersistentVolume](ctx, a.API, kubeapi.PersistentVolumes, "", name)
+	return v, got(err, what)
+}
 
 // Read allows the read when the claim is scheduled to node, not bound
 // yet, and its data source is the snapshot or claim whose bound object has
@@ -123,11 +91,11 @@ func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.
 		return denied("the read of %s %s names no claim (the provisioner's --extra-create-metadata gives it)", kind, source)
 	}
 	what := "claim " + claim
-	var pvc claimObject
-	if err := a.get(ctx, "/api/v1/namespaces/"+esc(ns)+"/persistentvolumeclaims/"+esc(name), what, &pvc); err != nil {
+	pvc, err := a.claim(ctx, ns, name, what)
+	if err != nil {
 		return err
 	}
-	if sel := pvc.Metadata.Annotations[annSelectedNode]; sel != node {
+	if sel := pvc.Annotations[annSelectedNode]; sel != node {
 		return denied("%s is not scheduled to node %s (its %s is %q), so that node may not read %s %s", what, node, annSelectedNode, sel, kind, source)
 	}
 	// A claim's volume is made (and its data read) before it binds: a
@@ -135,73 +103,69 @@ func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.
 	if pvc.Spec.VolumeName != "" {
 		return denied("%s is bound already (to %s), so it asks for no read of %s %s", what, pvc.Spec.VolumeName, kind, source)
 	}
-	src := pvc.Spec.DataSourceRef
-	if src == nil {
-		src = pvc.Spec.DataSource
-	}
-	if src == nil || (src.Namespace != "" && src.Namespace != ns) {
+	var group, srcKind, srcName string
+	switch ref, src := pvc.Spec.DataSourceRef, pvc.Spec.DataSource; {
+	case ref != nil && (ref.Namespace == nil || *ref.Namespace == "" || *ref.Namespace == ns):
+		group, srcKind, srcName = deref(ref.APIGroup), ref.Kind, ref.Name
+	case ref == nil && src != nil:
+		group, srcKind, srcName = deref(src.APIGroup), src.Kind, src.Name
+	default:
 		return denied("%s has no data source in its namespace, so it reads no %s %s", what, kind, source)
 	}
 	switch kind {
 	case peer.SourceSnapshot:
-		if src.Kind != "VolumeSnapshot" || src.APIGroup != "snapshot.storage.k8s.io" {
-			return denied("the data source of %s is %s %s, not a VolumeSnapshot", what, src.Kind, src.Name)
+		if srcKind != "VolumeSnapshot" || group != kubeapi.VolumeSnapshots.Group {
+			return denied("the data source of %s is %s %s, not a VolumeSnapshot", what, srcKind, srcName)
 		}
-		return a.snapshotIs(ctx, ns, src.Name, source)
+		return a.snapshotIs(ctx, ns, srcName, source)
 	case peer.SourceVolume:
-		if src.Kind != "PersistentVolumeClaim" || src.APIGroup != "" {
-			return denied("the data source of %s is %s %s, not a PersistentVolumeClaim", what, src.Kind, src.Name)
+		if srcKind != "PersistentVolumeClaim" || group != "" {
+			return denied("the data source of %s is %s %s, not a PersistentVolumeClaim", what, srcKind, srcName)
 		}
-		var from claimObject
-		if err := a.get(ctx, "/api/v1/namespaces/"+esc(ns)+"/persistentvolumeclaims/"+esc(src.Name), "claim "+ns+"/"+src.Name, &from); err != nil {
+		from, err := a.claim(ctx, ns, srcName, "claim "+ns+"/"+srcName)
+		if err != nil {
 			return err
 		}
-		var pv pvObject
-		if err := a.get(ctx, "/api/v1/persistentvolumes/"+esc(from.Spec.VolumeName), "persistent volume "+from.Spec.VolumeName+" of claim "+ns+"/"+src.Name, &pv); err != nil {
+		pv, err := a.volume(ctx, from.Spec.VolumeName, "persistent volume "+from.Spec.VolumeName+" of claim "+ns+"/"+srcName)
+		if err != nil {
 			return err
 		}
-		if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != a.Driver || pv.Spec.CSI.VolumeHandle != source {
-			return denied("claim %s/%s (the data source of %s) is not bound to the volume %s", ns, src.Name, what, source)
+		if c := pv.Spec.CSI; c == nil || c.Driver != a.Driver || c.VolumeHandle != source {
+			return denied("claim %s/%s (the data source of %s) is not bound to the volume %s", ns, srcName, what, source)
 		}
 		return nil
 	}
 	return denied("unknown %v", kind)
 }
 
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
 // snapshotIs allows the read when the VolumeSnapshot ns/name is bound to
 // a content of this driver whose snapshot handle is source.
 func (a *APIAuthorizer) snapshotIs(ctx context.Context, ns, name, source string) error {
 	what := "VolumeSnapshot " + ns + "/" + name
-	var vs struct {
-		Status struct {
-			Content string `json:"boundVolumeSnapshotContentName"`
-		} `json:"status"`
-	}
-	if err := a.get(ctx, "/apis/snapshot.storage.k8s.io/v1/namespaces/"+esc(ns)+"/volumesnapshots/"+esc(name), what, &vs); err != nil {
+	vs, err := a.API.Resource(kubeapi.VolumeSnapshots).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+	if err := got(err, what); err != nil {
 		return err
 	}
-	if vs.Status.Content == "" {
+	content, _, _ := unstructured.NestedString(vs.Object, "status", "boundVolumeSnapshotContentName")
+	if content == "" {
 		return denied("%s is bound to no content", what)
 	}
-	var c struct {
-		Spec struct {
-			Driver string `json:"driver"`
-			Source struct {
-				SnapshotHandle string `json:"snapshotHandle"`
-			} `json:"source"`
-		} `json:"spec"`
-		Status struct {
-			SnapshotHandle string `json:"snapshotHandle"`
-		} `json:"status"`
-	}
-	if err := a.get(ctx, "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/"+esc(vs.Status.Content), "VolumeSnapshotContent "+vs.Status.Content+" of "+what, &c); err != nil {
+	c, err := a.API.Resource(kubeapi.VolumeSnapshotContents).Get(ctx, content, metav1.GetOptions{})
+	if err := got(err, "VolumeSnapshotContent "+content+" of "+what); err != nil {
 		return err
 	}
-	handle := c.Status.SnapshotHandle
+	handle, _, _ := unstructured.NestedString(c.Object, "status", "snapshotHandle")
 	if handle == "" {
-		handle = c.Spec.Source.SnapshotHandle
+		handle, _, _ = unstructured.NestedString(c.Object, "spec", "source", "snapshotHandle")
 	}
-	if c.Spec.Driver != a.Driver || handle != source {
+	if drv, _, _ := unstructured.NestedString(c.Object, "spec", "driver"); drv != a.Driver || handle != source {
 		return denied("%s is not the snapshot %s", what, source)
 	}
 	return nil
@@ -209,26 +173,26 @@ func (a *APIAuthorizer) snapshotIs(ctx context.Context, ns, name, source string)
 
 // boundClaim returns the claim bound to the PV pv, which must be of this
 // driver's volume volumeID.
-func (a *APIAuthorizer) boundClaim(ctx context.Context, volumeID, pv string) (claimObject, string, error) {
+func (a *APIAuthorizer) boundClaim(ctx context.Context, volumeID, pv string) (*corev1.PersistentVolumeClaim, string, error) {
 	what := "persistent volume " + pv + " of volume " + volumeID
-	var v pvObject
-	if err := a.get(ctx, "/api/v1/persistentvolumes/"+esc(pv), what, &v); err != nil {
-		return claimObject{}, "", err
+	v, err := a.volume(ctx, pv, what)
+	if err != nil {
+		return nil, "", err
 	}
-	if v.Spec.CSI == nil || v.Spec.CSI.Driver != a.Driver || v.Spec.CSI.VolumeHandle != volumeID {
-		return claimObject{}, "", denied("persistent volume %s is not the volume %s", pv, volumeID)
+	if c := v.Spec.CSI; c == nil || c.Driver != a.Driver || c.VolumeHandle != volumeID {
+		return nil, "", denied("persistent volume %s is not the volume %s", pv, volumeID)
 	}
 	ref := v.Spec.ClaimRef
 	if ref == nil {
-		return claimObject{}, "", denied("%s is bound to no claim", what)
+		return nil, "", denied("%s is bound to no claim", what)
 	}
 	claim := "claim " + ref.Namespace + "/" + ref.Name
-	var c claimObject
-	if err := a.get(ctx, "/api/v1/namespaces/"+esc(ref.Namespace)+"/persistentvolumeclaims/"+esc(ref.Name), claim+" of "+what, &c); err != nil {
-		return claimObject{}, "", err
+	c, err := a.claim(ctx, ref.Namespace, ref.Name, claim+" of "+what)
+	if err != nil {
+		return nil, "", err
 	}
-	if c.Metadata.UID != ref.UID || c.Spec.VolumeName != pv {
-		return claimObject{}, "", denied("%s is not bound to %s", claim, what)
+	if c.UID != ref.UID || c.Spec.VolumeName != pv {
+		return nil, "", denied("%s is not bound to %s", claim, what)
 	}
 	return c, claim, nil
 }
@@ -244,19 +208,23 @@ func (a *APIAuthorizer) Modify(ctx context.Context, volumeID, pv string, params 
 		return denied("%s asks for no VolumeAttributesClass", claim)
 	}
 	name := *c.Spec.VolumeAttributesClassName
-	var vac struct {
-		DriverName string            `json:"driverName"`
-		Parameters map[string]string `json:"parameters"`
-	}
 	what := "VolumeAttributesClass " + name + " of " + claim
-	err = a.get(ctx, "/apis/storage.k8s.io/v1/volumeattributesclasses/"+esc(name), what, &vac)
-	if status.Code(err) == codes.PermissionDenied { // a cluster that serves only v1beta1
-		err = a.get(ctx, "/apis/storage.k8s.io/v1beta1/volumeattributesclasses/"+esc(name), what, &vac)
+	var driverName string
+	var parameters map[string]string
+	vac, err := kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClasses, "", name)
+	if err == nil {
+		driverName, parameters = vac.DriverName, vac.Parameters
+	} else if apierrors.IsNotFound(err) { // or a cluster that serves only v1beta1
+		beta, berr := kubeapi.Get[storagev1beta1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClassesBeta, "", name)
+		if berr == nil {
+			driverName, parameters = beta.DriverName, beta.Parameters
+		}
+		err = berr
 	}
-	if err != nil {
+	if err := got(err, what); err != nil {
 		return err
 	}
-	if vac.DriverName != a.Driver || !maps.Equal(vac.Parameters, params) {
+	if driverName != a.Driver || !maps.Equal(parameters, params) {
 		return denied("%s asks for VolumeAttributesClass %s, whose driver or parameters are not the call's", claim, name)
 	}
 	return nil
@@ -268,32 +236,12 @@ func (a *APIAuthorizer) Expand(ctx context.Context, volumeID, pv string, require
 	if err != nil {
 		return err
 	}
-	q := c.Spec.Resources.Requests["storage"]
-	asked, err := storageBytes(q)
-	if err != nil {
-		return denied("%s asks for a storage size this plugin does not read (%q): %v", claim, q, err)
+	q, ok := c.Spec.Resources.Requests[corev1.ResourceStorage]
+	if !ok {
+		return denied("%s asks for no storage size", claim)
 	}
-	if required > asked {
-		return denied("%s asks for %s (%d bytes), less than the %d bytes of the call", claim, q, asked, required)
+	if asked := q.Value(); required > asked {
+		return denied("%s asks for %s (%d bytes), less than the %d bytes of the call", claim, q.String(), asked, required)
 	}
 	return nil
-}
-
-// storageBytes reads a claim's storage request as the API server keeps
-// it (canonical): an integer with an optional binary (Ki to Ei) or decimal
-// (k to E) suffix.
-func storageBytes(q string) (int64, error) {
-	for _, u := range []struct {
-		suffix string
-		mult   int64
-	}{{"Ei", 1 << 60}, {"Pi", 1 << 50}, {"Ti", 1 << 40}, {"E", 1e18}, {"P", 1e15}, {"T", 1e12}} {
-		if num, ok := strings.CutSuffix(q, u.suffix); ok {
-			n, err := strconv.ParseInt(num, 10, 64)
-			if err != nil || n < 0 || n > math.MaxInt64/u.mult {
-				return 0, fmt.Errorf("size %q: want an integer with a suffix", q)
-			}
-			return n * u.mult, nil
-		}
-	}
-	return ParseBytes(q)
 }

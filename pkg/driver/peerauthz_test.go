@@ -10,6 +10,12 @@ import (
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 	"github.com/fastblk/csi-fastblk/pkg/peer/peertest"
@@ -21,46 +27,46 @@ func authzNodes(t *testing.T) (n1, n2 *testNode, api *peertest.API) {
 	t.Helper()
 	n1, n2, _ = peerNodesWith(t, "loop")
 	api = peertest.New()
-	n1.d.cfg.PeerAuthz = &APIAuthorizer{API: api.Start(t), Driver: n1.d.cfg.Name}
+	n1.d.cfg.PeerAuthz = &APIAuthorizer{API: api.Client, Driver: n1.d.cfg.Name}
 	return n1, n2, api
 }
 
-const (
-	claimsPath = "/api/v1/namespaces/shop/persistentvolumeclaims/"
-	pvsPath    = "/api/v1/persistentvolumes/"
-)
-
-// claim is a PVC of namespace shop as the API server answers it.
-func claim(uid, selectedNode string, source map[string]string, volumeName, class, storage string) map[string]any {
-	c := map[string]any{
-		"metadata": map[string]any{"uid": uid, "annotations": map[string]string{annSelectedNode: selectedNode}},
-		"spec": map[string]any{"dataSource": source, "volumeName": volumeName,
-			"resources": map[string]any{"requests": map[string]string{"storage": storage}}},
+// claim is the PVC shop/name.
+func claim(name, uid, selectedNode string, source *corev1.TypedLocalObjectReference, volumeName, class, storage string) *corev1.PersistentVolumeClaim {
+	c := &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, UID: types.UID(uid), Annotations: map[string]string{annSelectedNode: selectedNode}},
+		Spec: corev1.PersistentVolumeClaimSpec{DataSource: source, VolumeName: volumeName,
+			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse(storage)}}},
 	}
 	if class != "" {
-		c["spec"].(map[string]any)["volumeAttributesClassName"] = class
+		c.Spec.VolumeAttributesClassName = &class
 	}
 	return c
 }
 
-func fromSnapshot(name string) map[string]string {
-	return map[string]string{"apiGroup": "snapshot.storage.k8s.io", "kind": "VolumeSnapshot", "name": name}
+func fromSnapshot(name string) *corev1.TypedLocalObjectReference {
+	group := "snapshot.storage.k8s.io"
+	return &corev1.TypedLocalObjectReference{APIGroup: &group, Kind: "VolumeSnapshot", Name: name}
 }
 
 // snapshotObjects puts in api the VolumeSnapshot shop/name bound to a
 // content of driver whose handle is handle.
-func snapshotObjects(api *peertest.API, driver, name, handle string) {
-	api.Set("/apis/snapshot.storage.k8s.io/v1/namespaces/shop/volumesnapshots/"+name,
-		map[string]any{"status": map[string]any{"boundVolumeSnapshotContentName": "content-" + name}})
-	api.Set("/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents/content-"+name,
-		map[string]any{"spec": map[string]any{"driver": driver}, "status": map[string]any{"snapshotHandle": handle}})
+func snapshotObjects(t *testing.T, api *peertest.API, driver, name, handle string) {
+	api.Put(t, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+		"metadata": map[string]any{"namespace": "shop", "name": name},
+		"status":   map[string]any{"boundVolumeSnapshotContentName": "content-" + name}}})
+	api.Put(t, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+		"metadata": map[string]any{"name": "content-" + name},
+		"spec":     map[string]any{"driver": driver}, "status": map[string]any{"snapshotHandle": handle}}})
 }
 
 // pvOf is the PV name of the CSI volume id on driver, bound to shop/claim.
-func pvOf(driver, id, claim, uid string) map[string]any {
-	return map[string]any{"spec": map[string]any{
-		"csi":      map[string]string{"driver": driver, "volumeHandle": id},
-		"claimRef": map[string]string{"namespace": "shop", "name": claim, "uid": uid}}}
+func pvOf(name, driver, id, claim, uid string) *corev1.PersistentVolume {
+	return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{
+		PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: id}},
+		ClaimRef:               &corev1.ObjectReference{Namespace: "shop", Name: claim, UID: types.UID(uid)}}}
 }
 
 // TestPeerReadNeedsClaimOfCaller: n2 may read n1's snapshot or volume
@@ -74,17 +80,17 @@ func TestPeerReadNeedsClaimOfCaller(t *testing.T) {
 	drv := n1.d.cfg.Name
 	vol, snap := n1.source(8<<20, [][2]int64{{0, 1 << 20}})
 	other := n1.snapshot("snap-weekly", n1.create("pvc-weekly", 8<<20, nil))
-	snapshotObjects(api, drv, "nightly", snap)
-	snapshotObjects(api, drv, "weekly", other)
-	api.Set(claimsPath+"restore", claim("u1", "n2", fromSnapshot("nightly"), "", "", "8Mi"))
-	api.Set(claimsPath+"on-n1", claim("u2", "n1", fromSnapshot("nightly"), "", "", "8Mi"))
-	api.Set(claimsPath+"weekly", claim("u3", "n2", fromSnapshot("weekly"), "", "", "8Mi"))
-	api.Set(claimsPath+"lost", claim("u4", "n2", fromSnapshot("gone"), "", "", "8Mi"))
-	api.Set(claimsPath+"empty", claim("u5", "n2", nil, "", "", "8Mi"))
-	api.Set(claimsPath+"bound", claim("u8", "n2", fromSnapshot("nightly"), "pvc-u8", "", "8Mi"))
-	api.Set(claimsPath+"clone", claim("u6", "n2", map[string]string{"kind": "PersistentVolumeClaim", "name": "src"}, "", "", "8Mi"))
-	api.Set(claimsPath+"src", claim("u7", "n1", nil, "pvc-src", "", "8Mi"))
-	api.Set(pvsPath+"pvc-src", pvOf(drv, vol, "src", "u7"))
+	snapshotObjects(t, api, drv, "nightly", snap)
+	snapshotObjects(t, api, drv, "weekly", other)
+	api.Put(t, claim("restore", "u1", "n2", fromSnapshot("nightly"), "", "", "8Mi"))
+	api.Put(t, claim("on-n1", "u2", "n1", fromSnapshot("nightly"), "", "", "8Mi"))
+	api.Put(t, claim("weekly", "u3", "n2", fromSnapshot("weekly"), "", "", "8Mi"))
+	api.Put(t, claim("lost", "u4", "n2", fromSnapshot("gone"), "", "", "8Mi"))
+	api.Put(t, claim("empty", "u5", "n2", nil, "", "", "8Mi"))
+	api.Put(t, claim("bound", "u8", "n2", fromSnapshot("nightly"), "pvc-u8", "", "8Mi"))
+	api.Put(t, claim("clone", "u6", "n2", &corev1.TypedLocalObjectReference{Kind: "PersistentVolumeClaim", Name: "src"}, "", "", "8Mi"))
+	api.Put(t, claim("src", "u7", "n1", nil, "pvc-src", "", "8Mi"))
+	api.Put(t, pvOf("pvc-src", drv, vol, "src", "u7"))
 
 	read := func(kind peer.SourceKind, id, claim string) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -139,8 +145,8 @@ func TestPeerHandoffNeedsClaimOfCaller(t *testing.T) {
 	requireRoot(t)
 	n1, n2, api := authzNodes(t)
 	_, snap := n1.source(8<<20, [][2]int64{{0, 1 << 20}})
-	snapshotObjects(api, n1.d.cfg.Name, "nightly", snap)
-	api.Set(claimsPath+"restore", claim("u1", "n2", fromSnapshot("nightly"), "", "", "8Mi"))
+	snapshotObjects(t, api, n1.d.cfg.Name, "nightly", snap)
+	api.Put(t, claim("restore", "u1", "n2", fromSnapshot("nightly"), "", "", "8Mi"))
 	params := map[string]string{ParamCrossNodeSource: "handoff", ParamPVCNamespace: "shop", ParamPVCName: "other"}
 	if _, err := n2.createFrom("pvc-other", 8<<20, snapshotSource(snap), params, time.Minute); status.Code(err) != codes.PermissionDenied ||
 		!strings.Contains(err.Error(), "claim shop/other does not exist") {
@@ -161,9 +167,9 @@ func TestPeerModifyNeedsClaimAsking(t *testing.T) {
 	n1, n2, api := authzNodes(t)
 	drv := n1.d.cfg.Name
 	vol := n1.create("pvc-u1", 1<<20, nil)
-	api.Set(pvsPath+"pvc-u1", pvOf(drv, vol, "data", "u1"))
-	api.Set(claimsPath+"data", claim("u1", "n1", nil, "pvc-u1", "gold", "4Mi"))
-	api.Set("/apis/storage.k8s.io/v1/volumeattributesclasses/gold", map[string]any{"driverName": drv, "parameters": map[string]string{ParamMaxIOPS: "0"}})
+	api.Put(t, pvOf("pvc-u1", drv, vol, "data", "u1"))
+	api.Put(t, claim("data", "u1", "n1", nil, "pvc-u1", "gold", "4Mi"))
+	api.Put(t, &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "gold"}, DriverName: drv, Parameters: map[string]string{ParamMaxIOPS: "0"}})
 	ctx := context.Background()
 	modify := func(params map[string]string) error {
 		_, err := n2.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: vol, MutableParameters: params})
@@ -188,30 +194,14 @@ func TestPeerModifyNeedsClaimAsking(t *testing.T) {
 	}
 	denied("expand past the claim's size", expand(8<<20), "claim shop/data asks for 4Mi")
 
-	api.Set(claimsPath+"data", claim("u1", "n1", nil, "pvc-u1", "", "4Mi"))
+	api.Put(t, claim("data", "u1", "n1", nil, "pvc-u1", "", "4Mi"))
 	denied("modify of a claim without a class", modify(map[string]string{ParamMaxIOPS: "0"}), "claim shop/data asks for no VolumeAttributesClass")
-	api.Set(claimsPath+"data", claim("u-new", "n1", nil, "pvc-u1", "gold", "8Mi"))
+	api.Put(t, claim("data", "u-new", "n1", nil, "pvc-u1", "gold", "8Mi"))
 	denied("expand for a claim of the same name made anew", expand(8<<20), "is not bound to persistent volume pvc-u1")
-	api.Lock()
-	delete(api.Objects, pvsPath+"pvc-u1")
-	api.Unlock()
+	api.Remove(t, pvOf("pvc-u1", drv, vol, "data", "u1"))
 	denied("modify without a PV", modify(map[string]string{ParamMaxIOPS: "0"}), "persistent volume pvc-u1 of volume "+vol+" does not exist")
 	if v, _ := n1.d.store.Volume(storeVolumeID(vol)); v.SizeBytes != 4<<20 {
 		t.Errorf("n1's volume is %d bytes after the refusals, want 4 MiB", v.SizeBytes)
-	}
-}
-
-// TestStorageBytes: a claim's request as the API server keeps it.
-func TestStorageBytes(t *testing.T) {
-	for q, want := range map[string]int64{"1Gi": 1 << 30, "10G": 10e9, "2Ti": 2 << 40, "1T": 1e12, "512": 512, "3Mi": 3 << 20} {
-		if got, err := storageBytes(q); err != nil || got != want {
-			t.Errorf("storageBytes(%q) = %d, %v; want %d", q, got, err, want)
-		}
-	}
-	for _, q := range []string{"", "1.5Gi", "1e9", "-1Gi", "9999999Ei"} {
-		if got, err := storageBytes(q); err == nil {
-			t.Errorf("storageBytes(%q) = %d, want an error", q, got)
-		}
 	}
 }
 

@@ -2,136 +2,122 @@ package peer
 
 import (
 	"context"
-	"encoding/json"
-	"encoding/pem"
 	"errors"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
+	"github.com/fastblk/csi-fastblk/pkg/peer/peertest"
 )
 
-// apiServer is an API server of one namespace's Secrets (GET by name,
-// POST, 409 on a second POST of a name) and a fixed pod list, over TLS.
-type apiServer struct {
-	mu      sync.Mutex
-	secrets map[string][]byte
-	late    map[string][]byte // made by another plugin just before this one's POST
-	posts   int
-	deletes int
-	pods    string
-}
-
-func (a *apiServer) start(t *testing.T) *kubeapi.Client {
-	t.Helper()
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		const secrets = "/api/v1/namespaces/csi-fastblk/secrets"
-		switch {
-		case r.Method == http.MethodPost && r.URL.Path == secrets:
-			a.posts++
-			body, _ := io.ReadAll(r.Body)
-			var s struct {
-				Metadata struct{ Name string } `json:"metadata"`
-			}
-			if json.Unmarshal(body, &s) != nil {
-				http.Error(w, "bad body", http.StatusBadRequest)
-				return
-			}
-			if late, ok := a.late[s.Metadata.Name]; ok {
-				a.secrets[s.Metadata.Name] = late
-			}
-			if _, ok := a.secrets[s.Metadata.Name]; ok {
-				http.Error(w, "exists", http.StatusConflict)
-				return
-			}
-			a.secrets[s.Metadata.Name] = body
-			w.WriteHeader(http.StatusCreated)
-		case r.Method == http.MethodDelete && strings.HasPrefix(r.URL.Path, secrets+"/"):
-			a.deletes++
-			delete(a.secrets, r.URL.Path[len(secrets)+1:])
-		case r.Method == http.MethodGet && len(r.URL.Path) > len(secrets) && r.URL.Path[:len(secrets)] == secrets:
-			body, ok := a.secrets[r.URL.Path[len(secrets)+1:]]
-			if !ok {
-				http.NotFound(w, r)
-				return
-			}
-			w.Write(body)
-		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/namespaces/csi-fastblk/pods":
-			if r.URL.Query().Get("labelSelector") != "app=fastblk" || r.URL.Query().Get("fieldSelector") != "status.phase=Running" {
-				http.Error(w, "unexpected query "+r.URL.RawQuery, http.StatusBadRequest)
-				return
-			}
-			io.WriteString(w, a.pods)
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	t.Cleanup(srv.Close)
-	c, err := kubeapi.NewClient(srv.URL, "tok", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
+// caSecret is a Secret of typ holding ca.
+func caSecret(name string, typ corev1.SecretType, ca *CA) *corev1.Secret {
+	return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "csi-fastblk", Name: name}, Type: typ,
+		Data: map[string][]byte{secretCert: ca.CertPEM, secretKey: ca.KeyPEM}}
 }
 
 // TestEnsureCA: the first run of the peer-ca Job makes the CA Secret, of
 // its own type; later ones (an upgrade) and the plugins read the same CA;
 // a run that loses the race to create it reads the winner's.
 func TestEnsureCA(t *testing.T) {
-	a := &apiServer{secrets: map[string][]byte{}}
-	api := a.start(t)
+	api := peertest.New()
 	ctx := context.Background()
-	first, err := EnsureCA(ctx, api, "csi-fastblk", "peer-ca", map[string]string{"app": "fastblk"})
+	first, err := EnsureCA(ctx, api.Client, "csi-fastblk", "peer-ca", map[string]string{"app": "fastblk"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := EnsureCA(ctx, api, "csi-fastblk", "peer-ca", nil)
-	if err != nil || !again.Cert.Equal(first.Cert) || a.posts != 1 {
-		t.Fatalf("second start: %v, same CA %v, %d creates; want the first CA, one create", err, err == nil && again.Cert.Equal(first.Cert), a.posts)
+	again, err := EnsureCA(ctx, api.Client, "csi-fastblk", "peer-ca", nil)
+	if creates := api.Calls("create", "secrets"); err != nil || !again.Cert.Equal(first.Cert) || creates != 1 {
+		t.Fatalf("second start: %v, same CA %v, %d creates; want the first CA, one create", err, err == nil && again.Cert.Equal(first.Cert), creates)
+	}
+	s, err := kubeapi.Get[corev1.Secret](ctx, api.Client, kubeapi.Secrets, "csi-fastblk", "peer-ca")
+	if err != nil || s.Type != SecretType || s.Labels["app"] != "fastblk" {
+		t.Errorf("the CA Secret: %v; want type %s and the labels", err, SecretType)
 	}
 
-	// The race: the Secret appears between this plugin's GET and POST.
+	// The race: the Secret appears between this run's GET and its create.
 	winner, err := NewCA("winner", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(map[string]any{"type": SecretType, "data": map[string][]byte{secretCert: winner.CertPEM, secretKey: winner.KeyPEM}})
-	raced := &apiServer{secrets: map[string][]byte{}, late: map[string][]byte{"peer-ca": body}}
-	got, err := EnsureCA(ctx, raced.start(t), "csi-fastblk", "peer-ca", nil)
+	raced := peertest.New()
+	raced.Client.PrependReactor("create", "secrets", func(k8stesting.Action) (bool, runtime.Object, error) {
+		raced.Put(t, caSecret("peer-ca", SecretType, winner))
+		return false, nil, nil // the create goes on, and finds it
+	})
+	got, err := EnsureCA(ctx, raced.Client, "csi-fastblk", "peer-ca", nil)
 	if err != nil || !got.Cert.Equal(winner.Cert) {
 		t.Fatalf("lost race: %v; want the winner's CA", err)
 	}
 
-	if plugin, err := ReadCA(ctx, api, "csi-fastblk", "peer-ca"); err != nil || !plugin.Cert.Equal(first.Cert) {
+	if plugin, err := ReadCA(ctx, api.Client, "csi-fastblk", "peer-ca"); err != nil || !plugin.Cert.Equal(first.Cert) {
 		t.Errorf("a plugin reads %v, %v; want the Job's CA", plugin, err)
 	}
-	a.secrets["broken"] = []byte(`{"type":"` + SecretType + `","data":{"ca.crt":"bm90IHBlbQ=="}}`)
-	if _, err := EnsureCA(ctx, api, "csi-fastblk", "broken", nil); err == nil {
+	api.Put(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "csi-fastblk", Name: "broken"}, Type: SecretType,
+		Data: map[string][]byte{secretCert: []byte("not pem")}})
+	if _, err := EnsureCA(ctx, api.Client, "csi-fastblk", "broken", nil); err == nil {
 		t.Error("a Secret without a CA: no error")
 	}
 }
 
+// resolverPod is a plugin pod (label app=fastblk) on node.
+func resolverPod(name, node, ip string, phase corev1.PodPhase, leaving bool) *corev1.Pod {
+	p := peertest.Pod("csi-fastblk", name, "uid-"+name, node, "csi-fastblk-node", ip, map[string]string{"app": "fastblk"})
+	p.Status.Phase = phase
+	if ip == "" {
+		p.Status.PodIPs = nil
+	}
+	if leaving {
+		p.DeletionTimestamp = &metav1.Time{Time: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	}
+	return p
+}
+
+// startResolver starts a resolver of api's plugin pods until the test
+// ends.
+func startResolver(t *testing.T, api *peertest.API, tag func(string) string) *PodResolver {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	r := NewPodResolver(api.Client, "csi-fastblk", "app=fastblk", 9815, tag)
+	if err := r.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // TestPodResolver: the peer of a tag is the running plugin pod on that
-// node, a pod on its way out only when no other runs there.
+// node, a pod on its way out only when no other runs there; pods of
+// other namespaces or without the installation's labels are not peers.
 func TestPodResolver(t *testing.T) {
-	a := &apiServer{pods: `{"metadata":{},"items":[
-		{"metadata":{"name":"p1"},"spec":{"nodeName":"n1"},"status":{"podIP":"10.0.0.1"}},
-		{"metadata":{"name":"p2-old","deletionTimestamp":"2026-01-01T00:00:00Z"},"spec":{"nodeName":"n2"},"status":{"podIP":"10.0.0.2"}},
-		{"metadata":{"name":"p2"},"spec":{"nodeName":"n2"},"status":{"podIP":"10.0.0.3"}},
-		{"metadata":{"name":"p2-newer-old","deletionTimestamp":"2026-01-01T00:00:00Z"},"spec":{"nodeName":"n2"},"status":{"podIP":"10.0.0.4"}},
-		{"metadata":{"name":"p3-pending"},"spec":{"nodeName":"n3"},"status":{}},
-		{"metadata":{"name":"p4-old","deletionTimestamp":"2026-01-01T00:00:00Z"},"spec":{"nodeName":"n4"},"status":{"podIP":"10.0.0.5"}}]}`}
-	r := &PodResolver{API: a.start(t), Namespace: "csi-fastblk", Selector: "app=fastblk", Port: 9815, Tag: func(n string) string { return "t-" + n }}
+	api := peertest.New()
+	for _, p := range []*corev1.Pod{
+		resolverPod("p1", "n1", "10.0.0.1", corev1.PodRunning, false),
+		resolverPod("p2-old", "n2", "10.0.0.2", corev1.PodRunning, true),
+		resolverPod("p2", "n2", "10.0.0.3", corev1.PodRunning, false),
+		resolverPod("p2-newer-old", "n2", "10.0.0.4", corev1.PodRunning, true),
+		resolverPod("p3-pending", "n3", "", corev1.PodPending, false),
+		resolverPod("p4-old", "n4", "10.0.0.5", corev1.PodRunning, true),
+		resolverPod("p5-done", "n5", "10.0.0.6", corev1.PodSucceeded, false),
+	} {
+		api.Put(t, p)
+	}
+	stranger := resolverPod("app", "n6", "10.0.0.7", corev1.PodRunning, false)
+	stranger.Labels = map[string]string{"app": "shop"}
+	api.Put(t, stranger)
+	elsewhere := resolverPod("p7", "n7", "10.0.0.8", corev1.PodRunning, false)
+	elsewhere.Namespace = "other"
+	api.Put(t, elsewhere)
+
+	r := startResolver(t, api, func(n string) string { return "t-" + n })
 	for tag, want := range map[string]Peer{
 		"t-n1": {Node: "n1", Addr: "10.0.0.1:9815"},
 		"t-n2": {Node: "n2", Addr: "10.0.0.3:9815"},
@@ -141,29 +127,64 @@ func TestPodResolver(t *testing.T) {
 			t.Errorf("Resolve(%s) = %v, %v; want %v", tag, got, err, want)
 		}
 	}
-	for _, tag := range []string{"t-n3", "n1", "t-n5"} {
+	for _, tag := range []string{"t-n3", "n1", "t-n5", "t-n6", "t-n7", "t-n8"} {
 		if got, err := r.Resolve(context.Background(), tag); err == nil {
 			t.Errorf("Resolve(%s) = %v, want an error", tag, got)
 		}
 	}
 }
 
+// TestPodResolverWatches: the resolver follows the pods as they come and
+// go, from its watch alone: a pod started after it is found, a pod
+// deleted is no longer, and no call lists pods again.
+func TestPodResolverWatches(t *testing.T) {
+	api := peertest.New()
+	r := startResolver(t, api, func(n string) string { return n })
+	lists := api.Calls("list", "pods")
+	resolves := func(node string, want bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			_, err := r.Resolve(context.Background(), node)
+			if (err == nil) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("Resolve(%s): %v; want found %v", node, err, want)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	p := resolverPod("p1", "n1", "10.0.0.1", corev1.PodRunning, false)
+	resolves("n1", false)
+	api.Put(t, p)
+	resolves("n1", true)
+	if got := r.Pod("p1"); got == nil || got.Spec.NodeName != "n1" {
+		t.Errorf("Pod(p1) = %v, want the pod on n1", got)
+	}
+	api.Remove(t, p)
+	resolves("n1", false)
+	if got := api.Calls("list", "pods"); got != lists {
+		t.Errorf("%d lists of pods after the first, want none", got-lists)
+	}
+}
+
 // TestPodResolverTagCollision: two nodes whose long names hash to the same
 // tag are not told apart by it: Resolve names both and asks neither,
-// whichever the API lists first.
+// whichever the watch brought first.
 func TestPodResolverTagCollision(t *testing.T) {
 	for _, order := range [][2]string{{"long-a", "long-b"}, {"long-b", "long-a"}} {
-		a := &apiServer{pods: `{"metadata":{},"items":[
-			{"metadata":{"name":"p1"},"spec":{"nodeName":"` + order[0] + `"},"status":{"podIP":"10.0.0.1"}},
-			{"metadata":{"name":"p2"},"spec":{"nodeName":"` + order[1] + `"},"status":{"podIP":"10.0.0.2"}},
-			{"metadata":{"name":"p3"},"spec":{"nodeName":"short"},"status":{"podIP":"10.0.0.3"}}]}`}
+		api := peertest.New()
+		api.Put(t, resolverPod("p1", order[0], "10.0.0.1", corev1.PodRunning, false))
+		api.Put(t, resolverPod("p2", order[1], "10.0.0.2", corev1.PodRunning, false))
+		api.Put(t, resolverPod("p3", "short", "10.0.0.3", corev1.PodRunning, false))
 		tag := func(n string) string {
 			if strings.HasPrefix(n, "long-") {
 				return "#12345678"
 			}
 			return n
 		}
-		r := &PodResolver{API: a.start(t), Namespace: "csi-fastblk", Selector: "app=fastblk", Port: 9815, Tag: tag}
+		r := startResolver(t, api, tag)
 		got, err := r.Resolve(context.Background(), "#12345678")
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "long-a, long-b") {
 			t.Errorf("Resolve of a tag of nodes %v = %v, %v; want FailedPrecondition naming both", order, got, err)
@@ -183,18 +204,18 @@ func TestCASecretType(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body, _ := json.Marshal(map[string]any{"type": "Opaque", "data": map[string][]byte{secretCert: planted.CertPEM, secretKey: planted.KeyPEM}})
-	a := &apiServer{secrets: map[string][]byte{"peer-ca": body}}
-	api := a.start(t)
+	api := peertest.New()
+	api.Put(t, caSecret("peer-ca", corev1.SecretTypeOpaque, planted))
 	ctx := context.Background()
-	if ca, err := ReadCA(ctx, api, "csi-fastblk", "peer-ca"); !errors.Is(err, ErrSecretType) {
+	if ca, err := ReadCA(ctx, api.Client, "csi-fastblk", "peer-ca"); !errors.Is(err, ErrSecretType) {
 		t.Fatalf("a plugin reads an Opaque Secret: %v, %v; want ErrSecretType", ca, err)
 	}
-	made, err := EnsureCA(ctx, api, "csi-fastblk", "peer-ca", nil)
-	if err != nil || made.Cert.Equal(planted.Cert) || a.deletes != 1 || a.posts != 1 {
-		t.Fatalf("the Job over an Opaque Secret: %v (planted CA kept: %v), %d deletes, %d creates; want a new CA", err, err == nil && made.Cert.Equal(planted.Cert), a.deletes, a.posts)
+	made, err := EnsureCA(ctx, api.Client, "csi-fastblk", "peer-ca", nil)
+	deletes, creates := api.Calls("delete", "secrets"), api.Calls("create", "secrets")
+	if err != nil || made.Cert.Equal(planted.Cert) || deletes != 1 || creates != 1 {
+		t.Fatalf("the Job over an Opaque Secret: %v (planted CA kept: %v), %d deletes, %d creates; want a new CA", err, err == nil && made.Cert.Equal(planted.Cert), deletes, creates)
 	}
-	if ca, err := ReadCA(ctx, api, "csi-fastblk", "peer-ca"); err != nil || !ca.Cert.Equal(made.Cert) {
+	if ca, err := ReadCA(ctx, api.Client, "csi-fastblk", "peer-ca"); err != nil || !ca.Cert.Equal(made.Cert) {
 		t.Errorf("a plugin after the Job: %v, %v; want the Job's CA", ca, err)
 	}
 }

@@ -2,11 +2,14 @@ package peer
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
@@ -34,26 +37,26 @@ var ErrSecretType = errors.New("not a peer CA Secret")
 // and another type (the Opaque one plugins made before) is replaced: its
 // key was on every node. Two runs that race both make one; the API server
 // keeps the first, and the second reads it.
-func EnsureCA(ctx context.Context, api *kubeapi.Client, namespace, name string, labels map[string]string) (*CA, error) {
+func EnsureCA(ctx context.Context, api dynamic.Interface, namespace, name string, labels map[string]string) (*CA, error) {
 	ca, err := ReadCA(ctx, api, namespace, name)
 	if errors.Is(err, ErrSecretType) {
-		if err := api.Delete(ctx, secretPath(namespace, name)); err != nil && !errors.Is(err, kubeapi.ErrNotFound) {
+		if err := api.Resource(kubeapi.Secrets).Namespace(namespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("replace peer CA secret %s/%s: %w", namespace, name, err)
 		}
-	} else if !errors.Is(err, kubeapi.ErrNotFound) {
+	} else if !apierrors.IsNotFound(err) {
 		return ca, err
 	}
 	made, err := NewCA(namespace+"/"+name, time.Now())
 	if err != nil {
 		return nil, err
 	}
-	secret := map[string]any{
-		"apiVersion": "v1", "kind": "Secret", "type": SecretType,
-		"metadata": map[string]any{"name": name, "namespace": namespace, "labels": labels},
-		"data":     map[string][]byte{secretCert: made.CertPEM, secretKey: made.KeyPEM},
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace, Labels: labels},
+		Type:       SecretType,
+		Data:       map[string][]byte{secretCert: made.CertPEM, secretKey: made.KeyPEM},
 	}
-	err = api.Create(ctx, "/api/v1/namespaces/"+url.PathEscape(namespace)+"/secrets", secret)
-	if errors.Is(err, kubeapi.ErrAlreadyExists) {
+	_, err = kubeapi.Create(ctx, api, kubeapi.Secrets, namespace, secret)
+	if apierrors.IsAlreadyExists(err) {
 		return ReadCA(ctx, api, namespace, name)
 	}
 	if err != nil {
@@ -62,24 +65,13 @@ func EnsureCA(ctx context.Context, api *kubeapi.Client, namespace, name string, 
 	return made, nil
 }
 
-func secretPath(namespace, name string) string {
-	return "/api/v1/namespaces/" + url.PathEscape(namespace) + "/secrets/" + url.PathEscape(name)
-}
-
 // ReadCA reads the installation's CA from the Secret name in namespace,
-// which must be of SecretType (else the error wraps ErrSecretType; a
-// missing Secret is kubeapi.ErrNotFound).
-func ReadCA(ctx context.Context, api *kubeapi.Client, namespace, name string) (*CA, error) {
-	body, err := api.Get(ctx, secretPath(namespace, name), nil)
+// which must be of SecretType (else the error wraps ErrSecretType; for a
+// missing Secret apierrors.IsNotFound holds).
+func ReadCA(ctx context.Context, api dynamic.Interface, namespace, name string) (*CA, error) {
+	s, err := kubeapi.Get[corev1.Secret](ctx, api, kubeapi.Secrets, namespace, name)
 	if err != nil {
 		return nil, fmt.Errorf("get peer CA secret %s/%s: %w", namespace, name, err)
-	}
-	var s struct {
-		Type string            `json:"type"`
-		Data map[string][]byte `json:"data"`
-	}
-	if err := json.Unmarshal(body, &s); err != nil {
-		return nil, fmt.Errorf("peer CA secret %s/%s: %w", namespace, name, err)
 	}
 	if s.Type != SecretType {
 		return nil, fmt.Errorf("peer CA secret %s/%s is of type %q, not %s: %w", namespace, name, s.Type, SecretType, ErrSecretType)

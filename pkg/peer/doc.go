@@ -32,10 +32,10 @@
 // stream ends it with Internal, not the plugin.
 //
 // Peers are found through the API server (PodResolver): the running pods
-// of the installation's DaemonSets, by node. Nothing is cached: every
-// forwarded call resolves its peer afresh, so a restarted pod's new
-// address is used at once. Token reviews and pods are cached a short
-// while (Authenticator).
+// of the installation's DaemonSets, by node, from one watch of them, so a
+// restarted pod's new address is used as soon as the watch brings it and
+// a call asks the API server nothing. Token reviews are cached a short
+// while, and a peer's pod is read from the same watch (Authenticator).
 //
 // Credentials, Server, Client, Tokens and Authenticator are safe for
 // concurrent use.

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -17,6 +16,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
@@ -48,7 +51,6 @@ const (
 	mdNode          = "fastblk-peer-node"  // client: the node it speaks for; server: the node it answers for
 	mdServerToken   = "fastblk-peer-token" // server: its own token
 	mdClaim         = "fastblk-peer-claim" // client, ReadData: the claim the data is for, <namespace>/<name>
-	reviewPath      = "/apis/authentication.k8s.io/v1/tokenreviews"
 	extraNode       = "authentication.kubernetes.io/node-name"
 	extraPodName    = "authentication.kubernetes.io/pod-name"
 	extraPodUID     = "authentication.kubernetes.io/pod-uid"
@@ -58,7 +60,8 @@ const (
 
 // How long a review and a pod are taken as they were: a token is reviewed
 // again after reviewTTL (or its expiry, if sooner), so that a deleted pod's
-// token stops working within it; a pod is read again after podTTL.
+// token stops working within it; a pod the resolver's watch has not seen
+// is read from the API server, and that read is kept for podTTL.
 var (
 	reviewTTL = time.Minute
 	podTTL    = 30 * time.Second
@@ -81,12 +84,16 @@ func TokenFile(file string) func() (string, error) {
 
 // Authenticator checks the tokens of peers through the API server.
 type Authenticator struct {
-	API            *kubeapi.Client
+	API            dynamic.Interface
 	Namespace      string            // the installation's
 	ServiceAccount string            // the plugin's
 	Audience       string            // the peer channel's token audience
 	Labels         map[string]string // every plugin pod has these
 	Now            func() time.Time  // nil: time.Now
+	// Pods returns the installation's pod of a name as a watch of them
+	// last saw it, or nil (PodResolver.Pod). Without it every pod is
+	// read from the API server.
+	Pods func(name string) *corev1.Pod
 
 	mu      sync.Mutex
 	reviews map[[32]byte]review
@@ -101,26 +108,8 @@ type review struct {
 }
 
 type cachedPod struct {
-	p     podInfo
+	p     *corev1.Pod
 	until time.Time
-}
-
-// podInfo is what the authenticator reads of a pod.
-type podInfo struct {
-	Metadata struct {
-		Name   string            `json:"name"`
-		UID    string            `json:"uid"`
-		Labels map[string]string `json:"labels"`
-	} `json:"metadata"`
-	Spec struct {
-		NodeName           string `json:"nodeName"`
-		ServiceAccountName string `json:"serviceAccountName"`
-	} `json:"spec"`
-	Status struct {
-		PodIPs []struct {
-			IP string `json:"ip"`
-		} `json:"podIPs"`
-	} `json:"status"`
 }
 
 // ErrUnauthenticated is the class of a token that does not say who the
@@ -165,13 +154,11 @@ func (a *Authenticator) Verify(ctx context.Context, token, node string, from net
 		return Identity{}, fmt.Errorf("%w: pod %s runs as %q", ErrNotThatPlugin, r.pod, p.Spec.ServiceAccountName)
 	}
 	for k, v := range a.Labels {
-		if p.Metadata.Labels[k] != v {
+		if p.Labels[k] != v {
 			return Identity{}, fmt.Errorf("%w: pod %s is not a plugin pod of the installation (label %s)", ErrNotThatPlugin, r.pod, k)
 		}
 	}
-	if from != nil && !slices.ContainsFunc(p.Status.PodIPs, func(ip struct {
-		IP string `json:"ip"`
-	}) bool {
+	if from != nil && !slices.ContainsFunc(p.Status.PodIPs, func(ip corev1.PodIP) bool {
 		return net.ParseIP(ip.IP).Equal(from)
 	}) {
 		return Identity{}, fmt.Errorf("%w: the token of pod %s is used from %s, not its address", ErrNotThatPlugin, r.pod, from)
@@ -218,25 +205,10 @@ func (a *Authenticator) review(ctx context.Context, token string) (review, error
 
 // ask sends a TokenReview of token for the audience and reads its answer.
 func (a *Authenticator) ask(ctx context.Context, token string) (review, error) {
-	body, err := a.API.Post(ctx, reviewPath, map[string]any{
-		"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-		"spec": map[string]any{"token": token, "audiences": []string{a.Audience}},
+	tr, err := kubeapi.Create(ctx, a.API, kubeapi.TokenReviews, "", &authnv1.TokenReview{
+		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: []string{a.Audience}},
 	})
 	if err != nil {
-		return review{}, status.Errorf(codes.Unavailable, "review a peer's token: %v", err)
-	}
-	var tr struct {
-		Status struct {
-			Authenticated bool     `json:"authenticated"`
-			Audiences     []string `json:"audiences"`
-			Error         string   `json:"error"`
-			User          struct {
-				Username string              `json:"username"`
-				Extra    map[string][]string `json:"extra"`
-			} `json:"user"`
-		} `json:"status"`
-	}
-	if err := json.Unmarshal(body, &tr); err != nil {
 		return review{}, status.Errorf(codes.Unavailable, "review a peer's token: %v", err)
 	}
 	st := tr.Status
@@ -265,8 +237,14 @@ func (a *Authenticator) ask(ctx context.Context, token string) (review, error) {
 }
 
 // pod returns the pod name of the installation's namespace if its uid is
-// uid, cached for podTTL.
-func (a *Authenticator) pod(ctx context.Context, name, uid string) (podInfo, error) {
+// uid: as the watch saw it, or else read from the API server and kept for
+// podTTL (a pod the watch has not brought yet).
+func (a *Authenticator) pod(ctx context.Context, name, uid string) (*corev1.Pod, error) {
+	if a.Pods != nil {
+		if p := a.Pods(name); p != nil && string(p.UID) == uid {
+			return p, nil
+		}
+	}
 	now := a.now()
 	a.mu.Lock()
 	c, ok := a.pods[uid]
@@ -274,19 +252,15 @@ func (a *Authenticator) pod(ctx context.Context, name, uid string) (podInfo, err
 	if ok && now.Before(c.until) {
 		return c.p, nil
 	}
-	body, err := a.API.Get(ctx, "/api/v1/namespaces/"+url.PathEscape(a.Namespace)+"/pods/"+url.PathEscape(name), nil)
-	if errors.Is(err, kubeapi.ErrNotFound) {
-		return podInfo{}, fmt.Errorf("%w: pod %s/%s of the token does not exist", ErrNotThatPlugin, a.Namespace, name)
+	p, err := kubeapi.Get[corev1.Pod](ctx, a.API, kubeapi.Pods, a.Namespace, name)
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("%w: pod %s/%s of the token does not exist", ErrNotThatPlugin, a.Namespace, name)
 	}
 	if err != nil {
-		return podInfo{}, status.Errorf(codes.Unavailable, "get the pod of a peer's token: %v", err)
+		return nil, status.Errorf(codes.Unavailable, "get the pod of a peer's token: %v", err)
 	}
-	var p podInfo
-	if err := json.Unmarshal(body, &p); err != nil {
-		return podInfo{}, status.Errorf(codes.Unavailable, "pod %s: %v", name, err)
-	}
-	if p.Metadata.UID != uid {
-		return podInfo{}, fmt.Errorf("%w: pod %s/%s is not the token's (uid %s)", ErrNotThatPlugin, a.Namespace, name, uid)
+	if string(p.UID) != uid {
+		return nil, fmt.Errorf("%w: pod %s/%s is not the token's (uid %s)", ErrNotThatPlugin, a.Namespace, name, uid)
 	}
 	a.mu.Lock()
 	if a.pods == nil || len(a.pods) >= maxCached {

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/fastblk/csi-fastblk/pkg/peer/peertest"
 )
 
@@ -28,12 +30,17 @@ func tokenAPI(t *testing.T) (*peertest.API, *Authenticator) {
 	t.Helper()
 	api := peertest.New()
 	for _, n := range []string{"n1", "n2", "n3"} {
-		api.Tokens["tok-"+n] = peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
-			Node: n, Pod: "plugin-" + n, UID: "uid-" + n}
-		api.Set("/api/v1/namespaces/csi-fastblk/pods/plugin-"+n, peertest.Pod("plugin-"+n, "uid-"+n, n, "csi-fastblk-node", "127.0.0.1", plugin))
+		api.SetToken("tok-"+n, peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
+			Node: n, Pod: "plugin-" + n, UID: "uid-" + n})
+		api.Put(t, pluginPod(n, "uid-"+n, "127.0.0.1", plugin))
 	}
-	auth := &Authenticator{API: api.Start(t), Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node", Audience: testAudience, Labels: plugin}
+	auth := &Authenticator{API: api.Client, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node", Audience: testAudience, Labels: plugin}
 	return api, auth
+}
+
+// pluginPod is the plugin pod plugin-<node>.
+func pluginPod(node, uid, ip string, labels map[string]string) *corev1.Pod {
+	return peertest.Pod("csi-fastblk", "plugin-"+node, uid, node, "csi-fastblk-node", ip, labels)
 }
 
 func fixed(token string) func() (string, error) { return func() (string, error) { return token, nil } }
@@ -56,7 +63,7 @@ func tokenPair(t *testing.T, auth *Authenticator, h Handler, token, node string)
 func TestTokenProvesTheNode(t *testing.T) {
 	for _, tc := range []struct {
 		name, token, node string
-		change            func(*peertest.API)
+		change            func(*testing.T, *peertest.API)
 		want              codes.Code
 		says              string
 	}{
@@ -66,39 +73,39 @@ func TestTokenProvesTheNode(t *testing.T) {
 		{name: "no token", token: "", node: "n1", want: codes.Unauthenticated, says: "no token"},
 		{name: "unknown token", token: "forged", node: "n1", want: codes.Unauthenticated, says: "invalid bearer token"},
 		{name: "expired", token: "tok-old", node: "n1", want: codes.Unauthenticated, says: "expired",
-			change: func(a *peertest.API) {
-				a.Tokens["tok-old"] = peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
-					Node: "n1", Pod: "plugin-n1", UID: "uid-n1", Expired: true}
+			change: func(t *testing.T, a *peertest.API) {
+				a.SetToken("tok-old", peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
+					Node: "n1", Pod: "plugin-n1", UID: "uid-n1", Expired: true})
 			}},
 		{name: "another audience", token: "tok-api", node: "n1", want: codes.Unauthenticated, says: "audiences are invalid",
-			change: func(a *peertest.API) {
-				a.Tokens["tok-api"] = peertest.Token{Audience: "https://kubernetes.default.svc", Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
-					Node: "n1", Pod: "plugin-n1", UID: "uid-n1"}
+			change: func(t *testing.T, a *peertest.API) {
+				a.SetToken("tok-api", peertest.Token{Audience: "https://kubernetes.default.svc", Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
+					Node: "n1", Pod: "plugin-n1", UID: "uid-n1"})
 			}},
 		{name: "another service account", token: "tok-default", node: "n1", want: codes.PermissionDenied, says: "system:serviceaccount:csi-fastblk:default",
-			change: func(a *peertest.API) {
-				a.Tokens["tok-default"] = peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "default",
-					Node: "n1", Pod: "app", UID: "uid-app"}
+			change: func(t *testing.T, a *peertest.API) {
+				a.SetToken("tok-default", peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "default",
+					Node: "n1", Pod: "app", UID: "uid-app"})
 			}},
 		{name: "pod replaced", token: "tok-n1", node: "n1", want: codes.PermissionDenied, says: "is not the token's",
-			change: func(a *peertest.API) {
-				a.Set("/api/v1/namespaces/csi-fastblk/pods/plugin-n1", peertest.Pod("plugin-n1", "uid-new", "n1", "csi-fastblk-node", "127.0.0.1", plugin))
+			change: func(t *testing.T, a *peertest.API) {
+				a.Put(t, pluginPod("n1", "uid-new", "127.0.0.1", plugin))
 			}},
 		{name: "pod deleted", token: "tok-n1", node: "n1", want: codes.PermissionDenied, says: "does not exist",
-			change: func(a *peertest.API) { delete(a.Objects, "/api/v1/namespaces/csi-fastblk/pods/plugin-n1") }},
+			change: func(t *testing.T, a *peertest.API) { a.Remove(t, pluginPod("n1", "uid-n1", "127.0.0.1", plugin)) }},
 		{name: "not a plugin pod", token: "tok-n1", node: "n1", want: codes.PermissionDenied, says: "not a plugin pod",
-			change: func(a *peertest.API) {
-				a.Set("/api/v1/namespaces/csi-fastblk/pods/plugin-n1", peertest.Pod("plugin-n1", "uid-n1", "n1", "csi-fastblk-node", "127.0.0.1", nil))
+			change: func(t *testing.T, a *peertest.API) {
+				a.Put(t, pluginPod("n1", "uid-n1", "127.0.0.1", nil))
 			}},
 		{name: "from another address", token: "tok-n1", node: "n1", want: codes.PermissionDenied, says: "not its address",
-			change: func(a *peertest.API) {
-				a.Set("/api/v1/namespaces/csi-fastblk/pods/plugin-n1", peertest.Pod("plugin-n1", "uid-n1", "n1", "csi-fastblk-node", "10.1.2.3", plugin))
+			change: func(t *testing.T, a *peertest.API) {
+				a.Put(t, pluginPod("n1", "uid-n1", "10.1.2.3", plugin))
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			api, auth := tokenAPI(t)
 			if tc.change != nil {
-				tc.change(api) // before any call
+				tc.change(t, api) // before any call
 			}
 			h := &recorder{}
 			c := tokenPair(t, auth, h, tc.token, tc.node)
@@ -196,7 +203,7 @@ func TestTokenReviewsCached(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	reviews := func() int { api.Lock(); defer api.Unlock(); return api.Reviews }
+	reviews := func() int { return api.Calls("create", "tokenreviews") }
 	call()
 	call()
 	call()
@@ -218,9 +225,8 @@ func TestTokenReviewsCached(t *testing.T) {
 		t.Errorf("expiry of a JWT: %v, %v", exp, ok)
 	}
 	soon := jwt(now.Add(10 * time.Second))
-	api.Lock()
-	api.Tokens[soon] = api.Tokens["tok-n1"]
-	api.Unlock()
+	api.SetToken(soon, peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-node",
+		Node: "n1", Pod: "plugin-n1", UID: "uid-n1"})
 	ctx := context.Background()
 	if _, err := auth.Verify(ctx, soon, "n1", nil); err != nil {
 		t.Fatal(err)
@@ -240,3 +246,25 @@ func TestTokenReviewsCached(t *testing.T) {
 func b64(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestTokenPodFromWatch: with the resolver's watch of the plugin pods the
+// server checks a caller's pod from it and reads no pod from the API
+// server; a pod the watch does not have (yet) is read.
+func TestTokenPodFromWatch(t *testing.T) {
+	api, auth := tokenAPI(t)
+	auth.Pods = startResolver(t, api, func(n string) string { return n }).Pod
+	ctx := context.Background()
+	if id, err := auth.Verify(ctx, "tok-n1", "n1", nil); err != nil || id.Pod != "plugin-n1" {
+		t.Fatalf("Verify: %v, %v", id, err)
+	}
+	if got := api.Calls("get", "pods"); got != 0 {
+		t.Errorf("%d GETs of pods with the watch, want none", got)
+	}
+	auth.Pods = func(string) *corev1.Pod { return nil }
+	if _, err := auth.Verify(ctx, "tok-n2", "n2", nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := api.Calls("get", "pods"); got != 1 {
+		t.Errorf("%d GETs of a pod the watch lacks, want 1", got)
+	}
+}

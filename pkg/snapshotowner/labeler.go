@@ -3,11 +3,16 @@ package snapshotowner
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"net/url"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
@@ -17,83 +22,103 @@ import (
 // VolumeSnapshotContents.
 const ManagedBy = "snapshot.storage.kubernetes.io/managed-by"
 
-const contentsPath = "/apis/snapshot.storage.k8s.io/v1/volumesnapshotcontents"
+// unlabelled selects the contents no node's csi-snapshotter has yet: the
+// only ones the labeler watches, so that the API server sends each node
+// the few contents made by hand and not the cluster's every snapshot.
+const unlabelled = "!" + ManagedBy
 
 // Labeler labels this node's unlabelled pre-provisioned contents.
 type Labeler struct {
-	API    *kubeapi.Client
+	API    dynamic.Interface
 	Driver string // the CSI driver name, spec.driver of our contents
 	Node   string // this node's name, the label's value
 	// Holds reports whether a snapshot handle is one of this node's.
 	Holds func(handle string) bool
 }
 
-// content is what the labeler reads of a VolumeSnapshotContent.
-type content struct {
-	Metadata struct {
-		Name   string            `json:"name"`
-		Labels map[string]string `json:"labels"`
-	} `json:"metadata"`
-	Spec struct {
-		Driver string `json:"driver"`
-		Source struct {
-			SnapshotHandle string `json:"snapshotHandle"`
-		} `json:"source"`
-	} `json:"spec"`
+// watch starts a watch of the unlabelled contents that runs until ctx
+// ends. It returns their cache, once filled, and a channel that is sent
+// to (without blocking) when one is added or changed.
+func (l *Labeler) watch(ctx context.Context) (cache.GenericLister, <-chan struct{}, error) {
+	inf := kubeapi.NewInformer[unstructured.Unstructured](l.API, kubeapi.VolumeSnapshotContents, "", unlabelled)
+	changed := make(chan struct{}, 1)
+	poke := func(any) {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: poke, UpdateFunc: func(_, obj any) { poke(obj) },
+	}); err != nil {
+		return nil, nil, err
+	}
+	go inf.RunWithContext(ctx)
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil, nil, fmt.Errorf("watch VolumeSnapshotContents: %w", ctx.Err())
+	}
+	return cache.NewGenericLister(inf.GetIndexer(), kubeapi.VolumeSnapshotContents.GroupResource()), changed, nil
 }
 
-// Once labels every content the API server lists without the label whose
-// driver is ours and whose snapshot handle this node holds, and returns
-// their names. A content deleted meanwhile is skipped.
-func (l *Labeler) Once(ctx context.Context) ([]string, error) {
-	var mine []string
-	q := url.Values{"labelSelector": {"!" + ManagedBy}}
-	err := l.API.List(ctx, contentsPath, q, func(items json.RawMessage) error {
-		var cs []content
-		if err := json.Unmarshal(items, &cs); err != nil {
-			return err
-		}
-		for _, c := range cs {
-			h := c.Spec.Source.SnapshotHandle
-			if c.Spec.Driver == l.Driver && h != "" && c.Metadata.Labels[ManagedBy] == "" && l.Holds(h) {
-				mine = append(mine, c.Metadata.Name)
-			}
-		}
-		return nil
-	})
+// once labels every content of the cache without the label whose driver
+// is ours and whose snapshot handle this node holds, and returns their
+// names. A content deleted meanwhile is skipped.
+func (l *Labeler) once(ctx context.Context, contents cache.GenericLister) ([]string, error) {
+	objs, err := contents.List(labels.Everything())
 	if err != nil {
 		return nil, err
 	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{ManagedBy: l.Node}}})
 	var labelled []string
-	for _, name := range mine {
-		patch := map[string]any{"metadata": map[string]any{"labels": map[string]string{ManagedBy: l.Node}}}
-		err := l.API.MergePatch(ctx, contentsPath+"/"+url.PathEscape(name), patch)
-		if errors.Is(err, kubeapi.ErrNotFound) {
+	for _, obj := range objs {
+		c, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		h, _, _ := unstructured.NestedString(c.Object, "spec", "source", "snapshotHandle")
+		drv, _, _ := unstructured.NestedString(c.Object, "spec", "driver")
+		if drv != l.Driver || h == "" || c.GetLabels()[ManagedBy] != "" || !l.Holds(h) {
+			continue
+		}
+		_, err := l.API.Resource(kubeapi.VolumeSnapshotContents).Patch(ctx, c.GetName(), types.MergePatchType, patch, metav1.PatchOptions{})
+		if apierrors.IsNotFound(err) {
 			continue
 		}
 		if err != nil {
-			return labelled, fmt.Errorf("label VolumeSnapshotContent %s: %w", name, err)
+			return labelled, fmt.Errorf("label VolumeSnapshotContent %s: %w", c.GetName(), err)
 		}
-		labelled = append(labelled, name)
+		labelled = append(labelled, c.GetName())
 	}
 	return labelled, nil
 }
 
-// Run calls Once every period until ctx ends. It logs what it labels, and
-// an error when it first appears (RBAC without the right to patch, an API
-// server away), then tries again; a cluster without the snapshot CRDs is
-// not an error.
+// Run labels this node's contents until ctx ends: each as the watch
+// brings it, and every period over the watch's cache (for a content whose
+// snapshot this node came to hold after it was made). It waits for the
+// snapshot CRDs (a cluster without them is not an error), logs what it
+// labels, and an error when it first appears (RBAC without the right to
+// patch, an API server away), then tries again.
 func (l *Labeler) Run(ctx context.Context, every time.Duration) {
+	if !l.waitForCRD(ctx, every) {
+		return
+	}
+	contents, changed, err := l.watch(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			klog.ErrorS(err, "labelling pre-provisioned snapshot contents: not started")
+		}
+		return
+	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	last := ""
 	for {
-		labelled, err := l.Once(ctx)
+		labelled, err := l.once(ctx, contents)
 		for _, name := range labelled {
 			klog.InfoS("labelled a pre-provisioned snapshot content for this node's csi-snapshotter", "content", name, "label", ManagedBy, "node", l.Node)
 		}
 		switch {
-		case err == nil || errors.Is(err, kubeapi.ErrNotFound) || ctx.Err() != nil:
+		case err == nil || ctx.Err() != nil:
 			last = ""
 		case err.Error() != last:
 			last = err.Error()
@@ -102,7 +127,33 @@ func (l *Labeler) Run(ctx context.Context, every time.Duration) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-changed:
 		case <-t.C:
+		}
+	}
+}
+
+// waitForCRD returns once the API server serves VolumeSnapshotContents,
+// asking every period (false when ctx ends first). A watch started
+// before would log its failures over and over.
+func (l *Labeler) waitForCRD(ctx context.Context, every time.Duration) bool {
+	last := ""
+	for {
+		_, err := l.API.Resource(kubeapi.VolumeSnapshotContents).List(ctx, metav1.ListOptions{LabelSelector: unlabelled, Limit: 1})
+		switch {
+		case err == nil:
+			return true
+		case ctx.Err() != nil:
+			return false
+		case apierrors.IsNotFound(err):
+		case err.Error() != last:
+			last = err.Error()
+			klog.ErrorS(err, "labelling pre-provisioned snapshot contents: cannot list them; retrying", "every", every)
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(every):
 		}
 	}
 }

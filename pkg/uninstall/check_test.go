@@ -9,12 +9,17 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
@@ -25,34 +30,34 @@ import (
 func apiServer(t *testing.T, forbid bool) (*httptest.Server, []byte) {
 	pages := map[string][]string{
 		"/api/v1/persistentvolumes": {
-			`{"kind":"PersistentVolumeList","metadata":{"continue":"p2"},"items":[
+			`{"apiVersion":"v1","kind":"PersistentVolumeList","metadata":{"continue":"p2"},"items":[
 			  {"metadata":{"name":"pvc-1"},"spec":{"csi":{"driver":"fastblk.csi.io"},"claimRef":{"namespace":"apps","name":"data"},
 			   "persistentVolumeReclaimPolicy":"Delete","nodeAffinity":{"required":{"nodeSelectorTerms":[{"matchExpressions":[
 			   {"key":"topology.fastblk.csi.io/node","operator":"In","values":["n1"]}]}]}}},"status":{"phase":"Bound"}},
 			  {"metadata":{"name":"nfs-1"},"spec":{"nfs":{"server":"x"}},"status":{"phase":"Bound"}}]}`,
-			`{"kind":"PersistentVolumeList","metadata":{},"items":[
+			`{"apiVersion":"v1","kind":"PersistentVolumeList","metadata":{},"items":[
 			  {"metadata":{"name":"other"},"spec":{"csi":{"driver":"other.csi.io"}},"status":{"phase":"Bound"}},
 			  {"metadata":{"name":"pvc-2"},"spec":{"csi":{"driver":"fastblk.csi.io"},"persistentVolumeReclaimPolicy":"Retain"},"status":{"phase":"Released"}}]}`,
 		},
 		"/apis/storage.k8s.io/v1/volumeattachments": {
-			`{"kind":"VolumeAttachmentList","metadata":{},"items":[
+			`{"apiVersion":"storage.k8s.io/v1","kind":"VolumeAttachmentList","metadata":{},"items":[
 			  {"metadata":{"name":"csi-a"},"spec":{"attacher":"fastblk.csi.io","nodeName":"n1","source":{"persistentVolumeName":"pvc-1"}},"status":{"attached":true}},
 			  {"metadata":{"name":"csi-b"},"spec":{"attacher":"other.csi.io","nodeName":"n2","source":{"persistentVolumeName":"other"}}}]}`,
 		},
 	}
 	csiDrivers := map[string]string{
-		"/apis/storage.k8s.io/v1/csidrivers/fastblk.csi.io": `{"kind":"CSIDriver","metadata":{"name":"fastblk.csi.io",
+		"/apis/storage.k8s.io/v1/csidrivers/fastblk.csi.io": `{"apiVersion":"storage.k8s.io/v1","kind":"CSIDriver","metadata":{"name":"fastblk.csi.io",
 		  "annotations":{"fastblk.csi.io/allow-uninstall-with-volumes":"true"}}}`,
-		"/apis/storage.k8s.io/v1/csidrivers/plain.csi.io": `{"kind":"CSIDriver","metadata":{"name":"plain.csi.io",
+		"/apis/storage.k8s.io/v1/csidrivers/plain.csi.io": `{"apiVersion":"storage.k8s.io/v1","kind":"CSIDriver","metadata":{"name":"plain.csi.io",
 		  "annotations":{"fastblk.csi.io/allow-uninstall-with-volumes":"yes please"}}}`,
 	}
 	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer tok" {
-			http.Error(w, `{"kind":"Status","reason":"Unauthorized"}`, http.StatusUnauthorized)
+			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "Unauthorized")
 			return
 		}
 		if forbid && strings.Contains(r.URL.Path, "volumeattachments") {
-			http.Error(w, `{"kind":"Status","reason":"Forbidden"}`, http.StatusForbidden)
+			writeStatus(w, http.StatusForbidden, "Forbidden", `volumeattachments.storage.k8s.io is forbidden: User "system:serviceaccount:csi-fastblk:uninstall" cannot list resource "volumeattachments"`)
 			return
 		}
 		if d, ok := csiDrivers[r.URL.Path]; ok {
@@ -77,12 +82,26 @@ func apiServer(t *testing.T, forbid bool) (*httptest.Server, []byte) {
 	return srv, ca
 }
 
-func TestCheckListsTheDriversObjects(t *testing.T) {
-	srv, ca := apiServer(t, false)
-	c, err := kubeapi.NewClient(srv.URL, "tok", ca)
+// writeStatus answers an error as the API server does: a Status object.
+func writeStatus(w http.ResponseWriter, code int, reason, message string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	fmt.Fprintf(w, `{"apiVersion":"v1","kind":"Status","status":"Failure","reason":%q,"message":%q,"code":%d}`, reason, message, code)
+}
+
+// client is the plugin's client of srv with token, trusting ca.
+func client(t *testing.T, srv *httptest.Server, token string, ca []byte) dynamic.Interface {
+	t.Helper()
+	c, err := kubeapi.New(&rest.Config{Host: srv.URL, BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: ca}}, "test")
 	if err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+func TestCheckListsTheDriversObjects(t *testing.T) {
+	srv, ca := apiServer(t, false)
+	c := client(t, srv, "tok", ca)
 	r, err := Check(context.Background(), c, "fastblk.csi.io")
 	if err != nil {
 		t.Fatal(err)
@@ -116,21 +135,15 @@ func TestCheckListsTheDriversObjects(t *testing.T) {
 // error is an error.
 func TestAllowedReadsTheCSIDriversAnnotation(t *testing.T) {
 	srv, ca := apiServer(t, false)
-	c, err := kubeapi.NewClient(srv.URL, "tok", ca)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := client(t, srv, "tok", ca)
 	for driver, want := range map[string]bool{"fastblk.csi.io": true, "plain.csi.io": false, "gone.csi.io": false} {
 		got, err := Allowed(context.Background(), c, driver)
 		if err != nil || got != want {
 			t.Errorf("Allowed(%s) = %v, %v; want %v", driver, got, err, want)
 		}
 	}
-	bad, err := kubeapi.NewClient(srv.URL, "nope", ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := Allowed(context.Background(), bad, "fastblk.csi.io"); err == nil || !strings.Contains(err.Error(), "401 Unauthorized") {
+	bad := client(t, srv, "nope", ca)
+	if _, err := Allowed(context.Background(), bad, "fastblk.csi.io"); !apierrors.IsUnauthorized(err) || !strings.Contains(err.Error(), "CSIDriver fastblk.csi.io") {
 		t.Errorf("Allowed with a bad token: %v, want 401", err)
 	}
 }
@@ -144,22 +157,16 @@ func TestCheckFailsClearly(t *testing.T) {
 		ca          []byte
 		want        string
 	}{
-		{"forbidden", "tok", ca, "list /apis/storage.k8s.io/v1/volumeattachments: 403 Forbidden"},
-		{"bad token", "nope", ca, "list /api/v1/persistentvolumes: 401 Unauthorized"},
+		{"forbidden", "tok", ca, "list VolumeAttachments: volumeattachments.storage.k8s.io is forbidden"},
+		{"bad token", "nope", ca, "list PersistentVolumes: Unauthorized"},
 		{"wrong CA", "tok", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: otherCert(t)}), "certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := kubeapi.NewClient(srv.URL, tc.token, tc.ca)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := client(t, srv, tc.token, tc.ca)
 			if _, err := Check(context.Background(), c, "fastblk.csi.io"); err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("err = %v, want it to contain %q", err, tc.want)
 			}
 		})
-	}
-	if _, err := kubeapi.NewClient(srv.URL, "tok", []byte("not pem")); err == nil {
-		t.Error("NewClient with no CA certificate: no error")
 	}
 }
 

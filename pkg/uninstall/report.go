@@ -2,11 +2,14 @@ package uninstall
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"net/url"
+
+	corev1 "k8s.io/api/core/v1"
+	storagev1 "k8s.io/api/storage/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
@@ -36,43 +39,37 @@ type Report struct {
 func (r Report) InUse() bool { return len(r.Volumes) > 0 || len(r.Attachments) > 0 }
 
 // Check lists the PersistentVolumes and VolumeAttachments of driver.
-func Check(ctx context.Context, c *kubeapi.Client, driver string) (Report, error) {
+func Check(ctx context.Context, c dynamic.Interface, driver string) (Report, error) {
 	r := Report{Driver: driver}
-	err := c.List(ctx, "/api/v1/persistentvolumes", nil, func(raw json.RawMessage) error {
-		var pvs []persistentVolume
-		if err := json.Unmarshal(raw, &pvs); err != nil {
-			return err
+	err := kubeapi.EachItem(ctx, c, kubeapi.PersistentVolumes, metav1.ListOptions{}, func(pv *corev1.PersistentVolume) error {
+		if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != driver {
+			return nil
 		}
-		for _, pv := range pvs {
-			if pv.Spec.CSI == nil || pv.Spec.CSI.Driver != driver {
-				continue
-			}
-			v := Volume{Name: pv.Metadata.Name, Phase: pv.Status.Phase, ReclaimPolicy: pv.Spec.ReclaimPolicy, Node: pv.node()}
-			if ref := pv.Spec.ClaimRef; ref != nil {
-				v.Claim = ref.Namespace + "/" + ref.Name
-			}
-			r.Volumes = append(r.Volumes, v)
+		v := Volume{Name: pv.Name, Phase: string(pv.Status.Phase), ReclaimPolicy: string(pv.Spec.PersistentVolumeReclaimPolicy), Node: volumeNode(pv)}
+		if ref := pv.Spec.ClaimRef; ref != nil {
+			v.Claim = ref.Namespace + "/" + ref.Name
 		}
+		r.Volumes = append(r.Volumes, v)
 		return nil
 	})
 	if err != nil {
-		return r, err
+		return r, fmt.Errorf("list PersistentVolumes: %w", err)
 	}
-	err = c.List(ctx, "/apis/storage.k8s.io/v1/volumeattachments", nil, func(raw json.RawMessage) error {
-		var vas []volumeAttachment
-		if err := json.Unmarshal(raw, &vas); err != nil {
-			return err
+	err = kubeapi.EachItem(ctx, c, kubeapi.VolumeAttachments, metav1.ListOptions{}, func(va *storagev1.VolumeAttachment) error {
+		if va.Spec.Attacher != driver {
+			return nil
 		}
-		for _, va := range vas {
-			if va.Spec.Attacher != driver {
-				continue
-			}
-			r.Attachments = append(r.Attachments, Attachment{Name: va.Metadata.Name, Node: va.Spec.NodeName,
-				Volume: va.Spec.Source.PersistentVolumeName, Attached: va.Status.Attached})
+		a := Attachment{Name: va.Name, Node: va.Spec.NodeName, Attached: va.Status.Attached}
+		if pv := va.Spec.Source.PersistentVolumeName; pv != nil {
+			a.Volume = *pv
 		}
+		r.Attachments = append(r.Attachments, a)
 		return nil
 	})
-	return r, err
+	if err != nil {
+		return r, fmt.Errorf("list VolumeAttachments: %w", err)
+	}
+	return r, nil
 }
 
 // AllowAnnotation, set to "true" on the driver's CSIDriver object, lets the
@@ -85,24 +82,15 @@ const AllowAnnotation = "fastblk.csi.io/allow-uninstall-with-volumes"
 
 // Allowed reports whether the driver's CSIDriver object carries
 // AllowAnnotation="true" (false when there is no such object).
-func Allowed(ctx context.Context, c *kubeapi.Client, driver string) (bool, error) {
-	path := "/apis/storage.k8s.io/v1/csidrivers/" + url.PathEscape(driver)
-	body, err := c.Get(ctx, path, nil)
-	if errors.Is(err, kubeapi.ErrNotFound) {
+func Allowed(ctx context.Context, c dynamic.Interface, driver string) (bool, error) {
+	d, err := kubeapi.Get[storagev1.CSIDriver](ctx, c, kubeapi.CSIDrivers, "", driver)
+	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("get %s: %w", path, err)
+		return false, fmt.Errorf("get CSIDriver %s: %w", driver, err)
 	}
-	var d struct {
-		Metadata struct {
-			Annotations map[string]string `json:"annotations"`
-		} `json:"metadata"`
-	}
-	if err := json.Unmarshal(body, &d); err != nil {
-		return false, fmt.Errorf("get %s: decode: %w", path, err)
-	}
-	return d.Metadata.Annotations[AllowAnnotation] == "true", nil
+	return d.Annotations[AllowAnnotation] == "true", nil
 }
 
 // Write prints the report for an operator.
@@ -127,54 +115,8 @@ func dash(s string) string {
 	return s
 }
 
-// The parts of the API objects Check reads.
-type (
-	objectMeta struct {
-		Name string `json:"name"`
-	}
-	persistentVolume struct {
-		Metadata objectMeta `json:"metadata"`
-		Spec     struct {
-			CSI *struct {
-				Driver string `json:"driver"`
-			} `json:"csi"`
-			ClaimRef *struct {
-				Namespace string `json:"namespace"`
-				Name      string `json:"name"`
-			} `json:"claimRef"`
-			ReclaimPolicy string `json:"persistentVolumeReclaimPolicy"`
-			NodeAffinity  *struct {
-				Required *struct {
-					NodeSelectorTerms []struct {
-						MatchExpressions []struct {
-							Key    string   `json:"key"`
-							Values []string `json:"values"`
-						} `json:"matchExpressions"`
-					} `json:"nodeSelectorTerms"`
-				} `json:"required"`
-			} `json:"nodeAffinity"`
-		} `json:"spec"`
-		Status struct {
-			Phase string `json:"phase"`
-		} `json:"status"`
-	}
-	volumeAttachment struct {
-		Metadata objectMeta `json:"metadata"`
-		Spec     struct {
-			Attacher string `json:"attacher"`
-			NodeName string `json:"nodeName"`
-			Source   struct {
-				PersistentVolumeName string `json:"persistentVolumeName"`
-			} `json:"source"`
-		} `json:"spec"`
-		Status struct {
-			Attached bool `json:"attached"`
-		} `json:"status"`
-	}
-)
-
-// node is the node the volume lives on, from its node affinity.
-func (pv persistentVolume) node() string {
+// volumeNode is the node the volume lives on, from its node affinity.
+func volumeNode(pv *corev1.PersistentVolume) string {
 	if pv.Spec.NodeAffinity == nil || pv.Spec.NodeAffinity.Required == nil {
 		return ""
 	}

@@ -1,17 +1,26 @@
-// Package peertest is a fake Kubernetes API server for tests of the peer
-// channel: TokenReviews of the tokens it is told of, and GETs of the
-// objects it holds as JSON. It is for tests only.
+// Package peertest fakes the Kubernetes API server for tests of the peer
+// channel and of its authorization: client-go's fake dynamic client
+// (which the plugin's client is), holding k8s.io/api objects, whose
+// TokenReviews answer for the tokens the test names. It is for tests only.
 package peertest
 
 import (
-	"encoding/json"
-	"encoding/pem"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	kubescheme "k8s.io/client-go/kubernetes/scheme"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 )
@@ -25,91 +34,119 @@ type Token struct {
 	Expired                             bool
 }
 
-// API serves TokenReviews and GETs over TLS. Its fields may be changed
-// between calls under Lock.
+// API holds the objects of a fake API server and the tokens it knows.
+// Client is the plugin's client of it.
 type API struct {
-	sync.Mutex
-	Tokens  map[string]Token
-	Objects map[string]string // by path: the JSON a GET answers
-	Reviews int               // TokenReviews asked
-	Gets    map[string]int    // GETs by path
+	Client *dynamicfake.FakeDynamicClient
+
+	mu     sync.Mutex
+	tokens map[string]Token
 }
 
-// New returns an empty API.
+// New returns an API without objects or tokens.
 func New() *API {
-	return &API{Tokens: map[string]Token{}, Objects: map[string]string{}, Gets: map[string]int{}}
+	a := &API{tokens: map[string]Token{}}
+	// An empty scheme: the fake holds every object unstructured, as the
+	// dynamic client sees them (kubescheme only names their kinds in Put).
+	a.Client = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
+		kubeapi.Pods:                   "PodList",
+		kubeapi.VolumeSnapshots:        "VolumeSnapshotList",
+		kubeapi.VolumeSnapshotContents: "VolumeSnapshotContentList",
+	})
+	a.Client.PrependReactor("create", "tokenreviews", func(action k8stesting.Action) (bool, runtime.Object, error) {
+		u := action.(k8stesting.CreateAction).GetObject().(*unstructured.Unstructured)
+		var tr authnv1.TokenReview
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &tr); err != nil {
+			return true, nil, err
+		}
+		tr.Status = a.review(tr.Spec.Token, tr.Spec.Audiences)
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&tr)
+		return true, &unstructured.Unstructured{Object: m}, err
+	})
+	return a
 }
 
-// Set puts obj (marshalled to JSON) at path.
-func (a *API) Set(path string, obj any) {
-	b, err := json.Marshal(obj)
-	if err != nil {
-		panic(err)
-	}
-	a.Lock()
-	a.Objects[path] = string(b)
-	a.Unlock()
+// SetToken makes the API server know token as tok.
+func (a *API) SetToken(token string, tok Token) {
+	a.mu.Lock()
+	a.tokens[token] = tok
+	a.mu.Unlock()
 }
 
-// Start serves a until the test ends and returns a client of it.
-func (a *API) Start(t testing.TB) *kubeapi.Client {
+// Put creates obj, or replaces the object of its name: a k8s.io/api
+// object, or an unstructured one of the snapshot CRDs.
+func (a *API) Put(t testing.TB, obj runtime.Object) {
 	t.Helper()
-	srv := httptest.NewTLSServer(http.HandlerFunc(a.serve))
-	t.Cleanup(srv.Close)
-	c, err := kubeapi.NewClient(srv.URL, "tok", pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}))
-	if err != nil {
+	u, gvr := unstructuredOf(t, obj)
+	tracker := a.Client.Tracker()
+	if _, err := tracker.Get(gvr, u.GetNamespace(), u.GetName()); apierrors.IsNotFound(err) {
+		if err := tracker.Create(gvr, u, u.GetNamespace()); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	if err := tracker.Update(gvr, u, u.GetNamespace()); err != nil {
 		t.Fatal(err)
 	}
-	return c
 }
 
-func (a *API) serve(w http.ResponseWriter, r *http.Request) {
-	a.Lock()
-	defer a.Unlock()
-	switch {
-	case r.Method == http.MethodPost && r.URL.Path == "/apis/authentication.k8s.io/v1/tokenreviews":
-		a.Reviews++
-		var tr struct {
-			Spec struct {
-				Token     string   `json:"token"`
-				Audiences []string `json:"audiences"`
-			} `json:"spec"`
-		}
-		body, _ := io.ReadAll(r.Body)
-		if json.Unmarshal(body, &tr) != nil {
-			http.Error(w, "bad review", http.StatusBadRequest)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-		json.NewEncoder(w).Encode(map[string]any{"status": a.review(tr.Spec.Token, tr.Spec.Audiences)})
-	case r.Method == http.MethodGet:
-		a.Gets[r.URL.Path]++
-		body, ok := a.Objects[r.URL.Path]
-		if !ok {
-			http.NotFound(w, r)
-			return
-		}
-		io.WriteString(w, body)
-	default:
-		http.NotFound(w, r)
+// Remove deletes obj's object.
+func (a *API) Remove(t testing.TB, obj runtime.Object) {
+	t.Helper()
+	u, gvr := unstructuredOf(t, obj)
+	if err := a.Client.Tracker().Delete(gvr, u.GetNamespace(), u.GetName()); err != nil {
+		t.Fatal(err)
 	}
+}
+
+// unstructuredOf is obj as the dynamic client holds it, and its resource.
+func unstructuredOf(t testing.TB, obj runtime.Object) (*unstructured.Unstructured, schema.GroupVersionResource) {
+	t.Helper()
+	u, ok := obj.(*unstructured.Unstructured)
+	if !ok {
+		gvks, _, err := kubescheme.Scheme.ObjectKinds(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u = &unstructured.Unstructured{Object: m}
+		u.SetGroupVersionKind(gvks[0])
+	}
+	gvr, _ := meta.UnsafeGuessKindToResource(u.GroupVersionKind())
+	return u, gvr
+}
+
+// Calls counts the calls of verb on resource the client made.
+func (a *API) Calls(verb, resource string) int {
+	n := 0
+	for _, act := range a.Client.Actions() {
+		if act.GetVerb() == verb && act.GetResource().Resource == resource {
+			n++
+		}
+	}
+	return n
 }
 
 // review is the status of a TokenReview of token for audiences, as the
 // API server answers it.
-func (a *API) review(token string, audiences []string) map[string]any {
-	tok, ok := a.Tokens[token]
+func (a *API) review(token string, audiences []string) authnv1.TokenReviewStatus {
+	a.mu.Lock()
+	tok, ok := a.tokens[token]
+	a.mu.Unlock()
 	switch {
 	case !ok:
-		return map[string]any{"authenticated": false, "error": "invalid bearer token"}
+		return authnv1.TokenReviewStatus{Error: "invalid bearer token"}
 	case tok.Expired:
-		return map[string]any{"authenticated": false, "error": "invalid bearer token, service account token has expired"}
+		return authnv1.TokenReviewStatus{Error: "invalid bearer token, service account token has expired"}
 	case !slices.Contains(audiences, tok.Audience):
-		return map[string]any{"authenticated": false, "error": "invalid bearer token, token audiences are invalid"}
+		return authnv1.TokenReviewStatus{Error: "invalid bearer token, token audiences are invalid"}
 	}
-	return map[string]any{"authenticated": true, "audiences": []string{tok.Audience}, "user": map[string]any{
-		"username": "system:serviceaccount:" + tok.Namespace + ":" + tok.ServiceAccount,
-		"extra": map[string][]string{
+	return authnv1.TokenReviewStatus{Authenticated: true, Audiences: []string{tok.Audience}, User: authnv1.UserInfo{
+		Username: "system:serviceaccount:" + tok.Namespace + ":" + tok.ServiceAccount,
+		Extra: map[string]authnv1.ExtraValue{
 			"authentication.kubernetes.io/node-name": {tok.Node},
 			"authentication.kubernetes.io/pod-name":  {tok.Pod},
 			"authentication.kubernetes.io/pod-uid":   {tok.UID},
@@ -117,11 +154,11 @@ func (a *API) review(token string, audiences []string) map[string]any {
 	}}
 }
 
-// Pod is a pod as the API server answers a GET of it.
-func Pod(name, uid, node, serviceAccount, ip string, labels map[string]string) map[string]any {
-	return map[string]any{
-		"metadata": map[string]any{"name": name, "uid": uid, "labels": labels},
-		"spec":     map[string]any{"nodeName": node, "serviceAccountName": serviceAccount},
-		"status":   map[string]any{"podIP": ip, "podIPs": []map[string]string{{"ip": ip}}},
+// Pod is a running pod in namespace.
+func Pod(namespace, name, uid, node, serviceAccount, ip string, labels map[string]string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: types.UID(uid), Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: serviceAccount},
+		Status:     corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}},
 	}
 }
