@@ -1,20 +1,31 @@
 package k8s
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
+	"maps"
 	"net"
 	"os"
+	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
@@ -144,6 +155,11 @@ func peerConn(t *testing.T, conn net.Conn, addr string, cfg *tls.Config) *grpc.C
 // claim its data is for.
 func asNode(token, node, claim string) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return withPeerMD(ctx, token, node, claim), cancel
+}
+
+// withPeerMD is ctx with the metadata of asNode.
+func withPeerMD(ctx context.Context, token, node, claim string) context.Context {
 	var kv []string
 	if token != "" {
 		kv = append(kv, "authorization", "Bearer "+token)
@@ -152,7 +168,7 @@ func asNode(token, node, claim string) (context.Context, context.CancelFunc) {
 	if claim != "" {
 		kv = append(kv, "fastblk-peer-claim", claim)
 	}
-	return metadata.AppendToOutgoingContext(ctx, kv...), cancel
+	return metadata.AppendToOutgoingContext(ctx, kv...)
 }
 
 // peerModify calls ModifyVolume of id with params on cc as node with token.
@@ -186,5 +202,235 @@ func peerRead(cc *grpc.ClientConn, token, node, id, claim string) error {
 		if f.Type != peer.FrameWait {
 			return fmt.Errorf("the stream sent a %q frame", f.Type)
 		}
+	}
+}
+
+// dataStream opens a ReadData stream of req on cc, ctx carrying the
+// caller's metadata (withPeerMD), as a plugin's pull does, and returns it
+// once its first frame came; err is how the stream ended before any (a
+// refusal).
+func dataStream(ctx context.Context, cc *grpc.ClientConn, req *peer.ReadRequest) (grpc.ClientStream, error) {
+	st, err := cc.NewStream(ctx, &grpc.StreamDesc{ServerStreams: true}, "/fastblk.peer.v1.Peer/ReadData", grpc.CallContentSubtype("fastblk-xfer-v1"))
+	if err == nil {
+		err = st.SendMsg(req)
+	}
+	if err == nil {
+		err = st.CloseSend()
+	}
+	if err == nil {
+		err = st.RecvMsg(new(peer.Frame))
+	}
+	return st, err
+}
+
+// flood is one peer's flood of data streams (TestPeerFlood): n streams
+// opened at once, spread over a few connections; each accepted stream is
+// read to its end and then opened again, so that the flood keeps the
+// places it got until stop.
+type flood struct {
+	Accepted int                // of the first n streams
+	Refused  map[codes.Code]int // the others, by code
+	Refusal  string             // one refusal's message
+	Answered time.Duration      // from the first opening until every stream was accepted or refused
+	Slowest  time.Duration      // the longest a refusal took
+
+	held     atomic.Int64 // streams open now
+	reopened atomic.Int64 // streams accepted again after one ended
+	mu       sync.Mutex
+	ended    map[string]int // how the flood's streams ended before stop ("sent in full" or a code)
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	conns    []*grpc.ClientConn
+}
+
+// startFlood opens n streams of req on conns at once, ctx's metadata
+// (withPeerMD) naming the caller, the ith with the target req.Target-i;
+// it returns once each was accepted or refused, the accepted ones held
+// (hold) until stop.
+func startFlood(md func(context.Context) context.Context, conns []*grpc.ClientConn, req peer.ReadRequest, n int) *flood {
+	ctx, cancel := context.WithCancel(context.Background())
+	ctx = md(ctx)
+	f := &flood{Refused: map[codes.Code]int{}, ended: map[string]int{}, cancel: cancel, conns: conns}
+	var answered sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		answered.Add(1)
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			cc, r := conns[i%len(conns)], req
+			r.Target = fmt.Sprintf("%s-%d", req.Target, i)
+			opened := time.Now()
+			st, err := dataStream(ctx, cc, &r)
+			f.mu.Lock()
+			if err != nil {
+				f.Refused[status.Code(err)]++
+				f.Refusal = status.Convert(err).Message()
+				f.Slowest = max(f.Slowest, time.Since(opened))
+			} else {
+				f.Accepted++
+			}
+			f.mu.Unlock()
+			answered.Done()
+			if err == nil {
+				f.hold(ctx, cc, &r, st)
+			}
+		}()
+	}
+	answered.Wait()
+	f.Answered = time.Since(start)
+	return f
+}
+
+// hold reads st to its end, then opens a stream of req on cc again (every
+// 100 ms until one is accepted) and reads that, until ctx ends.
+func (f *flood) hold(ctx context.Context, cc *grpc.ClientConn, req *peer.ReadRequest, st grpc.ClientStream) {
+	for {
+		f.held.Add(1)
+		var err error
+		for err == nil {
+			err = st.RecvMsg(new(peer.Frame))
+		}
+		f.held.Add(-1)
+		if ctx.Err() != nil {
+			return
+		}
+		how := "sent in full"
+		if !errors.Is(err, io.EOF) {
+			how = status.Code(err).String()
+		}
+		f.mu.Lock()
+		f.ended[how]++
+		f.mu.Unlock()
+		for {
+			if st, err = dataStream(ctx, cc, req); err == nil {
+				f.reopened.Add(1)
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// stop ends every stream and connection of the flood.
+func (f *flood) stop() {
+	f.cancel()
+	f.wg.Wait()
+	for _, cc := range f.conns {
+		cc.Close()
+	}
+}
+
+// Ended is how the flood's streams ended before stop.
+func (f *flood) Ended() map[string]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.ended)
+}
+
+// procStats is what a process holds: threads, resident memory, open
+// descriptors (of them sockets, and those open on one file), and the CPU
+// time it has used.
+type procStats struct {
+	Threads              int
+	RSSKiB               int64
+	FDs, Sockets, OnFile int
+	CPU                  time.Duration
+}
+
+func (s procStats) String() string {
+	return fmt.Sprintf("%d threads, RSS %.1f MiB, %d fds (%d sockets)", s.Threads, float64(s.RSSKiB)/1024, s.FDs, s.Sockets)
+}
+
+// readProcStats reads process pid's procStats from /proc; OnFile counts
+// the descriptors whose path ends in onFile ("" for none).
+func readProcStats(pid int, onFile string) (procStats, error) {
+	var s procStats
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return s, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		k, v, _ := strings.Cut(l, ":")
+		if f := strings.Fields(v); len(f) > 0 {
+			switch k {
+			case "Threads":
+				s.Threads, _ = strconv.Atoi(f[0])
+			case "VmRSS":
+				s.RSSKiB, _ = strconv.ParseInt(f[0], 10, 64)
+			}
+		}
+	}
+	dir := fmt.Sprintf("/proc/%d/fd", pid)
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return s, err
+	}
+	for _, e := range ents {
+		link, err := os.Readlink(filepath.Join(dir, e.Name()))
+		if err != nil {
+			continue // closed meanwhile
+		}
+		s.FDs++
+		switch {
+		case strings.HasPrefix(link, "socket:"):
+			s.Sockets++
+		case onFile != "" && strings.HasSuffix(link, onFile):
+			s.OnFile++
+		}
+	}
+	// utime and stime, the 14th and 15th fields, in clock ticks (USER_HZ,
+	// 100 on Linux); the 2nd (the command) may hold spaces.
+	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return s, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if f := strings.Fields(string(b[i+1:])); i >= 0 && len(f) > 12 {
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		s.CPU = time.Duration(ut+st) * time.Second / 100
+	}
+	return s, nil
+}
+
+// sampleProc reads pid's procStats (onFile as readProcStats) every
+// 200 ms until the returned stop, which gives the most of each field
+// seen, and the least OnFile.
+func sampleProc(pid int, onFile string) (stop func() (most procStats, leastOnFile int)) {
+	type result struct {
+		most  procStats
+		least int
+	}
+	done, out := make(chan struct{}), make(chan result, 1)
+	go func() {
+		r := result{least: -1}
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			if s, err := readProcStats(pid, onFile); err == nil {
+				m := &r.most
+				m.Threads, m.RSSKiB, m.FDs = max(m.Threads, s.Threads), max(m.RSSKiB, s.RSSKiB), max(m.FDs, s.FDs)
+				m.Sockets, m.OnFile, m.CPU = max(m.Sockets, s.Sockets), max(m.OnFile, s.OnFile), max(m.CPU, s.CPU)
+				if r.least < 0 || s.OnFile < r.least {
+					r.least = s.OnFile
+				}
+			}
+			select {
+			case <-done:
+				out <- r
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() (procStats, int) {
+		close(done)
+		r := <-out
+		return r.most, r.least
 	}
 }

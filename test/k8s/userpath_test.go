@@ -1,6 +1,7 @@
 package k8s
 
 import (
+	"context"
 	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
@@ -1622,16 +1623,7 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 		t.Fatalf("volume %s of the claim pinned to %s", vol, target)
 	}
 
-	pid := c.pluginPID(t, from)
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/var/run/secrets/fastblk.csi.io/peer/token", pid))
-	if err != nil {
-		t.Fatalf("%s's peer token: %v", from, err)
-	}
-	token := strings.TrimSpace(string(b))
-	creds, err := peer.NewCredentials(c.peerCA(t), peer.Identity{Namespace: pluginNS, ServiceAccount: release + "-node", Node: from}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pid, token, creds := c.pluginPeerCreds(t, from)
 	pods, _ := c.pluginPods(t)
 	addr := net.JoinHostPort(c.jsonpath(t, "{.status.podIP}", "-n", pluginNS, "get", "pod", pods[target]), "9815")
 	fromPod := func() *grpc.ClientConn {
@@ -1702,6 +1694,338 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 	}
 	if got := c.jsonpath(t, "{.metadata.annotations.volume\\.kubernetes\\.io/selected-node}", "-n", testNS, "get", "pvc", "n2-only"); got != target {
 		t.Errorf("n2's claim is selected for %q after the refusals, want %s", got, target)
+	}
+}
+
+// pluginPeerCreds are what a stolen node has of its plugin's peer
+// credentials: its plugin process (pid, in whose pod's network namespace
+// it calls), the plugin's projected peer token, read from its container,
+// and a transport certificate for node from the installation's CA.
+func (c *cluster) pluginPeerCreds(t *testing.T, node string) (pid int, token string, creds *peer.Credentials) {
+	t.Helper()
+	pid = c.pluginPID(t, node)
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/var/run/secrets/fastblk.csi.io/peer/token", pid))
+	if err != nil {
+		t.Fatalf("%s's peer token: %v", node, err)
+	}
+	creds, err = peer.NewCredentials(c.peerCA(t), peer.Identity{Namespace: pluginNS, ServiceAccount: release + "-node", Node: node}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pid, strings.TrimSpace(string(b)), creds
+}
+
+// TestPeerFlood runs issue 41's flood on the cluster. With n1's plugin
+// credentials, from n1's plugin pod's address, a peer opens 300 data
+// streams of n2's snapshot at 1 B/s on 20 connections, for a claim that
+// asks for that snapshot on n1 (it stays Pending: its class does not
+// exist, so no provisioner takes it). n2's plugin accepts at most its limit
+// per peer (4), holds no more open on the snapshot's file, and refuses the
+// rest with ResourceExhausted at once; its threads, memory and descriptors
+// stay bounded. While the flood holds its places (each accepted stream is
+// read to its end at the least rate, 1 MiB/s, and opened again), n2 pulls
+// n1's snapshot, restores its own snapshot, and a pod writes to its volume
+// on n2; each is timed beside the same without the flood. With two nodes
+// the flooder is the only other node: n1's own restore of n2's snapshot
+// shares n1's places on n2, so it is refused while the flood holds (its
+// claim's event says so; the provisioner retries the Unavailable) and
+// completes once the flood stops. The figures are in docs/peer.md
+// ("Bounded peers").
+func TestPeerFlood(t *testing.T) {
+	c := requireChart(t)
+	const streams, conns, size = 300, 20, "512Mi"
+	from, target := nodes[0], nodes[1]
+	srcs := []string{"fl-src-" + from, "fl-src-" + target}
+	snapFrom, snapTarget, snapLocal := "fl-snap-"+from, "fl-snap-"+target, "fl-snap-"+target+"-local"
+	claims := append([]string{"fl-io", "fl-flood", "fl-pull0", "fl-pull1", "fl-local0", "fl-local1", "fl-own"}, srcs...)
+	var snapFiles []string // the snapshots' files on the hosts
+	// Registered first, so run last: after the pods' cleanups.
+	t.Cleanup(func() { c.floodCleanup(t, claims, []string{snapFrom, snapTarget, snapLocal}, snapFiles) })
+
+	// The sources: 256 MiB of data on each node, snapshotted (n2's twice:
+	// one snapshot for the flood, one for n2's own restore, so that the
+	// descriptors open on the flood's are the flood's alone), and a
+	// volume on n2 for a pod's writes.
+	write := "dd if=/dev/urandom of=/data/f bs=1M count=256 2>/dev/null; sha256sum /data/f > /data/f.sha256; sync"
+	for i, n := range nodes {
+		c.apply(t, pvc(srcs[i], size, ""))
+		c.startPod(t, pod{name: "fl-w-" + n, claim: srcs[i], node: n, restartNever: true, script: write})
+	}
+	c.apply(t, pvc("fl-io", "2Gi", ""))
+	c.startPod(t, pod{name: "fl-io", claim: "fl-io", node: target, script: "sleep 3600"})
+	for _, n := range nodes {
+		c.waitPodPhase(t, "fl-w-"+n, "Succeeded", 2*time.Minute)
+		c.delete(t, "pod", "fl-w-"+n)
+	}
+	c.snapshotClaim(t, snapFrom, srcs[0])
+	c.snapshotClaim(t, snapTarget, srcs[1])
+	c.snapshotClaim(t, snapLocal, srcs[1])
+	c.waitPodPhase(t, "fl-io", "Running", 2*time.Minute)
+	handles := map[string]string{}
+	for snap, n := range map[string]string{snapFrom: from, snapTarget: target, snapLocal: target} {
+		content := c.jsonpath(t, "{.status.boundVolumeSnapshotContentName}", "-n", testNS, "get", "volumesnapshot", snap)
+		handles[snap] = c.jsonpath(t, "{.status.snapshotHandle}", "get", "volumesnapshotcontent", content)
+		_, file := c.objectFile(n, "snapshots", handles[snap])
+		snapFiles = append(snapFiles, file)
+	}
+	handle := handles[snapTarget]
+	fromSnap := func(snap string) string {
+		return "  dataSource: {name: " + snap + ", kind: VolumeSnapshot, apiGroup: snapshot.storage.k8s.io}\n"
+	}
+	snapID, _ := c.objectFile(target, "snapshots", handle)
+	onSnap := "/snapshots/" + snapID + ".img" // the snapshot's file, as n2's plugin sees it
+
+	// The flood's claim: n2's snapshot for n1, which authorizes n1's reads.
+	c.apply(t, fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolumeClaim
+metadata:
+  name: fl-flood
+  namespace: %s
+  annotations: {volume.kubernetes.io/selected-node: %s}
+spec:
+  accessModes: [ReadWriteOnce]
+  storageClassName: fl-no-such-class
+  resources: {requests: {storage: %s}}
+%s`, testNS, from, size, fromSnap(snapTarget)))
+
+	// What n2 does beside the flood: a restore of n1's snapshot on n2 (n2
+	// pulls from n1), a restore of n2's own snapshot on n2, each timed from
+	// the claim to its pod's end and by n2's CreateVolume; and a pod's
+	// 1 GiB of writes to its volume on n2, timed in the pod.
+	pods, _ := c.pluginPods(t)
+	restore := func(claim, snap string) (took, call time.Duration) {
+		t.Helper()
+		start := time.Now()
+		c.apply(t, pvc(claim, size, fromSnap(snap)))
+		c.startPod(t, pod{name: claim, claim: claim, node: target, restartNever: true, script: "sha256sum -c /data/f.sha256"})
+		c.waitPodPhase(t, claim, "Succeeded", 4*time.Minute)
+		took = time.Since(start)
+		call = c.createVolumeTook(t, pods[target], claim)
+		if logs := c.logs(t, claim); !strings.Contains(logs, "/data/f: OK") {
+			t.Errorf("%s holds different data:\n%s", claim, logs)
+		}
+		if on := c.volumeNode(t, claim); on != target {
+			t.Errorf("%s for a pod pinned to %s was provisioned on %s", claim, target, on)
+		}
+		c.delete(t, "pod", claim)
+		c.delete(t, "pvc", claim)
+		return took, call
+	}
+	type figures struct{ pull, pullCall, local, localCall, io time.Duration }
+	measure := func(suffix string, between func(what string)) (f figures) {
+		t.Helper()
+		f.pull, f.pullCall = restore("fl-pull"+suffix, snapFrom)
+		between("n2's pull of n1's snapshot")
+		f.local, f.localCall = restore("fl-local"+suffix, snapLocal)
+		between("n2's restore of its own snapshot")
+		// /proc/uptime: seconds to the hundredth.
+		out := c.k(t, "-n", testNS, "exec", "fl-io", "--", "sh", "-c", `set -e
+a=$(cut -d' ' -f1 /proc/uptime)
+dd if=/dev/zero of=/data/io bs=1M count=1024 conv=fsync 2>/dev/null
+b=$(cut -d' ' -f1 /proc/uptime)
+rm /data/io
+echo "$a $b"`)
+		var a, b float64
+		if _, err := fmt.Sscan(lastLine(out), &a, &b); err != nil {
+			t.Fatalf("the writes' times: %q: %v", out, err)
+		}
+		f.io = time.Duration((b - a) * float64(time.Second))
+		between("the writes on n2")
+		return f
+	}
+	srcPID := c.pluginPID(t, target)
+	stats := func() procStats {
+		t.Helper()
+		s, err := readProcStats(srcPID, onSnap)
+		if err != nil {
+			t.Fatalf("n2's plugin process: %v", err)
+		}
+		return s
+	}
+	cpu := func(a, b procStats) string { return (b.CPU - a.CPU).Round(10 * time.Millisecond).String() }
+	aloneStart, aloneFrom, aloneSampling := time.Now(), stats(), sampleProc(srcPID, onSnap)
+	alone := measure("0", func(string) {})
+	aloneTook, aloneCPU := time.Since(aloneStart), cpu(aloneFrom, stats())
+	aloneMost, _ := aloneSampling()
+
+	// The flood, from n1's plugin pod with n1's credentials.
+	pid, token, creds := c.pluginPeerCreds(t, from)
+	addr := net.JoinHostPort(c.jsonpath(t, "{.status.podIP}", "-n", pluginNS, "get", "pod", pods[target]), "9815")
+	restarts := func() string {
+		return c.jsonpath(t, `{.status.containerStatuses[?(@.name=="csi-fastblk")].restartCount}`, "-n", pluginNS, "get", "pod", pods[target])
+	}
+	restartsBefore := restarts()
+	served := func() int { // the streams of the flood n2's plugin opened its source for
+		return strings.Count(c.containerLog(t, pods[target]), `for="fl-flood-`)
+	}
+	servedBefore := served()
+	// n2's plugin's CPU time in a quiet while, and in as long from the
+	// flood's start (its streams answered, and the accepted ones sent).
+	const window = 5 * time.Second
+	quietFrom := stats()
+	time.Sleep(window)
+	before := stats()
+	// Connected just before the flood: n2 closes a connection whose
+	// handshake has not come within 10 s.
+	ccs := make([]*grpc.ClientConn, conns)
+	for i := range ccs {
+		ccs[i] = peerConn(t, dialFromPod(t, pid, addr), addr, creds.ClientConfig(target))
+	}
+	floodStart := time.Now()
+	fl := startFlood(func(ctx context.Context) context.Context { return withPeerMD(ctx, token, from, testNS+"/fl-flood") },
+		ccs, peer.ReadRequest{Kind: peer.SourceSnapshot, ID: handle, Target: "fl-flood", Rate: 1}, streams)
+	stopped := false
+	t.Cleanup(func() {
+		if !stopped {
+			fl.stop()
+		}
+	})
+	burst := stats()
+	sampling := sampleProc(srcPID, onSnap)
+	time.Sleep(time.Until(floodStart.Add(window)))
+	floodWindow := stats()
+	t.Logf("flood: %d streams of n2's snapshot at 1 B/s from n1's plugin pod on %d connections, all answered in %v: %d accepted, refused %v (the slowest refusal %v): %s",
+		streams, conns, fl.Answered.Round(time.Millisecond), fl.Accepted, fl.Refused, fl.Slowest.Round(time.Millisecond), fl.Refusal)
+	limit := peer.DefaultLimits.MaxStreamsPerPeer
+	if fl.Accepted < 1 || fl.Accepted > limit || fl.Refused[codes.ResourceExhausted] != streams-fl.Accepted {
+		t.Fatalf("%d accepted, refused %v; want at most %d (and some) accepted, the rest ResourceExhausted", fl.Accepted, fl.Refused, limit)
+	}
+	if burst.OnFile != fl.Accepted {
+		t.Errorf("n2's plugin has %d descriptors open on the snapshot's file after the flood's streams were answered, want %d (the accepted)", burst.OnFile, fl.Accepted)
+	}
+	holding := func(what string) {
+		t.Helper()
+		eventually(t, 10*time.Second, "the flood to hold its places after "+what, func() (bool, string) {
+			h := fl.held.Load()
+			return h == int64(fl.Accepted), fmt.Sprintf("%d streams held, %d accepted", h, fl.Accepted)
+		})
+	}
+	floodedStart, floodedFrom := time.Now(), stats()
+	flooded := measure("1", holding)
+	floodedTook, floodedCPU := time.Since(floodedStart), cpu(floodedFrom, stats())
+
+	// n1's own restore of n2's snapshot, in n1's places on n2.
+	ownStart := time.Now()
+	c.apply(t, pvc("fl-own", size, fromSnap(snapTarget)))
+	c.startPod(t, pod{name: "fl-own", claim: "fl-own", node: from, restartNever: true, script: "sha256sum -c /data/f.sha256"})
+	var refusal string
+	eventually(t, 2*time.Minute, "n1's restore to be refused by n2 (its claim's event) or to complete", func() (bool, string) {
+		ev := c.claimEvents("fl-own")
+		if l := grepLines(ev, "data streams of this node"); l != "" {
+			refusal = l
+			return true, ""
+		}
+		phase, _ := c.kubectl("-n", testNS, "get", "pod", "fl-own", "-o", "jsonpath={.status.phase}")
+		return phase == "Succeeded", "pod " + phase + ", claim's events:\n" + ev
+	})
+	stopAt := time.Now()
+	most, least := sampling()
+	during := stats()
+	fl.stop()
+	stopped = true
+	floodTook := stopAt.Sub(floodStart)
+	c.waitPodPhase(t, "fl-own", "Succeeded", 4*time.Minute)
+	ownDone := time.Now()
+	if logs := c.logs(t, "fl-own"); !strings.Contains(logs, "/data/f: OK") {
+		t.Errorf("fl-own holds different data:\n%s", logs)
+	}
+	if on := c.volumeNode(t, "fl-own"); on != from {
+		t.Errorf("fl-own for a pod pinned to %s was provisioned on %s", from, on)
+	}
+	c.delete(t, "pod", "fl-own")
+	eventually(t, 30*time.Second, "n2's plugin to let go of the flood's connections", func() (bool, string) {
+		s, err := readProcStats(srcPID, onSnap)
+		return err == nil && s.OnFile == 0 && s.Sockets <= before.Sockets+5, fmt.Sprintf("%v, %d open on the snapshot: %v", s, s.OnFile, err)
+	})
+	after := stats()
+
+	servedFlood := served() - servedBefore
+	reopened := fl.reopened.Load()
+	t.Logf("the flood held n2's places for %v: streams ended before the stop %v, opened again %d times; n2's plugin opened its source for %d of the flood's streams",
+		floodTook.Round(time.Second), fl.Ended(), reopened, servedFlood)
+	t.Logf("n2's plugin: most during the measurements below alone %v; before the flood %v; after its streams were answered %v, %d open on the snapshot; most during the flood (and the same measurements) %v, %d..%d open on the snapshot; after %v",
+		aloneMost, before, burst, burst.OnFile, most, least, most.OnFile, after)
+	t.Logf("n2's plugin's CPU time: %v in %v before the flood, %v in its first %v; %v in the %v of the measurements below alone, %v in their %v during the flood; %v in the whole flood (%v)",
+		cpu(quietFrom, before), window, cpu(before, floodWindow), window, aloneCPU, aloneTook.Round(time.Second),
+		floodedCPU, floodedTook.Round(time.Second), cpu(before, during), floodTook.Round(time.Second))
+	ms := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	t.Logf("on n2, alone / during the flood: restore of n1's snapshot (a pull of 256 MiB of data) %v / %v (n2's CreateVolume %v / %v); restore of its own snapshot %v / %v (CreateVolume %v / %v); a pod's 1 GiB of writes (dd conv=fsync) %v / %v",
+		alone.pull.Round(time.Second), flooded.pull.Round(time.Second), ms(alone.pullCall), ms(flooded.pullCall),
+		alone.local.Round(time.Second), flooded.local.Round(time.Second), ms(alone.localCall), ms(flooded.localCall),
+		ms(alone.io), ms(flooded.io))
+	if refusal != "" {
+		t.Logf("n1's own restore of n2's snapshot: refused during the flood (%s), bound and checked %v after the flood stopped (%v in all)",
+			strings.Join(strings.Fields(refusal), " "), ownDone.Sub(stopAt).Round(time.Second), ownDone.Sub(ownStart).Round(time.Second))
+	} else {
+		t.Logf("n1's own restore of n2's snapshot completed during the flood, in %v (it took a place a flood's stream left at its end)",
+			stopAt.Sub(ownStart).Round(time.Second))
+	}
+	if most.OnFile > limit {
+		t.Errorf("n2's plugin had %d descriptors open on the snapshot's file during the flood, more than the %d streams one peer may have", most.OnFile, limit)
+	}
+	if servedFlood != fl.Accepted+int(reopened) {
+		t.Errorf("n2's plugin logs %d of the flood's streams sent, the flood had %d accepted and %d opened again", servedFlood, fl.Accepted, reopened)
+	}
+	if r := restarts(); r != restartsBefore {
+		t.Errorf("n2's plugin container restarted during the flood (restartCount %s, was %s)", r, restartsBefore)
+	}
+}
+
+// createVolumeTook is how long the CreateVolume call that made claim's
+// volume took in the plugin of pod (its log, at -v=2; the request names
+// the claim, --extra-create-metadata).
+func (c *cluster) createVolumeTook(t *testing.T, pod, claim string) time.Duration {
+	t.Helper()
+	for _, l := range strings.Split(c.containerLog(t, pod), "\n") {
+		if !strings.Contains(l, `"call" method="/csi.v1.Controller/CreateVolume"`) || !strings.Contains(l, `\"`+claim+`\"`) {
+			continue
+		}
+		if m := regexp.MustCompile(` duration="([^"]+)"`).FindStringSubmatch(l); m != nil {
+			d, err := time.ParseDuration(m[1])
+			if err != nil {
+				t.Fatalf("CreateVolume of %s: %v", claim, err)
+			}
+			return d
+		}
+	}
+	t.Fatalf("no CreateVolume of %s in the log of %s", claim, pod)
+	return 0
+}
+
+// floodCleanup deletes TestPeerFlood's claims and snapshots (their pods
+// are gone by then) and checks that nothing of them is left: no PV, no
+// snapshot content, none of the snapshots' files, no volume on the nodes
+// without a PV.
+func (c *cluster) floodCleanup(t *testing.T, claims, snaps, snapFiles []string) {
+	t.Helper()
+	if _, err := c.kubectl(append([]string{"-n", testNS, "delete", "pvc", "--ignore-not-found", "--wait=true", "--timeout=180s"}, claims...)...); err != nil {
+		t.Errorf("delete the flood test's claims: %v", err)
+	}
+	if _, err := c.kubectl(append([]string{"-n", testNS, "delete", "volumesnapshot", "--ignore-not-found", "--wait=true", "--timeout=180s"}, snaps...)...); err != nil {
+		t.Errorf("delete the flood test's snapshots: %v", err)
+	}
+	ours := func(names string) []string {
+		var left []string
+		for _, n := range strings.Fields(names) {
+			if slices.Contains(claims, n) || slices.Contains(snaps, n) {
+				left = append(left, n)
+			}
+		}
+		return left
+	}
+	eventually(t, 3*time.Minute, "the PVs and snapshot contents of the flood test to go", func() (bool, string) {
+		pvs, err1 := c.kubectl("get", "pv", "-o", `jsonpath={range .items[*]}{.spec.claimRef.name}{"\n"}{end}`)
+		vscs, err2 := c.kubectl("get", "volumesnapshotcontents", "-o", `jsonpath={range .items[*]}{.spec.volumeSnapshotRef.name}{"\n"}{end}`)
+		left := append(ours(pvs), ours(vscs)...)
+		return err1 == nil && err2 == nil && len(left) == 0, fmt.Sprintf("PVs or contents of %v left (%v %v)", left, err1, err2)
+	})
+	for _, f := range snapFiles {
+		if _, err := os.Stat(f); !os.IsNotExist(err) {
+			t.Errorf("a snapshot's file of the flood test is left: %s (%v)", f, err)
+		}
+	}
+	for _, n := range nodes {
+		c.noVolumesWithoutPV(t, n)
 	}
 }
 
