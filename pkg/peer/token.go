@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/singleflight"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	authnv1 "k8s.io/api/authentication/v1"
@@ -65,6 +66,8 @@ const (
 var (
 	reviewTTL = time.Minute
 	podTTL    = 30 * time.Second
+	// reviewTimeout bounds one TokenReview.
+	reviewTimeout = 30 * time.Second
 )
 
 // maxCached bounds each cache; past it the cache starts afresh.
@@ -95,6 +98,7 @@ type Authenticator struct {
 	// read from the API server.
 	Pods func(name string) *corev1.Pod
 
+	asking  singleflight.Group // reviews being asked, by token hash
 	mu      sync.Mutex
 	reviews map[[32]byte]review
 	pods    map[string]cachedPod // by uid
@@ -176,7 +180,9 @@ func (a *Authenticator) now() time.Time {
 // review returns the API server's review of token, cached until the
 // earlier of reviewTTL and the token's expiry. A refusal is cached as
 // well (bounded by reviewTTL), so that a peer repeating a bad token costs
-// one review a minute. Only a failure to ask is an error of its own.
+// one review a minute. Calls that find no review wait for the one asked
+// for their token, so a peer opening many streams at once costs one
+// review too. Only a failure to ask is an error of its own.
 func (a *Authenticator) review(ctx context.Context, token string) (review, error) {
 	key := sha256.Sum256([]byte(token))
 	now := a.now()
@@ -186,21 +192,33 @@ func (a *Authenticator) review(ctx context.Context, token string) (review, error
 	if ok && now.Before(r.until) {
 		return r, nil
 	}
-	r, err := a.ask(ctx, token)
-	if err != nil {
-		return review{}, err
+	asked := a.asking.DoChan(string(key[:]), func() (any, error) {
+		// The review serves every call waiting for it, so no one
+		// caller's end cuts it short.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
+		defer cancel()
+		r, err := a.ask(ctx, token)
+		if err != nil {
+			return review{}, err
+		}
+		r.until = now.Add(reviewTTL)
+		if exp, ok := expiry(token); ok && exp.Before(r.until) {
+			r.until = exp
+		}
+		a.mu.Lock()
+		if a.reviews == nil || len(a.reviews) >= maxCached {
+			a.reviews = make(map[[32]byte]review)
+		}
+		a.reviews[key] = r
+		a.mu.Unlock()
+		return r, nil
+	})
+	select {
+	case res := <-asked:
+		return res.Val.(review), res.Err
+	case <-ctx.Done():
+		return review{}, status.FromContextError(ctx.Err()).Err()
 	}
-	r.until = now.Add(reviewTTL)
-	if exp, ok := expiry(token); ok && exp.Before(r.until) {
-		r.until = exp
-	}
-	a.mu.Lock()
-	if a.reviews == nil || len(a.reviews) >= maxCached {
-		a.reviews = make(map[[32]byte]review)
-	}
-	a.reviews[key] = r
-	a.mu.Unlock()
-	return r, nil
 }
 
 // ask sends a TokenReview of token for the audience and reads its answer.

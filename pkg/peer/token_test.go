@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/fastblk/csi-fastblk/pkg/peer/peertest"
 )
@@ -266,5 +268,29 @@ func TestTokenPodFromWatch(t *testing.T) {
 	}
 	if got := api.Calls("get", "pods"); got != 1 {
 		t.Errorf("%d GETs of a pod the watch lacks, want 1", got)
+	}
+}
+
+// TestTokenReviewedOnceWhenCallsArrive: many calls with one token that
+// arrive together (a peer opening its streams) cost one TokenReview, not
+// one each: the calls wait for the first review instead of each asking
+// the API server, whose client-side limit would otherwise space them.
+func TestTokenReviewedOnceWhenCallsArrive(t *testing.T) {
+	api, auth := tokenAPI(t)
+	api.Client.PrependReactor("create", "tokenreviews", func(k8stesting.Action) (bool, runtime.Object, error) {
+		time.Sleep(50 * time.Millisecond) // an API server's round trip
+		return false, nil, nil            // the review itself is peertest's
+	})
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			if _, err := auth.Verify(context.Background(), "tok-n1", "n1", nil); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if got := api.Calls("create", "tokenreviews"); got != 1 {
+		t.Errorf("50 calls arriving together: %d reviews, want 1", got)
 	}
 }
