@@ -34,11 +34,10 @@ func runUninstallCheck(ctx context.Context, args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("uninstall-check: unexpected arguments %q", fs.Args())
 	}
-	api, err := kubeapi.InCluster("uninstall-check")
+	c, err := kubeapi.InCluster("uninstall-check")
 	if err != nil {
 		return fmt.Errorf("uninstall-check: %w", err)
 	}
-	c := api
 	r, err := uninstall.Check(ctx, c, *driverName)
 	if err != nil {
 		return fmt.Errorf("uninstall-check: %w", err)

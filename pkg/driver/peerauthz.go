@@ -9,11 +9,11 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
-	storagev1beta1 "k8s.io/api/storage/v1beta1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/utils/ptr"
 
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
@@ -106,9 +106,9 @@ func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.
 	var group, srcKind, srcName string
 	switch ref, src := pvc.Spec.DataSourceRef, pvc.Spec.DataSource; {
 	case ref != nil && (ref.Namespace == nil || *ref.Namespace == "" || *ref.Namespace == ns):
-		group, srcKind, srcName = deref(ref.APIGroup), ref.Kind, ref.Name
+		group, srcKind, srcName = ptr.Deref(ref.APIGroup, ""), ref.Kind, ref.Name
 	case ref == nil && src != nil:
-		group, srcKind, srcName = deref(src.APIGroup), src.Kind, src.Name
+		group, srcKind, srcName = ptr.Deref(src.APIGroup, ""), src.Kind, src.Name
 	default:
 		return denied("%s has no data source in its namespace, so it reads no %s %s", what, kind, source)
 	}
@@ -136,13 +136,6 @@ func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.
 		return nil
 	}
 	return denied("unknown %v", kind)
-}
-
-func deref(s *string) string {
-	if s == nil {
-		return ""
-	}
-	return *s
 }
 
 // snapshotIs allows the read when the VolumeSnapshot ns/name is bound to
@@ -209,22 +202,14 @@ func (a *APIAuthorizer) Modify(ctx context.Context, volumeID, pv string, params 
 	}
 	name := *c.Spec.VolumeAttributesClassName
 	what := "VolumeAttributesClass " + name + " of " + claim
-	var driverName string
-	var parameters map[string]string
 	vac, err := kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClasses, "", name)
-	if err == nil {
-		driverName, parameters = vac.DriverName, vac.Parameters
-	} else if apierrors.IsNotFound(err) { // or a cluster that serves only v1beta1
-		beta, berr := kubeapi.Get[storagev1beta1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClassesBeta, "", name)
-		if berr == nil {
-			driverName, parameters = beta.DriverName, beta.Parameters
-		}
-		err = berr
+	if apierrors.IsNotFound(err) { // or a cluster that serves it only as v1beta1, whose fields are the same
+		vac, err = kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClassesBeta, "", name)
 	}
 	if err := got(err, what); err != nil {
 		return err
 	}
-	if driverName != a.Driver || !maps.Equal(parameters, params) {
+	if vac.DriverName != a.Driver || !maps.Equal(vac.Parameters, params) {
 		return denied("%s asks for VolumeAttributesClass %s, whose driver or parameters are not the call's", claim, name)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	storagev1beta1 "k8s.io/api/storage/v1beta1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -211,3 +212,26 @@ type discard struct{}
 func (discard) Start(int64, int64) (io.WriterAt, error) { return discard{}, nil }
 func (discard) WriteAt(p []byte, _ int64) (int, error)  { return len(p), nil }
 func (discard) Progress(int64)                          {}
+
+// TestPeerModifyReadsBetaClass: on a cluster that serves the claim's
+// VolumeAttributesClass only as v1beta1, a forwarded modify is authorized
+// by it all the same, and refused when its parameters differ.
+func TestPeerModifyReadsBetaClass(t *testing.T) {
+	requireRoot(t)
+	n1, n2, api := authzNodes(t)
+	drv := n1.d.cfg.Name
+	vol := n1.create("pvc-u1", 1<<20, nil)
+	api.Put(t, pvOf("pvc-u1", drv, vol, "data", "u1"))
+	api.Put(t, claim("data", "u1", "n1", nil, "pvc-u1", "silver", "4Mi"))
+	api.Put(t, &storagev1beta1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "silver"}, DriverName: drv, Parameters: map[string]string{ParamMaxIOPS: "0"}})
+	modify := func(params map[string]string) error {
+		_, err := n2.ctrl.ControllerModifyVolume(context.Background(), &csi.ControllerModifyVolumeRequest{VolumeId: vol, MutableParameters: params})
+		return err
+	}
+	if err := modify(map[string]string{ParamMaxIOPS: "0"}); err != nil {
+		t.Errorf("modify as the claim's beta class asks: %v", err)
+	}
+	if err := modify(map[string]string{ParamMaxIOPS: "1000"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("modify to other parameters: %v, want PermissionDenied", err)
+	}
+}
