@@ -159,6 +159,24 @@ func TestPeerHandoffNeedsClaimOfCaller(t *testing.T) {
 	}
 }
 
+// classedVolume is a volume of n1 whose PV pvc-u1 is bound to the claim
+// shop/data, which asks for class and 4Mi.
+func classedVolume(t *testing.T, n1 *testNode, api *peertest.API, class string) string {
+	t.Helper()
+	vol := n1.create("pvc-u1", 1<<20, nil)
+	api.Put(t, pvOf("pvc-u1", n1.d.cfg.Name, vol, "data", "u1"))
+	api.Put(t, claim("data", "u1", "n1", nil, "pvc-u1", class, "4Mi"))
+	return vol
+}
+
+// modifyFrom is n2's ControllerModifyVolume of vol, which it forwards.
+func modifyFrom(n2 *testNode, vol string) func(params map[string]string) error {
+	return func(params map[string]string) error {
+		_, err := n2.ctrl.ControllerModifyVolume(context.Background(), &csi.ControllerModifyVolumeRequest{VolumeId: vol, MutableParameters: params})
+		return err
+	}
+}
+
 // TestPeerModifyNeedsClaimAsking: a forwarded ControllerModifyVolume or
 // ControllerExpandVolume of n1's volume is served only as the volume's PV
 // and claim ask: the class the claim names, with exactly the call's
@@ -167,15 +185,10 @@ func TestPeerModifyNeedsClaimAsking(t *testing.T) {
 	requireRoot(t)
 	n1, n2, api := authzNodes(t)
 	drv := n1.d.cfg.Name
-	vol := n1.create("pvc-u1", 1<<20, nil)
-	api.Put(t, pvOf("pvc-u1", drv, vol, "data", "u1"))
-	api.Put(t, claim("data", "u1", "n1", nil, "pvc-u1", "gold", "4Mi"))
+	vol := classedVolume(t, n1, api, "gold")
 	api.Put(t, &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "gold"}, DriverName: drv, Parameters: map[string]string{ParamMaxIOPS: "0"}})
 	ctx := context.Background()
-	modify := func(params map[string]string) error {
-		_, err := n2.ctrl.ControllerModifyVolume(ctx, &csi.ControllerModifyVolumeRequest{VolumeId: vol, MutableParameters: params})
-		return err
-	}
+	modify := modifyFrom(n2, vol)
 	expand := func(size int64) error {
 		_, err := n2.ctrl.ControllerExpandVolume(ctx, &csi.ControllerExpandVolumeRequest{VolumeId: vol, CapacityRange: &csi.CapacityRange{RequiredBytes: size}})
 		return err
@@ -219,15 +232,9 @@ func (discard) Progress(int64)                          {}
 func TestPeerModifyReadsBetaClass(t *testing.T) {
 	requireRoot(t)
 	n1, n2, api := authzNodes(t)
-	drv := n1.d.cfg.Name
-	vol := n1.create("pvc-u1", 1<<20, nil)
-	api.Put(t, pvOf("pvc-u1", drv, vol, "data", "u1"))
-	api.Put(t, claim("data", "u1", "n1", nil, "pvc-u1", "silver", "4Mi"))
-	api.Put(t, &storagev1beta1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "silver"}, DriverName: drv, Parameters: map[string]string{ParamMaxIOPS: "0"}})
-	modify := func(params map[string]string) error {
-		_, err := n2.ctrl.ControllerModifyVolume(context.Background(), &csi.ControllerModifyVolumeRequest{VolumeId: vol, MutableParameters: params})
-		return err
-	}
+	vol := classedVolume(t, n1, api, "silver")
+	api.Put(t, &storagev1beta1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "silver"}, DriverName: n1.d.cfg.Name, Parameters: map[string]string{ParamMaxIOPS: "0"}})
+	modify := modifyFrom(n2, vol)
 	if err := modify(map[string]string{ParamMaxIOPS: "0"}); err != nil {
 		t.Errorf("modify as the claim's beta class asks: %v", err)
 	}
