@@ -1,6 +1,7 @@
 // Command csi-fastblk is the csi-fastblk CSI plugin and its operator tools.
 //
 //	csi-fastblk serve     run the plugin (Identity, Controller and Node on one socket)
+//	csi-fastblk controller  run the controller: the external-resizer's CSI service, forwarding to the volumes' nodes, and the release of deleted nodes' claims
 //	csi-fastblk status    show a node's volumes, devices and I/O from the running plugin
 //	csi-fastblk bench     benchmarks (the io_uring engine)
 //	csi-fastblk ublk      ublk device tools (serve a file as a device, list, features)
@@ -44,6 +45,8 @@ func run(ctx context.Context, args []string) error {
 	switch cmd {
 	case "serve":
 		return runServe(ctx, rest)
+	case "controller":
+		return runController(ctx, rest)
 	case "status":
 		return runStatus(ctx, rest)
 	case "bench":
@@ -70,6 +73,7 @@ func usage() {
 
 commands:
   serve     run the CSI plugin
+  controller  run the controller (the external-resizer's CSI service, the release of deleted nodes' claims)
   status    show the node's volumes, devices and I/O (from a running plugin)
   bench     run a benchmark (bench engine --help)
   ublk      ublk device tools (ublk serve|list|features)

@@ -33,6 +33,9 @@ type peerConfig struct {
 	selector       string
 	tokenFile      string // the projected token that proves this plugin's node
 	audience       string // its audience, the peer channel's
+	// The controller's account and pod labels, whose calls this plugin
+	// serves (and no other's changes of volumes).
+	controllerSA, controllerSelector string
 	// What peers may hold of this plugin (peer.Limits).
 	maxStreams, maxStreamsPerPeer int
 	minRate                       string
@@ -44,13 +47,10 @@ func peerFlags(fs *flag.FlagSet, c *peerConfig) {
 	fs.StringVar(&c.address, "peer-address", "",
 		"address of the peer channel (mutual TLS between the plugins of one installation; docs/peer.md), e.g. :9815; "+
 			"other nodes' plugins reach this one at its pod address and this port (empty: off, and controller calls for other nodes' volumes are refused)")
-	fs.StringVar(&c.namespace, "peer-namespace", "", "the installation's namespace (default: the pod's, from its service account)")
-	fs.StringVar(&c.serviceAccount, "peer-service-account", "", "the plugin's service account, which every peer's certificate must name")
-	fs.StringVar(&c.secret, "peer-ca-secret", "", "the Secret (in --peer-namespace, of type "+peer.SecretType+") that holds the peer CA of the channel's transport; the chart's peer-ca Job makes it")
-	fs.StringVar(&c.tokenFile, "peer-token-file", "",
-		"the pod's projected service account token for --peer-token-audience, which proves to peers the node this plugin runs on (read afresh for every call)")
-	fs.StringVar(&c.audience, "peer-token-audience", "", "the audience of the peers' tokens, the installation's own")
-	fs.StringVar(&c.selector, "peer-selector", "", "label selector of the installation's plugin pods, k=v,... (the peers)")
+	peerClientFlags(fs, c)
+	fs.StringVar(&c.controllerSA, "peer-controller-service-account", "",
+		"the controller's service account: only its pod (--peer-controller-selector) may change and grow this node's volumes over the channel, and it may do nothing else (empty: any plugin may)")
+	fs.StringVar(&c.controllerSelector, "peer-controller-selector", "", "label selector of the controller's pod, k=v,...")
 	d := peer.DefaultLimits
 	fs.IntVar(&c.maxStreams, "peer-max-streams", d.MaxStreams,
 		"the most data streams (restores and clones on other nodes) this plugin sends at once; beyond it a peer's stream is refused (ResourceExhausted) and retried")
@@ -59,6 +59,18 @@ func peerFlags(fs *flag.FlagSet, c *peerConfig) {
 		"the least rate of a data stream, bytes per second (Ki, Mi, Gi, k, M, G): a class's transferRate below it is raised to it, and a stream ends after its source's size at this rate and 2 minutes")
 	fs.BoolVar(&c.serveData, "peer-serve-data", true,
 		"send snapshots' and volumes' data to other nodes' plugins for restores and clones; false refuses them (PermissionDenied) and pulls none, so such a claim is pinned to its source's node; set it alike on every node")
+}
+
+// peerClientFlags are the flags of what a peer channel's client needs:
+// the plugin's and the controller's.
+func peerClientFlags(fs *flag.FlagSet, c *peerConfig) {
+	fs.StringVar(&c.namespace, "peer-namespace", "", "the installation's namespace (default: the pod's, from its service account)")
+	fs.StringVar(&c.serviceAccount, "peer-service-account", "", "the plugin's service account, which every peer's certificate must name")
+	fs.StringVar(&c.secret, "peer-ca-secret", "", "the Secret (in --peer-namespace, of type "+peer.SecretType+") that holds the peer CA of the channel's transport; the chart's peer-ca Job makes it")
+	fs.StringVar(&c.tokenFile, "peer-token-file", "",
+		"the pod's projected service account token for --peer-token-audience, which proves to peers the node this plugin runs on (read afresh for every call)")
+	fs.StringVar(&c.audience, "peer-token-audience", "", "the audience of the peers' tokens, the installation's own")
+	fs.StringVar(&c.selector, "peer-selector", "", "label selector of the installation's plugin pods, k=v,... (the peers)")
 }
 
 // peerChannel is the driver's Forwarder until the channel is up: calls
@@ -120,6 +132,14 @@ func (c *peerConfig) check() error {
 	if _, err := selectorLabels(c.selector); err != nil {
 		return err
 	}
+	if (c.controllerSA == "") != (c.controllerSelector == "") {
+		return fmt.Errorf("--peer-controller-service-account and --peer-controller-selector go together")
+	}
+	if c.controllerSelector != "" {
+		if _, err := selectorLabels(c.controllerSelector); err != nil {
+			return err
+		}
+	}
 	rate, err := driver.ParseBandwidth(c.minRate)
 	if err != nil || rate <= 0 {
 		return fmt.Errorf("--peer-min-rate %q: want a positive number of bytes per second (e.g. 1Mi)", c.minRate)
@@ -158,8 +178,35 @@ func runPeer(ctx context.Context, c peerConfig, api dynamic.Interface, nodeID st
 	defer lis.Close()
 	_, portStr, _ := net.SplitHostPort(lis.Addr().String())
 	port, _ := strconv.Atoi(portStr)
+	p, err := dialPeers(ctx, c, api, nodeID, port)
+	if p == nil {
+		return err
+	}
+	if c.controllerSA != "" {
+		p.tokens.Auth.Controller = c.controllerSA
+		p.tokens.Auth.ControllerLabels, _ = selectorLabels(c.controllerSelector)
+	}
+	ch.client.Store(p.client)
+	klog.InfoS("peer channel up", "address", c.address, "identity", p.creds.Self(), "audience", c.audience, "controller", c.controllerSA, "limits", c.limits)
+	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(driver.LogAndRecover)}, p.tokens.ServerOptions()...)
+	return peer.NewServerWith(p.creds, drv.PeerService(), c.limits, opts...).Serve(ctx, lis)
+}
+
+// peers is a peer channel's client side: its transport credentials, its
+// tokens and the client that reaches the plugins.
+type peers struct {
+	creds  *peer.Credentials
+	tokens *peer.Tokens
+	client *peer.Client
+}
+
+// dialPeers makes the client side of the peer channel of the plugins that
+// serve it on port, as node nodeID: it waits for the CA (nil, nil when ctx
+// ends first) and the first list of the plugin pods.
+func dialPeers(ctx context.Context, c peerConfig, api dynamic.Interface, nodeID string, port int) (*peers, error) {
 	labels, _ := selectorLabels(c.selector)
 	var ca *peer.CA
+	var err error
 	for wait := time.Second; ; wait = min(2*wait, time.Minute) {
 		ca, err = peer.ReadCA(ctx, api, c.namespace, c.secret)
 		if err == nil {
@@ -168,27 +215,27 @@ func runPeer(ctx context.Context, c peerConfig, api dynamic.Interface, nodeID st
 		klog.ErrorS(err, "peer channel: no CA yet (the chart's peer-ca Job makes it); retrying", "in", wait)
 		select {
 		case <-ctx.Done():
-			return nil
+			return nil, nil
 		case <-time.After(wait):
 		}
 	}
+	// The certificate says only "of the installation" (its CA is on every
+	// node); the token says who the caller is.
 	creds, err := peer.NewCredentials(ca, peer.Identity{Namespace: c.namespace, ServiceAccount: c.serviceAccount, Node: nodeID}, nil)
 	if err != nil {
-		return fmt.Errorf("peer channel: %w", err)
+		return nil, fmt.Errorf("peer channel: %w", err)
 	}
-	peers := peer.NewPodResolver(api, c.namespace, c.selector, port, driver.NodeTag)
-	if err := peers.Start(ctx); err != nil {
-		return nil // only ctx's end stops the first list
+	res := peer.NewPodResolver(api, c.namespace, c.selector, port, driver.NodeTag)
+	if err := res.Start(ctx); err != nil {
+		return nil, nil // only ctx's end stops the first list
 	}
 	tok := &peer.Tokens{Self: peer.TokenFile(c.tokenFile), Node: nodeID, Auth: &peer.Authenticator{
-		API: api, Pods: peers.Pod, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
+		API: api, Pods: res.Pod, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
 	if _, err := tok.Self(); err != nil {
-		return fmt.Errorf("peer channel: %w", err)
+		return nil, fmt.Errorf("peer channel: %w", err)
 	}
-	ch.client.Store(peer.NewClient(creds, peers).WithTokens(tok))
-	klog.InfoS("peer channel up", "address", c.address, "identity", creds.Self(), "ca", ca.Cert.Subject.CommonName, "audience", c.audience, "limits", c.limits)
-	opts := append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(driver.LogAndRecover)}, tok.ServerOptions()...)
-	return peer.NewServerWith(creds, drv.PeerService(), c.limits, opts...).Serve(ctx, lis)
+	klog.InfoS("peer channel: client ready", "ca", ca.Cert.Subject.CommonName, "node", nodeID)
+	return &peers{creds: creds, tokens: tok, client: peer.NewClient(creds, res).WithTokens(tok)}, nil
 }
 
 // newPeerAuthz is the driver's authorizer of peers' calls.

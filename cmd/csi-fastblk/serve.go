@@ -25,6 +25,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/metrics"
+	"github.com/fastblk/csi-fastblk/pkg/nodeloss"
 	"github.com/fastblk/csi-fastblk/pkg/snapshotowner"
 )
 
@@ -209,6 +210,9 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return err
 	}
 	go drv.WatchIOErrors(ctx, ioWatchInterval)
+	if api != nil {
+		go reportKept(ctx, api, drv, cfg.driver.Name, cfg.driver.NodeID)
+	}
 	if cfg.labelContents {
 		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot}
 		go l.Run(ctx, contentLabelInterval)
@@ -305,6 +309,26 @@ const ioWatchInterval = 2 * time.Second
 // contentLabelInterval is how often the plugin looks for hand-made
 // snapshot contents to label: a LIST of the unlabelled ones only.
 const contentLabelInterval = 10 * time.Second
+
+// reportKept says once, at start, which of this node's volumes it keeps
+// though no claim uses them (pkg/nodeloss.Kept: a node that comes back
+// after its Node object was deleted), retrying until the API server
+// answers.
+func reportKept(ctx context.Context, api dynamic.Interface, drv *driver.Driver, driverName, node string) {
+	for wait := time.Second; ; wait = min(2*wait, time.Minute) {
+		kept, err := nodeloss.Kept(ctx, api, driverName, node, drv.VolumeIDs())
+		if err == nil {
+			drv.SetKept(kept)
+			return
+		}
+		klog.ErrorS(err, "cannot tell which volumes this node keeps without a claim; retrying", "in", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
 
 // retryReconcile calls Reconcile every interval until it succeeds or ctx
 // ends.

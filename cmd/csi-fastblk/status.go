@@ -205,6 +205,12 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 			fmt.Fprintf(w, "  %s: %s\n", id, st.Held[id])
 		}
 	}
+	if len(st.Kept) > 0 {
+		fmt.Fprintf(w, "KEPT: %d volume(s) that no claim uses, kept on this node:\n", len(st.Kept))
+		for _, id := range slices.Sorted(maps.Keys(st.Kept)) {
+			fmt.Fprintf(w, "  %s: %s\n", id, st.Kept[id])
+		}
+	}
 	for _, p := range st.Pulls {
 		fmt.Fprintf(w, "COPYING into %s (%s) from %s on node %s: %s of at most %s of data received (source %s) in %.0fs\n",
 			p.VolumeID, p.Name, p.Source, p.SourceNode, human(p.ReceivedBytes), human(p.ExpectedBytes), human(p.SizeBytes), p.Seconds)

@@ -6,6 +6,7 @@
 #   cluster.sh down      stop it, remove what it made, and fail on any leak
 #   cluster.sh kubectl … / helm …   run the client against it
 #   cluster.sh restart-kubelet NODE  stop a node's kubelet and start it again
+#   cluster.sh stop-kubelet NODE, start-kubelet NODE  the same in two steps
 #
 # Network: every address exists only inside network namespaces made here.
 # A bridge lives in its own namespace ($NS_BR, 10.231.0.1/24); the control
@@ -522,10 +523,21 @@ leak_check() {
 # node's namespaces (those of its node.sh), as a kubelet upgrade or crash
 # does; containers keep running.
 restart_kubelet() {
-	local n=$1 holder
-	holder=$(cat "$K8S_WORK/pids/node-$n") || die "node $n is not running"
-	kill_pids TERM "$(cat "$K8S_WORK/$n/kubelet.pid")"
-	nsenter -t "$holder" -m -n -- "$ROOT/hack/k8s/node.sh" "$n" kubelet
+	stop_kubelet "$1"
+	start_kubelet "$1"
+}
+
+# stop_kubelet NODE stops the node's kubelet (its containers, containerd
+# and kube-proxy keep running: a node whose kubelet is gone);
+# start_kubelet NODE starts it again in the node's namespaces.
+stop_kubelet() {
+	[[ -s $K8S_WORK/pids/node-$1 ]] || die "node $1 is not running"
+	kill_pids TERM "$(cat "$K8S_WORK/$1/kubelet.pid")"
+}
+start_kubelet() {
+	local holder
+	holder=$(cat "$K8S_WORK/pids/node-$1") || die "node $1 is not running"
+	nsenter -t "$holder" -m -n -- "$ROOT/hack/k8s/node.sh" "$1" kubelet
 }
 
 # Sourced (to reuse the functions): stop here.
@@ -535,5 +547,7 @@ up) up ;;
 down) down ;;
 kubectl | helm) c=$1; shift; "$c" "$@" ;;
 restart-kubelet) restart_kubelet "$2" ;;
-*) echo "usage: $0 up|down|restart-kubelet NODE|kubectl ARGS|helm ARGS" >&2; exit 2 ;;
+stop-kubelet) stop_kubelet "$2" ;;
+start-kubelet) start_kubelet "$2" ;;
+*) echo "usage: $0 up|down|restart-kubelet NODE|stop-kubelet NODE|start-kubelet NODE|kubectl ARGS|helm ARGS" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"sync"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
@@ -73,6 +74,9 @@ type Driver struct {
 	// snapshots (nil: the plugin offers none); the CSI socket serves it
 	// routed (snapmeta_route.go).
 	snapMeta csi.SnapshotMetadataServer
+	// keptVolumes: SetKept's, for the status.
+	keptMu      sync.Mutex
+	keptVolumes map[string]string
 }
 
 // New validates cfg and returns a Driver over store and backend.

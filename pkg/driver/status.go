@@ -48,6 +48,10 @@ type NodeStatus struct {
 	// Pulls are the copies from other nodes in flight (restores and
 	// clones whose source lives elsewhere).
 	Pulls []PullStatus `json:"pulls,omitempty"`
+	// Kept maps each volume (CSI ID) that the node keeps though no claim
+	// uses it to why, as found at start (pkg/nodeloss: its claim was
+	// released while the node was deleted, or no PV names it).
+	Kept map[string]string `json:"kept,omitempty"`
 }
 
 // VolumeStatus describes one volume and, when attached, its device.
@@ -98,6 +102,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	}
 	st.Snapshots = len(d.store.Snapshots())
 	st.Pulls = d.pullStatus()
+	st.Kept = d.kept()
 	st.Quarantined = d.store.Quarantined()
 	if q, ok := d.backend.(blockdev.Quarantiner); ok {
 		st.Quarantined = append(st.Quarantined, q.Quarantined()...)

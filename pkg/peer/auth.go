@@ -2,6 +2,7 @@ package peer
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 
@@ -33,7 +34,7 @@ func (t *Tokens) ServerOptions() []grpc.ServerOption {
 }
 
 func (t *Tokens) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	ctx, own, err := t.authenticate(ctx)
+	ctx, own, err := t.authenticate(ctx, info.FullMethod)
 	if err != nil {
 		return nil, err
 	}
@@ -44,7 +45,7 @@ func (t *Tokens) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 }
 
 func (t *Tokens) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	ctx, own, err := t.authenticate(ss.Context())
+	ctx, own, err := t.authenticate(ss.Context(), info.FullMethod)
 	if err != nil {
 		return err
 	}
@@ -62,10 +63,17 @@ type authedStream struct {
 
 func (s authedStream) Context() context.Context { return s.ctx }
 
+// controllerCalls are the calls of the controller (the external-resizer's
+// ControllerModifyVolume and ControllerExpandVolume, forwarded to the
+// volume's node). With a controller account set (Authenticator.Controller)
+// only the controller's pod makes them, and it makes no other.
+var controllerCalls = map[string]bool{methodModify: true, methodExpand: true}
+
 // authenticate checks the caller's token against the node it claims and
-// the address it calls from, and returns the context with its identity
-// and the headers that prove this server's.
-func (t *Tokens) authenticate(ctx context.Context) (context.Context, metadata.MD, error) {
+// the address it calls from, and that its account may make the call
+// method, and returns the context with its identity and the headers that
+// prove this server's.
+func (t *Tokens) authenticate(ctx context.Context, method string) (context.Context, metadata.MD, error) {
 	md, _ := metadata.FromIncomingContext(ctx)
 	token, _ := strings.CutPrefix(first(md, mdAuthorization), "Bearer ")
 	node := first(md, mdNode)
@@ -81,6 +89,12 @@ func (t *Tokens) authenticate(ctx context.Context) (context.Context, metadata.MD
 	id, err := t.Auth.Verify(ctx, token, node, from)
 	if err != nil {
 		return nil, nil, status.Errorf(authCode(err), "peer call from %s as node %q: %v", from, node, err)
+	}
+	if c := t.Auth.Controller; c != "" && (id.ServiceAccount == c) != controllerCalls[method] {
+		if id.ServiceAccount == c {
+			return nil, nil, status.Errorf(codes.PermissionDenied, "peer call %s from the controller (%s): it may only change and grow volumes", method, id)
+		}
+		return nil, nil, status.Errorf(codes.PermissionDenied, "peer call %s from %s: only the controller changes and grows volumes", method, id)
 	}
 	own, err := t.Self()
 	if err != nil {
@@ -101,7 +115,11 @@ func (t *Tokens) checkServer(ctx context.Context, hdr metadata.MD, p Peer) error
 	if n := first(hdr, mdNode); n != p.Node {
 		return status.Errorf(codes.Unavailable, "plugin of node %s at %s: it answers for node %q", p.Node, p.Addr, n)
 	}
-	if _, err := t.Auth.Verify(ctx, first(hdr, mdServerToken), p.Node, ip); err != nil {
+	id, err := t.Auth.Verify(ctx, first(hdr, mdServerToken), p.Node, ip)
+	if err == nil && id.ServiceAccount != t.Auth.ServiceAccount {
+		err = fmt.Errorf("%w: the token is of %s, not of the plugin's service account", ErrNotThatPlugin, id.ServiceAccount)
+	}
+	if err != nil {
 		return status.Errorf(codes.Unavailable, "plugin of node %s at %s: its answer is not taken: %v", p.Node, p.Addr, err)
 	}
 	return nil

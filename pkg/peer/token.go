@@ -97,6 +97,11 @@ type Authenticator struct {
 	// last saw it, or nil (PodResolver.Pod). Without it every pod is
 	// read from the API server.
 	Pods func(name string) *corev1.Pod
+	// Controller is the controller's service account ("": none): its
+	// pod's token is taken too, from a pod with ControllerLabels, and
+	// the server lets it make only the controller's calls (Tokens).
+	Controller       string
+	ControllerLabels map[string]string
 
 	asking  singleflight.Group // reviews being asked, by token hash
 	mu      sync.Mutex
@@ -107,6 +112,7 @@ type Authenticator struct {
 // review is what a TokenReview said of a token, and until when it holds.
 type review struct {
 	node, pod, uid string
+	sa             string // the token's service account
 	err            error
 	until          time.Time
 }
@@ -151,15 +157,19 @@ func (a *Authenticator) Verify(ctx context.Context, token, node string, from net
 	if err != nil {
 		return Identity{}, err
 	}
+	labels, what := a.Labels, "a plugin pod"
+	if r.sa == a.Controller {
+		labels, what = a.ControllerLabels, "the controller's pod"
+	}
 	switch {
 	case p.Spec.NodeName != node:
 		return Identity{}, fmt.Errorf("%w: pod %s runs on node %q, not %s", ErrNotThatPlugin, r.pod, p.Spec.NodeName, node)
-	case p.Spec.ServiceAccountName != a.ServiceAccount:
+	case p.Spec.ServiceAccountName != r.sa:
 		return Identity{}, fmt.Errorf("%w: pod %s runs as %q", ErrNotThatPlugin, r.pod, p.Spec.ServiceAccountName)
 	}
-	for k, v := range a.Labels {
+	for k, v := range labels {
 		if p.Labels[k] != v {
-			return Identity{}, fmt.Errorf("%w: pod %s is not a plugin pod of the installation (label %s)", ErrNotThatPlugin, r.pod, k)
+			return Identity{}, fmt.Errorf("%w: pod %s is not %s of the installation (label %s)", ErrNotThatPlugin, r.pod, what, k)
 		}
 	}
 	if from != nil && !slices.ContainsFunc(p.Status.PodIPs, func(ip corev1.PodIP) bool {
@@ -167,7 +177,7 @@ func (a *Authenticator) Verify(ctx context.Context, token, node string, from net
 	}) {
 		return Identity{}, fmt.Errorf("%w: the token of pod %s is used from %s, not its address", ErrNotThatPlugin, r.pod, from)
 	}
-	return Identity{Namespace: a.Namespace, ServiceAccount: a.ServiceAccount, Node: node, Pod: r.pod}, nil
+	return Identity{Namespace: a.Namespace, ServiceAccount: r.sa, Node: node, Pod: r.pod}, nil
 }
 
 func (a *Authenticator) now() time.Time {
@@ -238,7 +248,9 @@ func (a *Authenticator) ask(ctx context.Context, token string) (review, error) {
 		return refuse("%w: the API server refused the token: %s", ErrUnauthenticated, st.Error)
 	case !slices.Contains(st.Audiences, a.Audience):
 		return refuse("%w: the token is not for the audience %s", ErrUnauthenticated, a.Audience)
-	case st.User.Username != saUserPrefix+a.Namespace+":"+a.ServiceAccount:
+	}
+	sa, ok := strings.CutPrefix(st.User.Username, saUserPrefix+a.Namespace+":")
+	if !ok || (sa != a.ServiceAccount && (a.Controller == "" || sa != a.Controller)) {
 		return refuse("%w: the token is of %s, not of the plugin's service account", ErrNotThatPlugin, st.User.Username)
 	}
 	one := func(k string) string {
@@ -247,7 +259,7 @@ func (a *Authenticator) ask(ctx context.Context, token string) (review, error) {
 		}
 		return ""
 	}
-	r := review{node: one(extraNode), pod: one(extraPodName), uid: one(extraPodUID)}
+	r := review{sa: sa, node: one(extraNode), pod: one(extraPodName), uid: one(extraPodUID)}
 	if !validName(r.node) || !validName(r.pod) || r.uid == "" {
 		return refuse("%w: the token is not bound to a pod and its node (a projected token is)", ErrNotThatPlugin)
 	}

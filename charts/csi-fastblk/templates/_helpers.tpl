@@ -55,6 +55,15 @@ release's. */}}
 {{- printf "%s-node" (include "csi-fastblk.fullname" .) -}}
 {{- end -}}
 
+{{- define "csi-fastblk.controllerServiceAccount" -}}
+{{- printf "%s-controller" (include "csi-fastblk.fullname" .) -}}
+{{- end -}}
+
+{{/* The username of a service account's tokens: call with (list $ name). */}}
+{{- define "csi-fastblk.saUser" -}}
+{{- printf "system:serviceaccount:%s:%s" (include "csi-fastblk.namespace" (index . 0)) (index . 1) -}}
+{{- end -}}
+
 {{/* The Secret of the peer CA, which the first plugin makes. */}}
 {{- define "csi-fastblk.peerSecret" -}}
 {{- printf "%s-peer-ca" (include "csi-fastblk.fullname" .) -}}
@@ -75,6 +84,10 @@ server, another installation) is not taken by a peer. */}}
 node groups): the plugin's peers. */}}
 {{- define "csi-fastblk.peerSelector" -}}
 {{- printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s,app.kubernetes.io/component=node" (include "csi-fastblk.name" .) .Release.Name -}}
+{{- end -}}
+
+{{- define "csi-fastblk.controllerSelector" -}}
+{{- printf "app.kubernetes.io/name=%s,app.kubernetes.io/instance=%s,app.kubernetes.io/component=controller" (include "csi-fastblk.name" .) .Release.Name -}}
 {{- end -}}
 
 {{/* The snapshot metadata service's Service, Secrets and RBAC. */}}
@@ -126,7 +139,7 @@ securityContext:
 {{/* validate fails the render on combinations the schema cannot express. */}}
 {{- define "csi-fastblk.validate" -}}
 {{- $ports := list (list "healthPort" .Values.healthPort)
-  (list "provisioner.httpPort" .Values.provisioner.httpPort) (list "resizer.httpPort" .Values.resizer.httpPort) -}}
+  (list "provisioner.httpPort" .Values.provisioner.httpPort) -}}
 {{- if .Values.snapshotter.enabled -}}
 {{- $ports = append $ports (list "snapshotter.httpPort" .Values.snapshotter.httpPort) -}}
 {{- end -}}
