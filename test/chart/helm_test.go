@@ -106,6 +106,16 @@ func one(t *testing.T, objs []object, kind string) object {
 	return f[0]
 }
 
+// controllerPod returns the controller Deployment's pod template.
+func controllerPod(t *testing.T, objs []object) podSpec {
+	t.Helper()
+	var w workload
+	if err := named(t, objs, "Deployment", "csi-fastblk-controller").decode(&w); err != nil {
+		t.Fatal(err)
+	}
+	return w.Spec.Template.Spec
+}
+
 // nodePod returns the DaemonSet's pod template.
 func nodePod(t *testing.T, objs []object) podSpec {
 	t.Helper()

@@ -286,7 +286,8 @@ func checkNamespace(t *testing.T, objs []object, ns string) {
 // CPU and memory, the plugin has no CPU limit, and every sidecar with a
 // diagnostics endpoint is probed on it.
 func TestResourcesAndProbes(t *testing.T) {
-	p := nodePod(t, render(t))
+	objs := render(t)
+	p := nodePod(t, objs)
 	for _, c := range p.Containers {
 		if c.Resources.Requests["cpu"] == "" || c.Resources.Requests["memory"] == "" {
 			t.Errorf("%s requests %v: want cpu and memory", c.Name, c.Resources.Requests)
@@ -315,8 +316,13 @@ func TestResourcesAndProbes(t *testing.T) {
 		"csi-provisioner": {"9812", "/metrics"}, "csi-resizer": {"9813", "/healthz/leader-election"},
 		"csi-snapshotter": {"9814", "/metrics"},
 	}
+	ctl := controllerPod(t, objs)
 	for name, w := range want {
-		c := mustContainer(t, p, name)
+		pod := p
+		if name == "csi-resizer" {
+			pod = ctl
+		}
+		c := mustContainer(t, pod, name)
 		if v, _ := c.arg("http-endpoint"); v != ":"+w.port {
 			t.Errorf("%s --http-endpoint=%q, want :%s", name, v, w.port)
 		}
@@ -358,10 +364,12 @@ func TestSidecarFlags(t *testing.T) {
 		if timeout != "" {
 			set, want = []string{"csiTimeout=" + timeout}, timeout
 		}
-		p := nodePod(t, render(t, set...))
-		for _, name := range []string{"csi-provisioner", "csi-resizer", "csi-snapshotter"} {
-			if v, _ := mustContainer(t, p, name).arg("timeout"); v != want {
-				t.Errorf("%s --timeout=%q, want %s", name, v, want)
+		objs := render(t, set...)
+		p := nodePod(t, objs)
+		for _, c := range []container{mustContainer(t, p, "csi-provisioner"), mustContainer(t, controllerPod(t, objs), "csi-resizer"),
+			mustContainer(t, p, "csi-snapshotter")} {
+			if v, _ := c.arg("timeout"); v != want {
+				t.Errorf("%s --timeout=%q, want %s", c.Name, v, want)
 			}
 		}
 		prov := mustContainer(t, p, "csi-provisioner")

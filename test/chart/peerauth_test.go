@@ -353,3 +353,63 @@ func TestNodeAccountWritesScopedByPolicy(t *testing.T) {
 		}
 	}
 }
+
+// TestControllerDeployment: the external-resizer runs in the controller
+// Deployment, not in the node pods, beside `csi-fastblk controller` under
+// the controller's own account, unprivileged, with a projected token for
+// the peer channel's audience; the nodes take volume changes from that
+// account and pod only, and the NetworkPolicy lets the controller's pod
+// reach the peer port.
+func TestControllerDeployment(t *testing.T) {
+	objs := render(t, "nodeLoss.releaseClaims=true")
+	if _, ok := nodePod(t, objs).container("csi-resizer"); ok {
+		t.Error("the node pods still run the external-resizer")
+	}
+	p := controllerPod(t, objs)
+	if p.ServiceAccountName != "csi-fastblk-controller" {
+		t.Errorf("controller runs as %q", p.ServiceAccountName)
+	}
+	plugin := mustContainer(t, p, "csi-fastblk")
+	if len(plugin.Args) == 0 || plugin.Args[0] != "controller" {
+		t.Errorf("controller's plugin args %v, want the controller command", plugin.Args)
+	}
+	for _, f := range []string{"release-claims-of-deleted-nodes=true", "controller-expansion", "peer-service-account=csi-fastblk-node",
+		"peer-token-audience=fastblk.csi.io/peer/csi-fastblk/csi-fastblk", "peer-port=9815"} {
+		if !hasArg(plugin, f) {
+			t.Errorf("controller's plugin lacks --%s: %v", f, plugin.Args)
+		}
+	}
+	for _, c := range p.Containers {
+		if c.SecurityContext == nil || c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged {
+			t.Errorf("controller container %s is privileged or has no security context", c.Name)
+		}
+	}
+	if v, ok := p.volume("peer-token"); !ok || v.Projected == nil || len(v.Projected.Sources) != 1 || v.Projected.Sources[0].ServiceAccountToken == nil || v.Projected.Sources[0].ServiceAccountToken.Audience != "fastblk.csi.io/peer/csi-fastblk/csi-fastblk" {
+		t.Errorf("controller's peer token volume %+v", v)
+	}
+	node := mustContainer(t, nodePod(t, objs), "csi-fastblk")
+	for _, f := range []string{"peer-controller-service-account=csi-fastblk-controller",
+		"peer-controller-selector=app.kubernetes.io/name=csi-fastblk,app.kubernetes.io/instance=csi-fastblk,app.kubernetes.io/component=controller"} {
+		if !hasArg(node, f) {
+			t.Errorf("node plugin lacks --%s", f)
+		}
+	}
+	np := named(t, objs, "NetworkPolicy", "csi-fastblk-peer")
+	var pol struct {
+		Spec struct {
+			Ingress []struct {
+				From []struct {
+					PodSelector struct {
+						MatchLabels map[string]string `yaml:"matchLabels"`
+					} `yaml:"podSelector"`
+				} `yaml:"from"`
+			} `yaml:"ingress"`
+		} `yaml:"spec"`
+	}
+	if err := np.decode(&pol); err != nil {
+		t.Fatal(err)
+	}
+	if from := pol.Spec.Ingress[0].From; len(from) != 2 || from[1].PodSelector.MatchLabels["app.kubernetes.io/component"] != "controller" {
+		t.Errorf("the peer port admits %+v, want the plugin pods and the controller's", from)
+	}
+}

@@ -130,7 +130,7 @@ func TestNodePod(t *testing.T) {
 	}
 	wantEnv := map[string][]string{
 		"csi-provisioner": {"NODE_NAME", "NAMESPACE", "POD_NAME"},
-		"csi-snapshotter": {"NODE_NAME"}, "csi-fastblk": {"NODE_NAME"}, "csi-resizer": {"NAMESPACE"},
+		"csi-snapshotter": {"NODE_NAME"}, "csi-fastblk": {"NODE_NAME"},
 	}
 	for name, envs := range wantEnv {
 		c, ok := p.container(name)

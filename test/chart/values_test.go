@@ -45,7 +45,7 @@ func TestBadValuesFail(t *testing.T) {
 		{"reserve of everything", "reserve=100%", []string{"/reserve", "does not match pattern"}},
 		{"timeout not a duration", "csiTimeout=forever", []string{"/csiTimeout", "does not match pattern"}},
 		{"probe timeout in ms", "probeTimeout=500ms", []string{"/probeTimeout"}},
-		{"port clash with a sidecar", "resizer.httpPort=9812", []string{"resizer.httpPort 9812 is already used by provisioner.httpPort"}},
+		{"port clash with a sidecar", "snapshotter.httpPort=9812", []string{"snapshotter.httpPort 9812 is already used by provisioner.httpPort"}},
 		{"priority above user range", "priorityClass.value=2000000000", []string{"/priorityClass/value", "maximum"}},
 		{"node group without selector", "nodeGroups[0].name=a,nodeGroups[0].dataDir=/mnt/a", []string{"/nodeGroups/0", "nodeSelector"}},
 		{"node group name too long", "nodeGroups[0].name=averyveryverylongnodegroupname,nodeGroups[0].nodeSelector.a=b,nodeGroups[0].dataDir=/mnt/a", []string{"/nodeGroups/0/name"}},

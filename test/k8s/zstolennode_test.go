@@ -485,6 +485,11 @@ func TestStolenNodeWritesOnlyItsOwn(t *testing.T) {
 		_, _ = c.kubectl("-n", pluginNS, "delete", "csistoragecapacities", "adv-capacity", "--ignore-not-found")
 		_, _ = c.kubectl("-n", pluginNS, "delete", "lease", "adv-lease", "--ignore-not-found")
 	})
+	for _, tok := range toks {
+		if node := c.tokenNode(t, tok.token); node != nodes[0] {
+			t.Errorf("the token of %s names node %q, want %s: admission scopes a node's writes by it", tok.container, node, nodes[0])
+		}
+	}
 	attacks := stolenNodeAttacks(v)
 	if group, ok := c.groupContentVictim(t); ok {
 		attacks = append(attacks, groupContentAttacks(group)...)
@@ -533,5 +538,55 @@ func TestStolenNodeWritesOnlyItsOwn(t *testing.T) {
 	}
 	if got := c.jsonpath(t, "{.metadata.annotations.volume\\.kubernetes\\.io/selected-node}", "-n", victimNS, "get", "pvc", "pending"); got != "" {
 		t.Errorf("the tenant's pending claim is selected for %q after the attacks, want no node", got)
+	}
+}
+
+// tokenNode is the node a token names to the API server (a TokenReview's
+// user extra authentication.kubernetes.io/node-name), which the node
+// policies read from the request's user.
+func (c *cluster) tokenNode(t *testing.T, token string) string {
+	t.Helper()
+	out, err := c.run(fmt.Sprintf(`{"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": %q}}`, token),
+		"kubectl", "create", "-f", "-", "-o", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tr struct {
+		Status struct {
+			Authenticated bool
+			User          struct{ Extra map[string][]string }
+		}
+	}
+	if err := json.Unmarshal([]byte(out), &tr); err != nil {
+		t.Fatal(err)
+	}
+	if n := tr.Status.User.Extra["authentication.kubernetes.io/node-name"]; tr.Status.Authenticated && len(n) == 1 {
+		return n[0]
+	}
+	return ""
+}
+
+// TestNodeAccountRights compares what each API token of n1's plugin pod
+// may do (`kubectl auth can-i --list`) with the allowlist kept in
+// testdata/node-account.can-i, whose comments say which admission policy
+// scopes each write to the writer's own node.
+func TestNodeAccountRights(t *testing.T) {
+	c := requireChart(t)
+	b, err := os.ReadFile("testdata/node-account.can-i")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, l := range strings.Split(string(b), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			want = append(want, strings.Join(strings.Fields(l), " "))
+		}
+	}
+	for _, tok := range c.podTokens(t, nodes[0]) {
+		got := c.canIList(t, tok.token)
+		if !slices.Equal(got, want) {
+			t.Errorf("kubectl auth can-i --list with the token of %s differs from testdata/node-account.can-i:\n  %s\nwant:\n  %s",
+				tok.container, strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+		}
 	}
 }
