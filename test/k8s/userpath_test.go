@@ -1395,9 +1395,9 @@ func median(d []time.Duration) time.Duration {
 // The external-resizer's one elected instance sends ModifyVolume: where it
 // lands on the volume's node and the backend has rate limits (ublk) the
 // tier applies; on the loop backend (this host has no ublk) the refusal is
-// an event on the PVC naming the backend and the volume's own node, also
-// for the volume of the node that is not the resizer's leader: its plugin
-// answered over the peer channel (issue 33). The PVC keeps its class.
+// an event on the PVC naming the backend and the volume's own node, for
+// the volume of each node: its plugin answered the controller's plugin
+// over the peer channel (issue 33). The PVC keeps its class.
 func TestUpgradeModifyVolume(t *testing.T) {
 	c := requireChart(t)
 	chart := chartDir(t)
@@ -1419,8 +1419,7 @@ func TestUpgradeModifyVolume(t *testing.T) {
 	leader, leaderNode := c.resizerLeader(t)
 	t.Logf("external-resizer leader %q on %s", leader, leaderNode)
 	// One in-use volume on each node: each node's plugin refuses the tier
-	// for its backend, the other node's through the peer channel (before
-	// it, the leader's plugin refused that volume as another node's).
+	// for its backend, through the peer channel from the controller.
 	for _, n := range nodes {
 		claim := "vac-" + n
 		c.apply(t, pvc(claim, "256Mi", ""))
@@ -1459,16 +1458,17 @@ func TestUpgradeModifyVolume(t *testing.T) {
 }
 
 // TestControllerExpansionOnOtherNode: the chart advertises controller
-// expansion, so the external-resizer's one leader calls
-// ControllerExpandVolume on its own node's plugin for every volume. A
-// volume in use on the other node grows online all the same: the leader's
-// plugin forwards the call over the peer channel, the volume's plugin
-// answers it (its log says so), and NodeExpandVolume grows the
-// filesystem the pod sees. Before the peer channel this call failed with
-// FailedPrecondition, which is why controller expansion was off.
+// expansion, so the external-resizer (in the controller's pod) calls
+// ControllerExpandVolume on the controller's plugin for every volume. A
+// volume in use on the node the controller does not run on grows online:
+// the controller's plugin forwards the call over the peer channel, the
+// volume's plugin answers it (its log says so), and NodeExpandVolume
+// grows the filesystem the pod sees. Before the peer channel this call
+// failed with FailedPrecondition, which is why controller expansion was
+// off.
 func TestControllerExpansionOnOtherNode(t *testing.T) {
 	c := requireChart(t)
-	_, leaderNode := c.resizerLeader(t)
+	leader, leaderNode := c.resizerLeader(t)
 	other := nodes[0]
 	if other == leaderNode {
 		other = nodes[1]
@@ -1487,9 +1487,9 @@ func TestControllerExpansionOnOtherNode(t *testing.T) {
 	c.growTo2Gi(t, claim, name)
 	handle := c.jsonpath(t, "{.spec.csi.volumeHandle}", "get", "pv", c.jsonpath(t, "{.spec.volumeName}", "-n", testNS, "get", "pvc", claim))
 	pods, _ := c.pluginPods(t)
-	leaderLog := c.containerLog(t, pods[leaderNode])
+	leaderLog := c.containerLog(t, leader)
 	if !strings.Contains(leaderLog, "forwarding to the volume's node") || !strings.Contains(leaderLog, handle) {
-		t.Errorf("the leader's plugin on %s did not log forwarding %s:\n%s", leaderNode, handle, grepLines(leaderLog, "forward"))
+		t.Errorf("the controller's plugin on %s did not log forwarding %s:\n%s", leaderNode, handle, grepLines(leaderLog, "forward"))
 	}
 	ownerLog := c.containerLog(t, pods[other])
 	if !strings.Contains(ownerLog, `"/fastblk.peer.v1.Peer/ExpandVolume"`) || !strings.Contains(ownerLog, "volume expanded") {
@@ -1606,7 +1606,8 @@ func (c *cluster) peerCA(t *testing.T) *peer.CA {
 // and the installation's transport certificate), from n1's plugin pod's
 // own address, asking n2 for the data of a volume that no claim of n1
 // uses is PermissionDenied naming the claim that does not ask for it, as
-// is a class change its claim does not ask for; the same token speaking
+// is any class change (only the controller's pod may ask one); the same
+// token speaking
 // for n2 is refused, and so is the token used from anywhere but its pod;
 // the node account may not create Secrets, nor move a claim to another
 // node or change its spec.
@@ -1643,8 +1644,8 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 	refused("read of n2's volume for no claim", peerRead(fromPod(), token, from, vol, ""), codes.PermissionDenied, "names no claim")
 	refused("read for a claim that does not exist", peerRead(fromPod(), token, from, vol, testNS+"/nothing"),
 		codes.PermissionDenied, "claim "+testNS+"/nothing does not exist")
-	refused("class change its claim does not ask for", peerModify(fromPod(), token, from, vol, map[string]string{"maxIOPS": "10"}),
-		codes.PermissionDenied, "claim "+testNS+"/n2-only asks for no VolumeAttributesClass")
+	refused("class change by a node (only the controller changes volumes)", peerModify(fromPod(), token, from, vol, map[string]string{"maxIOPS": "10"}),
+		codes.PermissionDenied, "only the controller changes and grows volumes")
 	refused("n1's token speaking for n2", peerModify(fromPod(), token, target, vol, map[string]string{"maxIOPS": "10"}),
 		codes.PermissionDenied, "the token is of node "+from+", not "+target)
 	refused("n1's token speaking for n2, reading", peerRead(fromPod(), token, target, vol, testNS+"/n2-only"),
@@ -1652,7 +1653,7 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 	fromNode := peerConn(t, dialFromNode(t, from, addr), addr, creds.ClientConfig(target))
 	refused("n1's token from n1's node, not its pod", peerModify(fromNode, token, from, vol, nil), codes.PermissionDenied, "not its address")
 	// The token proves n1, and the plugin's own checks answer.
-	refused("a name that is no volume", peerModify(fromPod(), token, from, "not-a-volume", nil),
+	refused("a name that is no volume", peerRead(fromPod(), token, from, "not-a-volume", testNS+"/n2-only"),
 		codes.InvalidArgument, "not a volume ID of node "+target)
 
 	out, err := c.kubectl("auth", "can-i", "create", "secrets", "-n", pluginNS, "--as=system:serviceaccount:"+pluginNS+":"+release+"-node")
@@ -2029,24 +2030,29 @@ func (c *cluster) floodCleanup(t *testing.T, claims, snaps, snapFiles []string) 
 	}
 }
 
-// resizerLeader waits for a live plugin pod to hold the external-resizer's
-// lease and returns its holder identity and node. The lease may still name
-// a plugin pod an earlier test deleted, until a live one takes it over.
+// resizerLeader waits for the controller's pod, where the
+// external-resizer runs, to hold the resizer's lease, and returns the pod
+// and its node. The lease may still name a pod an earlier test deleted,
+// until the live one takes it over.
 func (c *cluster) resizerLeader(t *testing.T) (leader, leaderNode string) {
 	t.Helper()
-	eventually(t, time.Minute, "a live plugin pod holding the external-resizer's lease", func() (bool, string) {
+	eventually(t, 2*time.Minute, "a running controller pod holding the external-resizer's lease", func() (bool, string) {
 		out, err := c.kubectl("-n", pluginNS, "get", "lease", "external-resizer-"+strings.ReplaceAll(driver, ".", "-"), "-o", "jsonpath={.spec.holderIdentity}")
 		if err != nil {
 			return false, err.Error()
 		}
-		leader = strings.TrimSpace(out)
-		ready, detail := c.pluginPods(t)
-		for n, p := range ready {
-			if leader != "" && strings.HasPrefix(leader, p) {
-				leaderNode = n
+		holder := strings.TrimSpace(out)
+		pods, err := c.kubectl("-n", pluginNS, "get", "pods", "-l", "app.kubernetes.io/component=controller", "-o",
+			`jsonpath={range .items[*]}{.metadata.name} {.spec.nodeName} {.status.phase}{"\n"}{end}`)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, l := range strings.Split(pods, "\n") {
+			if f := strings.Fields(l); len(f) == 3 && f[2] == "Running" && holder != "" && strings.HasPrefix(holder, f[0]) {
+				leader, leaderNode = f[0], f[1]
 			}
 		}
-		return leaderNode != "", "lease holder " + leader + ", plugin pods:" + detail
+		return leaderNode != "", "lease holder " + holder + ", controller pods:\n" + pods
 	})
 	return leader, leaderNode
 }

@@ -21,9 +21,10 @@ const apiTokenLife = 600
 // (plugin.apiTokenExpirationSeconds=600; the cluster's API server extends
 // no token's life), and the kubelet renews it at 80% of that. 25 minutes
 // after the plugin pods started, a VolumeAttributesClass change of a
-// volume on the node that is not the external-resizer's leader still
-// reaches it: the leader's plugin finds the volume's node from the API
-// and forwards the call, and that node's plugin reviews the caller's
+// volume on the node that does not run the controller (the
+// external-resizer's) still reaches it: the controller's plugin finds the
+// volume's node from the API and forwards the call, and that node's
+// plugin reviews the caller's
 // token and reads the claim before it answers. A plugin that read its
 // token once fails all three with 401 Unauthorized after 10 minutes.
 // FASTBLK_K8S_TOKEN_WAIT (a Go duration, 25m by default) sets the wait.
