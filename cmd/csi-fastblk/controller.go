@@ -52,8 +52,7 @@ func runController(ctx context.Context, args []string) error {
 	defer klog.Flush()
 	usePeers := c.peer.secret != ""
 	if usePeers {
-		c.peer.address = "-" // check the client's flags as the plugin's
-		if err := c.peer.check(); err != nil {
+		if err := c.peer.checkClient(); err != nil {
 			return err
 		}
 		if c.nodeID == "" {

@@ -119,17 +119,7 @@ func (c *peerConfig) check() error {
 	if c.address == "" {
 		return nil
 	}
-	if c.namespace == "" {
-		b, err := os.ReadFile(filepath.Join(kubeapi.ServiceAccountDir, "namespace"))
-		if err != nil {
-			return fmt.Errorf("--peer-namespace is empty and the pod's namespace is unknown: %w", err)
-		}
-		c.namespace = strings.TrimSpace(string(b))
-	}
-	if c.serviceAccount == "" || c.secret == "" || c.selector == "" || c.tokenFile == "" || c.audience == "" {
-		return fmt.Errorf("--peer-address needs --peer-service-account, --peer-ca-secret, --peer-selector, --peer-token-file and --peer-token-audience")
-	}
-	if _, err := selectorLabels(c.selector); err != nil {
+	if err := c.checkClient(); err != nil {
 		return err
 	}
 	if (c.controllerSA == "") != (c.controllerSelector == "") {
@@ -149,6 +139,23 @@ func (c *peerConfig) check() error {
 	}
 	c.limits = peer.Limits{MaxStreams: c.maxStreams, MaxStreamsPerPeer: c.maxStreamsPerPeer, MinRate: rate, RefuseData: !c.serveData}
 	return nil
+}
+
+// checkClient validates the flags of peerClientFlags and fills the
+// namespace from the pod's.
+func (c *peerConfig) checkClient() error {
+	if c.namespace == "" {
+		b, err := os.ReadFile(filepath.Join(kubeapi.ServiceAccountDir, "namespace"))
+		if err != nil {
+			return fmt.Errorf("--peer-namespace is empty and the pod's namespace is unknown: %w", err)
+		}
+		c.namespace = strings.TrimSpace(string(b))
+	}
+	if c.serviceAccount == "" || c.secret == "" || c.selector == "" || c.tokenFile == "" || c.audience == "" {
+		return fmt.Errorf("the peer channel needs --peer-service-account, --peer-ca-secret, --peer-selector, --peer-token-file and --peer-token-audience")
+	}
+	_, err := selectorLabels(c.selector)
+	return err
 }
 
 // selectorLabels reads an equality-only label selector as labels: a
