@@ -115,7 +115,16 @@ func (p *PeerService) CreateVolume(ctx context.Context, req *csi.CreateVolumeReq
 	r := proto.Clone(req).(*csi.CreateVolumeRequest)
 	r.AccessibilityRequirements = nil
 	klog.InfoS("volume handed off by a peer", "name", req.GetName(), "source", id, "peer", caller.Node)
-	return (&Controller{d: p.d}).CreateVolume(ctx, r)
+	resp, err := (&Controller{d: p.d}).CreateVolume(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if m, ok := p.d.cfg.PeerAuthz.(handoffPVMaker); ok {
+		if err := m.HandoffPV(ctx, req, resp.GetVolume()); err != nil {
+			return nil, err
+		}
+	}
+	return resp, nil
 }
 
 // handoff answers CreateVolume for a volume whose source lives on the node
@@ -128,6 +137,11 @@ func (d *Driver) handoff(ctx context.Context, req *csi.CreateVolumeRequest, tag 
 		return nil, err
 	}
 	klog.InfoS("volume handed off to the source's node", "volumeID", resp.GetVolume().GetVolumeId(), "name", req.GetName(), "node", tagNode(tag))
+	if _, ok := d.cfg.PeerAuthz.(handoffPVMaker); ok {
+		// That node made the PV (handoffpv.go): this node's account may
+		// not make another node's.
+		return nil, errHandedOff(resp.GetVolume(), tagNode(tag))
+	}
 	return resp, nil
 }
 
