@@ -600,7 +600,7 @@ func TestOptionalBranches(t *testing.T) {
 	if err := one(t, objs, "DaemonSet").decode(&ds); err != nil {
 		t.Fatal(err)
 	}
-	if err := one(t, objs, "Deployment").decode(&ctrl); err != nil {
+	if err := named(t, objs, "Deployment", "csi-fastblk-snapshot-controller").decode(&ctrl); err != nil {
 		t.Fatal(err)
 	}
 	for name, p := range map[string]pod{"DaemonSet": ds, "Deployment": ctrl} {

@@ -78,9 +78,10 @@ func TestPeerChannel(t *testing.T) {
 	if err := one(t, objs, "NetworkPolicy").decode(&np); err != nil {
 		t.Fatal(err)
 	}
-	if in := np.Spec.Ingress; len(in) != 2 || len(in[0].From) != 1 || len(in[0].Ports) != 1 || in[0].Ports[0].Port != 9815 ||
-		in[0].From[0].PodSelector.MatchLabels["app.kubernetes.io/component"] != "node" || len(in[1].From) != 0 {
-		t.Errorf("NetworkPolicy ingress %+v: want the peer port from the node pods, then the other ports from all", in)
+	if in := np.Spec.Ingress; len(in) != 2 || len(in[0].From) != 2 || len(in[0].Ports) != 1 || in[0].Ports[0].Port != 9815 ||
+		in[0].From[0].PodSelector.MatchLabels["app.kubernetes.io/component"] != "node" ||
+		in[0].From[1].PodSelector.MatchLabels["app.kubernetes.io/component"] != "controller" || len(in[1].From) != 0 {
+		t.Errorf("NetworkPolicy ingress %+v: want the peer port from the node pods and the controller's, then the other ports from all", in)
 	}
 	open := map[int]bool{}
 	for _, p := range np.Spec.Ingress[1].Ports {

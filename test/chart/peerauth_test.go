@@ -231,6 +231,7 @@ type admissionPolicy struct {
 				Resources  []string `yaml:"resources"`
 			} `yaml:"resourceRules"`
 		} `yaml:"matchConstraints"`
+		ParamKind       *struct{ Kind string }              `yaml:"paramKind"`
 		MatchConditions []struct{ Expression string }       `yaml:"matchConditions"`
 		Variables       []struct{ Name, Expression string } `yaml:"variables"`
 		Validations     []struct{ Expression string }       `yaml:"validations"`
@@ -290,6 +291,9 @@ func TestNodeAccountWritesScopedByPolicy(t *testing.T) {
 		objs := render(t, set...)
 		policies := policiesOf(t, objs, "system:serviceaccount:csi-fastblk:csi-fastblk-node")
 		for name, p := range policies {
+			if p.Spec.ParamKind != nil {
+				continue // a lookup of another object, beside a policy that reads the node
+			}
 			all := ""
 			for _, v := range p.Spec.Variables {
 				all += v.Expression

@@ -209,8 +209,8 @@ func TestSnapshotCRDs(t *testing.T) {
 	if a := one(t, objs, "VolumeSnapshotClass").Metadata.Annotations["helm.sh/hook"]; a != "" {
 		t.Errorf("VolumeSnapshotClass is a hook (%s)", a)
 	}
-	if len(find(objs, "Deployment")) != 1 {
-		t.Error("snapshotController.install=true renders no Deployment")
+	if len(find(objs, "Deployment")) != 2 {
+		t.Error("snapshotController.install=true renders no snapshot-controller Deployment beside the controller")
 	}
 }
 
