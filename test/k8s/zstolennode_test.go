@@ -574,7 +574,7 @@ func TestNodeAccountRights(t *testing.T) {
 	c := requireChart(t)
 	b, err := os.ReadFile("testdata/node-account.can-i")
 	if err != nil {
-		t.Fatal(err)
+		t.Error(err) // and show what the tokens may do
 	}
 	var want []string
 	for _, l := range strings.Split(string(b), "\n") {
