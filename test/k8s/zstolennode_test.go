@@ -407,8 +407,9 @@ func firstLine(s string) string {
 	return s
 }
 
-// canIList is `kubectl auth can-i --list` with token, each rule as
-// "resource [names] [verbs]".
+// canIList is `kubectl auth can-i --list` with token, in the plugin's
+// namespace and in a tenant's ("default"), each rule as "<namespace>:
+// resource [urls] [names] [verbs]" (the cluster-wide rules show in both).
 func (c *cluster) canIList(t *testing.T, token string) []string {
 	t.Helper()
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
@@ -421,14 +422,15 @@ current-context: e2e
 `, filepath.Join(c.work, "pki", "ca.crt"), token)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// The last --kubeconfig wins over cluster.sh's admin one.
-	out := c.k(t, "auth", "can-i", "--list", "--kubeconfig="+kc)
 	var rules []string
-	for i, l := range strings.Split(strings.TrimSpace(out), "\n") {
-		if i == 0 { // the header
-			continue
+	for _, ns := range []string{pluginNS, "default"} {
+		// The last --kubeconfig wins over cluster.sh's admin one.
+		out := c.k(t, "auth", "can-i", "--list", "-n", ns, "--kubeconfig="+kc)
+		for i, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			if i > 0 { // the header
+				rules = append(rules, ns+": "+strings.Join(strings.Fields(l), " "))
+			}
 		}
-		rules = append(rules, strings.Join(strings.Fields(l), " "))
 	}
 	return rules
 }
@@ -437,10 +439,11 @@ current-context: e2e
 var writeVerbs = []string{"create", "update", "patch", "delete", "deletecollection", "*"}
 
 // writeRights are the resources of rules that grant a write verb (rules
-// as canIList gives them: "resource [urls] [names] [verbs]").
+// as canIList gives them: "<namespace>: resource [urls] [names] [verbs]").
 func writeRights(rules []string) []string {
 	var res []string
 	for _, r := range rules {
+		_, r, _ = strings.Cut(r, ": ")
 		if strings.HasPrefix(r, "[") { // a non-resource URL
 			continue
 		}
