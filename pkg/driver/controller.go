@@ -52,12 +52,18 @@ func (s *Controller) ControllerGetCapabilities(context.Context, *csi.ControllerG
 	// that cannot enforce rate limits refuses them in ControllerModifyVolume
 	// (InvalidArgument, an event on the PVC) and accepts lifting them.
 	rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_MODIFY_VOLUME)
+	return controllerCapabilities(rpcs), nil
+}
+
+// controllerCapabilities is the answer of ControllerGetCapabilities that
+// advertises rpcs.
+func controllerCapabilities(rpcs []csi.ControllerServiceCapability_RPC_Type) *csi.ControllerGetCapabilitiesResponse {
 	var caps []*csi.ControllerServiceCapability
 	for _, t := range rpcs {
 		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
 			Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
 	}
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}
 }
 
 func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {

@@ -37,15 +37,7 @@ func (r *Relay) Serve(ctx context.Context, lis net.Listener) error {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(logAndRecover))
 	csi.RegisterIdentityServer(srv, relayIdentity{r: r})
 	csi.RegisterControllerServer(srv, relayController{r: r})
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lis) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		srv.GracefulStop()
-		return nil
-	}
+	return serveUntil(ctx, srv, lis)
 }
 
 type relayIdentity struct {
@@ -79,12 +71,7 @@ func (s relayController) ControllerGetCapabilities(context.Context, *csi.Control
 	if s.r.expansion {
 		rpcs = append(rpcs, csi.ControllerServiceCapability_RPC_EXPAND_VOLUME)
 	}
-	var caps []*csi.ControllerServiceCapability
-	for _, t := range rpcs {
-		caps = append(caps, &csi.ControllerServiceCapability{Type: &csi.ControllerServiceCapability_Rpc{
-			Rpc: &csi.ControllerServiceCapability_RPC{Type: t}}})
-	}
-	return &csi.ControllerGetCapabilitiesResponse{Capabilities: caps}, nil
+	return controllerCapabilities(rpcs), nil
 }
 
 // node is the tag of the node that holds the volume id, checked as the

@@ -117,7 +117,12 @@ func logAndRecoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerI
 // Serve serves on lis until ctx is done, then stops gracefully (in-flight
 // calls finish; new ones are refused).
 func (d *Driver) Serve(ctx context.Context, lis net.Listener) error {
-	srv := d.NewServer()
+	return serveUntil(ctx, d.NewServer(), lis)
+}
+
+// serveUntil serves srv on lis until ctx is done, then stops gracefully
+// (in-flight calls get 30 s to finish; new ones are refused).
+func serveUntil(ctx context.Context, srv *grpc.Server, lis net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()
 	select {

@@ -11,7 +11,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,7 +19,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -45,33 +43,11 @@ func (c *cluster) containerLog(t *testing.T, podName string) string {
 // node outside the installation stands.
 func dialFromNode(t *testing.T, node, addr string) net.Conn {
 	t.Helper()
-	type result struct {
-		conn net.Conn
-		err  error
+	conn, err := dialInNetns("/run/netns/fbk-k8s-"+node, addr)
+	if err != nil {
+		t.Fatalf("connect to %s from %s: %v", addr, node, err)
 	}
-	ch := make(chan result, 1)
-	go func() {
-		// Never unlocked: the thread, its network namespace changed,
-		// ends with this goroutine instead of returning to the runtime.
-		runtime.LockOSThread()
-		f, err := os.Open("/run/netns/fbk-k8s-" + node)
-		if err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{nil, fmt.Errorf("setns: %w", err)}
-			return
-		}
-		conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
-		ch <- result{conn, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("connect to %s from %s: %v", addr, node, r.err)
-	}
-	return r.conn
+	return conn
 }
 
 // peerCall calls the peer service at addr from node's network namespace
@@ -102,32 +78,11 @@ func peerCall(t *testing.T, node, addr string, cfg *tls.Config) error {
 // host's process pid (a plugin's): from its pod's address.
 func dialFromPod(t *testing.T, pid int, addr string) net.Conn {
 	t.Helper()
-	type result struct {
-		conn net.Conn
-		err  error
+	conn, err := dialInNetns(fmt.Sprintf("/proc/%d/ns/net", pid), addr)
+	if err != nil {
+		t.Fatalf("connect to %s from the network of process %d: %v", addr, pid, err)
 	}
-	ch := make(chan result, 1)
-	go func() {
-		// Never unlocked, as in dialFromNode.
-		runtime.LockOSThread()
-		f, err := os.Open(fmt.Sprintf("/proc/%d/ns/net", pid))
-		if err != nil {
-			ch <- result{nil, err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- result{nil, fmt.Errorf("setns: %w", err)}
-			return
-		}
-		conn, err := net.DialTimeout("tcp", addr, 10*time.Second)
-		ch <- result{conn, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatalf("connect to %s from the network of process %d: %v", addr, pid, r.err)
-	}
-	return r.conn
+	return conn
 }
 
 // peerConn is a gRPC connection to the peer service at addr over conn,
