@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"strings"
 
@@ -15,6 +16,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
@@ -122,24 +124,59 @@ func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.
 		if srcKind != "PersistentVolumeClaim" || group != "" {
 			return denied("the data source of %s is %s %s, not a PersistentVolumeClaim", what, srcKind, srcName)
 		}
-		from, err := a.claim(ctx, ns, srcName, "claim "+ns+"/"+srcName)
-		if err != nil {
-			return err
-		}
-		pv, err := a.volume(ctx, from.Spec.VolumeName, "persistent volume "+from.Spec.VolumeName+" of claim "+ns+"/"+srcName)
-		if err != nil {
-			return err
-		}
-		if c := pv.Spec.CSI; c == nil || c.Driver != a.Driver || c.VolumeHandle != source {
-			return denied("claim %s/%s (the data source of %s) is not bound to the volume %s", ns, srcName, what, source)
-		}
-		return nil
+		return a.cloneSourceIs(ctx, ns, srcName, what, source)
 	}
 	return denied("unknown %v", kind)
 }
 
+// cloneSourceIs allows the read of the volume source for the clone
+// claim what when the claim ns/name is Bound to the PV of that volume and
+// the PV's claimRef names the claim, uid and all: as the
+// external-provisioner checks before it clones. A claim's spec.volumeName
+// alone is anyone's to write who may create claims (a claim pre-bound to
+// another namespace's PV stays Pending), and a claim's status is the node
+// account's to patch; the PV's claimRef and status are neither.
+func (a *APIAuthorizer) cloneSourceIs(ctx context.Context, ns, name, what, source string) error {
+	src := "claim " + ns + "/" + name
+	from, err := a.claim(ctx, ns, name, src)
+	if err != nil {
+		return err
+	}
+	if from.Status.Phase != corev1.ClaimBound || from.Spec.VolumeName == "" {
+		return denied("%s (the data source of %s) is not bound", src, what)
+	}
+	pv, err := a.volume(ctx, from.Spec.VolumeName, "persistent volume "+from.Spec.VolumeName+" of "+src)
+	if err != nil {
+		return err
+	}
+	if c := pv.Spec.CSI; c == nil || c.Driver != a.Driver || c.VolumeHandle != source {
+		return denied("%s (the data source of %s) is not bound to the volume %s", src, what, source)
+	}
+	ref := pv.Spec.ClaimRef
+	if pv.Status.Phase != corev1.VolumeBound || ref == nil || ref.Namespace != ns || ref.Name != name || ref.UID != from.UID {
+		bound := "no claim"
+		if ref != nil {
+			bound = fmt.Sprintf("claim %s/%s (uid %s)", ref.Namespace, ref.Name, ref.UID)
+		}
+		return denied("persistent volume %s is bound to %s, not to %s (uid %s)", pv.Name, bound, src, from.UID)
+	}
+	return nil
+}
+
+// The csi-snapshotter names the snapshot it asks a plugin for
+// "<prefix>-<uid of the content's spec.volumeSnapshotRef>", the prefix
+// being its --snapshot-name-prefix, which the chart leaves at its default.
+const snapshotNamePrefix = "snapshot"
+
 // snapshotIs allows the read when the VolumeSnapshot ns/name is bound to
-// a content of this driver whose snapshot handle is source.
+// a content of this driver that points back to it (its
+// spec.volumeSnapshotRef, uid and all) and whose snapshot is source. The
+// snapshot is taken from the content's spec, never its status, which the
+// node account may patch: a pre-provisioned content names its handle in
+// spec.source.snapshotHandle; the snapshot of a content the snapshot
+// controller made (spec.source.volumeHandle) is the one the
+// csi-snapshotter made of that volume and named after the
+// volumeSnapshotRef's uid, whose ID this plugin derives from its name.
 func (a *APIAuthorizer) snapshotIs(ctx context.Context, ns, name, source string) error {
 	what := "VolumeSnapshot " + ns + "/" + name
 	vs, err := a.API.Resource(kubeapi.VolumeSnapshots).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
@@ -154,11 +191,27 @@ func (a *APIAuthorizer) snapshotIs(ctx context.Context, ns, name, source string)
 	if err := got(err, "VolumeSnapshotContent "+content+" of "+what); err != nil {
 		return err
 	}
-	handle, _, _ := unstructured.NestedString(c.Object, "status", "snapshotHandle")
-	if handle == "" {
-		handle, _, _ = unstructured.NestedString(c.Object, "spec", "source", "snapshotHandle")
+	str := func(fields ...string) string {
+		s, _, _ := unstructured.NestedString(c.Object, fields...)
+		return s
 	}
-	if drv, _, _ := unstructured.NestedString(c.Object, "spec", "driver"); drv != a.Driver || handle != source {
+	refNS, refName, refUID := str("spec", "volumeSnapshotRef", "namespace"), str("spec", "volumeSnapshotRef", "name"), str("spec", "volumeSnapshotRef", "uid")
+	if refNS != ns || refName != name || refUID == "" || refUID != string(vs.GetUID()) {
+		return denied("VolumeSnapshotContent %s of %s is the content of VolumeSnapshot %s/%s (uid %s), not of it (uid %s)",
+			content, what, refNS, refName, refUID, vs.GetUID())
+	}
+	if str("spec", "driver") != a.Driver {
+		return denied("%s is not the snapshot %s", what, source)
+	}
+	if handle := str("spec", "source", "snapshotHandle"); handle != "" {
+		if handle != source {
+			return denied("%s is not the snapshot %s", what, source)
+		}
+		return nil
+	}
+	_, volTag := splitID(str("spec", "source", "volumeHandle"))
+	storeID, tag := splitID(source)
+	if storeID != blockdev.SnapshotID(snapshotNamePrefix+"-"+refUID) || (volTag != "" && volTag != tag) {
 		return denied("%s is not the snapshot %s", what, source)
 	}
 	return nil
