@@ -38,6 +38,11 @@ type peerConfig struct {
 	minRate                       string
 	serveData                     bool
 	limits                        peer.Limits // from the above, by check
+	// What handoffs of one peer may make here before their PVs come.
+	maxHandoffs     int
+	maxHandoffBytes string
+	handoffReap     time.Duration
+	handoffs        driver.HandoffLimits // from the above, by check
 }
 
 func peerFlags(fs *flag.FlagSet, c *peerConfig) {
@@ -57,6 +62,13 @@ func peerFlags(fs *flag.FlagSet, c *peerConfig) {
 	fs.IntVar(&c.maxStreamsPerPeer, "peer-max-streams-per-peer", d.MaxStreamsPerPeer, "the most data streams this plugin sends at once to one node")
 	fs.StringVar(&c.minRate, "peer-min-rate", "1Mi",
 		"the least rate of a data stream, bytes per second (Ki, Mi, Gi, k, M, G): a class's transferRate below it is raised to it, and a stream ends after its source's size at this rate and 2 minutes")
+	h := driver.DefaultHandoffLimits
+	fs.IntVar(&c.maxHandoffs, "peer-max-handoffs-per-peer", h.PerPeer,
+		"the most volumes handoffs of one node may have made on this node whose PVs have not come yet; beyond it a handoff is refused (Unavailable) and retried")
+	fs.StringVar(&c.maxHandoffBytes, "peer-max-handoff-bytes-per-peer", "1024Gi",
+		"the most bytes those volumes of one node may hold together (Ki, Mi, Gi, k, M, G); a handoff for a node that has none waiting is never refused by it")
+	fs.DurationVar(&c.handoffReap, "peer-handoff-reap-after", h.ReapAfter,
+		"how long a volume a handoff made on this node may wait for its PV; after it, the volume is removed")
 	fs.BoolVar(&c.serveData, "peer-serve-data", true,
 		"send snapshots' and volumes' data to other nodes' plugins for restores and clones; false refuses them (PermissionDenied) and pulls none, so such a claim is pinned to its source's node; set it alike on every node")
 }
@@ -128,6 +140,12 @@ func (c *peerConfig) check() error {
 		return fmt.Errorf("--peer-max-streams (%d) and --peer-max-streams-per-peer (%d) must be positive", c.maxStreams, c.maxStreamsPerPeer)
 	}
 	c.limits = peer.Limits{MaxStreams: c.maxStreams, MaxStreamsPerPeer: c.maxStreamsPerPeer, MinRate: rate, RefuseData: !c.serveData}
+	bytes, err := driver.ParseBytes(c.maxHandoffBytes)
+	if err != nil || bytes <= 0 || c.maxHandoffs <= 0 || c.handoffReap <= 0 {
+		return fmt.Errorf("--peer-max-handoffs-per-peer (%d), --peer-max-handoff-bytes-per-peer (%q) and --peer-handoff-reap-after (%v) must be positive",
+			c.maxHandoffs, c.maxHandoffBytes, c.handoffReap)
+	}
+	c.handoffs = driver.HandoffLimits{PerPeer: c.maxHandoffs, BytesPerPeer: bytes, ReapAfter: c.handoffReap}
 	return nil
 }
 

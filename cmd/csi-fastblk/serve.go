@@ -185,6 +185,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		cfg.driver.Peers = peers
 		cfg.driver.NoPeerData = !cfg.peer.serveData
 		cfg.driver.PeerAuthz = newPeerAuthz(api, cfg.driver.Name)
+		cfg.driver.Handoffs = cfg.peer.handoffs
 	}
 	drv, err := driver.New(cfg.driver, st, be)
 	if err != nil {
@@ -209,6 +210,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return err
 	}
 	go drv.WatchIOErrors(ctx, ioWatchInterval)
+	go drv.ReapHandoffs(ctx)
 	if cfg.labelContents {
 		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot}
 		go l.Run(ctx, contentLabelInterval)

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"strings"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -43,6 +44,14 @@ type PeerAuthorizer interface {
 	Modify(ctx context.Context, volumeID, pv string, params map[string]string) error
 	// Expand: the volume may grow to required bytes.
 	Expand(ctx context.Context, volumeID, pv string, required int64) error
+	// Handoff returns what the claim <namespace>/<name> asks of the
+	// volume a handoff makes for it (after Read allowed the read of its
+	// source): the volume's name, size, parameters and mutable
+	// parameters, never the caller's.
+	Handoff(ctx context.Context, claim string) (*csi.CreateVolumeRequest, error)
+	// HasPV reports whether the PV pv exists and holds the CSI volume
+	// volumeID, or an error when the API server cannot say.
+	HasPV(ctx context.Context, pv, volumeID string) (bool, error)
 }
 
 // The annotation of a claim that the scheduler sets to the node it picked.
@@ -254,18 +263,23 @@ func (a *APIAuthorizer) Modify(ctx context.Context, volumeID, pv string, params 
 		return denied("%s asks for no VolumeAttributesClass", claim)
 	}
 	name := *c.Spec.VolumeAttributesClassName
-	what := "VolumeAttributesClass " + name + " of " + claim
-	vac, err := kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClasses, "", name)
-	if apierrors.IsNotFound(err) { // or a cluster that serves it only as v1beta1, whose fields are the same
-		vac, err = kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClassesBeta, "", name)
-	}
-	if err := got(err, what); err != nil {
+	vac, err := a.attributesClass(ctx, name, claim)
+	if err != nil {
 		return err
 	}
 	if vac.DriverName != a.Driver || !maps.Equal(vac.Parameters, params) {
 		return denied("%s asks for VolumeAttributesClass %s, whose driver or parameters are not the call's", claim, name)
 	}
 	return nil
+}
+
+// attributesClass reads the VolumeAttributesClass name that claim names.
+func (a *APIAuthorizer) attributesClass(ctx context.Context, name, claim string) (*storagev1.VolumeAttributesClass, error) {
+	vac, err := kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClasses, "", name)
+	if apierrors.IsNotFound(err) { // or a cluster that serves it only as v1beta1, whose fields are the same
+		vac, err = kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClassesBeta, "", name)
+	}
+	return vac, got(err, "VolumeAttributesClass "+name+" of "+claim)
 }
 
 // Expand allows a size up to what the volume's claim asks for.
@@ -282,4 +296,75 @@ func (a *APIAuthorizer) Expand(ctx context.Context, volumeID, pv string, require
 		return denied("%s asks for %s (%d bytes), less than the %d bytes of the call", claim, q.String(), asked, required)
 	}
 	return nil
+}
+
+// The external-provisioner names the volume (and the PV) of a claim
+// "<prefix>-<claim uid>", the prefix being its --volume-name-prefix, which
+// the chart leaves at its default.
+const volumeNamePrefix = "pvc"
+
+// Handoff returns the CreateVolume the provisioner would send for the
+// claim: the name it gives the claim's volume; the claim's storage
+// request and limit; the parameters of its StorageClass, which must be
+// this driver's and hand off (crossNodeSource: handoff), without the
+// provisioner's own csi.storage.k8s.io/ keys and with the claim's
+// metadata (--extra-create-metadata); and the parameters of the
+// VolumeAttributesClass it names.
+func (a *APIAuthorizer) Handoff(ctx context.Context, claim string) (*csi.CreateVolumeRequest, error) {
+	ns, name, _ := strings.Cut(claim, "/")
+	what := "claim " + claim
+	pvc, err := a.claim(ctx, ns, name, what)
+	if err != nil {
+		return nil, err
+	}
+	className := ptr.Deref(pvc.Spec.StorageClassName, "")
+	if className == "" {
+		return nil, denied("%s names no StorageClass, so nothing says how to make its volume", what)
+	}
+	sc, err := kubeapi.Get[storagev1.StorageClass](ctx, a.API, kubeapi.StorageClasses, "", className)
+	if err := got(err, "StorageClass "+className+" of "+what); err != nil {
+		return nil, err
+	}
+	if sc.Provisioner != a.Driver || sc.Parameters[ParamCrossNodeSource] != crossNodeHandoff {
+		return nil, denied("StorageClass %s of %s is not one of driver %s that hands off (%s: %s)", className, what, a.Driver, ParamCrossNodeSource, crossNodeHandoff)
+	}
+	pv := volumeNamePrefix + "-" + string(pvc.UID)
+	params := map[string]string{ParamPVCNamespace: ns, ParamPVCName: name, ParamPVName: pv}
+	for k, v := range sc.Parameters {
+		if !strings.HasPrefix(k, paramCSIPrefix) {
+			params[k] = v
+		}
+	}
+	req := &csi.CreateVolumeRequest{Name: pv, Parameters: params, CapacityRange: &csi.CapacityRange{}}
+	if q, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
+		req.CapacityRange.RequiredBytes = q.Value()
+	}
+	if q, ok := pvc.Spec.Resources.Limits[corev1.ResourceStorage]; ok {
+		req.CapacityRange.LimitBytes = q.Value()
+	}
+	if vac := ptr.Deref(pvc.Spec.VolumeAttributesClassName, ""); vac != "" {
+		c, err := a.attributesClass(ctx, vac, what)
+		if err != nil {
+			return nil, err
+		}
+		if c.DriverName != a.Driver {
+			return nil, denied("VolumeAttributesClass %s of %s is not of driver %s", vac, what, a.Driver)
+		}
+		req.MutableParameters = c.Parameters
+	}
+	return req, nil
+}
+
+// HasPV reports whether the PV pv exists and holds the volume volumeID of
+// this driver.
+func (a *APIAuthorizer) HasPV(ctx context.Context, pv, volumeID string) (bool, error) {
+	v, err := kubeapi.Get[corev1.PersistentVolume](ctx, a.API, kubeapi.PersistentVolumes, "", pv)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get persistent volume %s: %w", pv, err)
+	}
+	c := v.Spec.CSI
+	return c != nil && c.Driver == a.Driver && c.VolumeHandle == volumeID, nil
 }

@@ -150,10 +150,8 @@ func TestPeerReadNeedsClaimOfCaller(t *testing.T) {
 // for n2 only for a claim of n2 restoring that snapshot.
 func TestPeerHandoffNeedsClaimOfCaller(t *testing.T) {
 	requireRoot(t)
-	n1, n2, api := authzNodes(t)
-	_, snap := n1.source(8<<20, [][2]int64{{0, 1 << 20}})
-	snapshotObjects(t, api, n1.d.cfg.Name, "nightly", snap)
-	api.Put(t, claim("restore", "u1", "n2", fromSnapshot("nightly"), "", "", "8Mi"))
+	_, n2, api, snap := handoffSetup(t)
+	api.Put(t, restoreClaim("restore", "u1", "handoff", "8Mi"))
 	params := map[string]string{ParamCrossNodeSource: "handoff", ParamPVCNamespace: "shop", ParamPVCName: "other"}
 	if _, err := n2.createFrom("pvc-other", 8<<20, snapshotSource(snap), params, time.Minute); status.Code(err) != codes.PermissionDenied ||
 		!strings.Contains(err.Error(), "claim shop/other does not exist") {

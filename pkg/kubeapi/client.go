@@ -33,6 +33,7 @@ var (
 	PersistentVolumeClaims  = corev1.SchemeGroupVersion.WithResource("persistentvolumeclaims")
 	TokenReviews            = authnv1.SchemeGroupVersion.WithResource("tokenreviews")
 	CSIDrivers              = storagev1.SchemeGroupVersion.WithResource("csidrivers")
+	StorageClasses          = storagev1.SchemeGroupVersion.WithResource("storageclasses")
 	VolumeAttachments       = storagev1.SchemeGroupVersion.WithResource("volumeattachments")
 	VolumeAttributesClasses = storagev1.SchemeGroupVersion.WithResource("volumeattributesclasses")
 	// A cluster that serves VolumeAttributesClasses only as beta.
