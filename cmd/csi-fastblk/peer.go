@@ -169,6 +169,12 @@ func selectorLabels(sel string) (map[string]string, error) {
 // Tokens) and authorized by the API server's objects (the driver's
 // PeerAuthz, set by newPeerAuthz).
 func runPeer(ctx context.Context, c peerConfig, api dynamic.Interface, nodeID string, drv *driver.Driver, ch *peerChannel) error {
+	// Peers decide how many TokenReviews there are: they go through a
+	// client with a rate limit of its own.
+	reviews, err := kubeapi.InClusterWithLimit("plugin-peer-reviews", peer.ReviewQPS, peer.ReviewBurst)
+	if err != nil {
+		return fmt.Errorf("peer channel: %w", err)
+	}
 	lis, err := net.Listen("tcp", c.address)
 	if err != nil {
 		return fmt.Errorf("peer channel: listen: %w", err)
@@ -199,7 +205,7 @@ func runPeer(ctx context.Context, c peerConfig, api dynamic.Interface, nodeID st
 		return nil // only ctx's end stops the first list
 	}
 	tok := &peer.Tokens{Self: peer.TokenFile(c.tokenFile), Node: nodeID, Auth: &peer.Authenticator{
-		API: api, Pods: peers.Pod, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
+		API: api, Reviews: reviews, Pods: peers.Pod, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
 	if _, err := tok.Self(); err != nil {
 		return fmt.Errorf("peer channel: %w", err)
 	}
