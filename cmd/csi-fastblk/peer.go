@@ -37,6 +37,7 @@ type peerConfig struct {
 	maxStreams, maxStreamsPerPeer int
 	minRate                       string
 	serveData                     bool
+	serveMetadata                 bool
 	limits                        peer.Limits // from the above, by check
 	// What handoffs of one peer may make here before their PVs come.
 	maxHandoffs     int
@@ -62,6 +63,8 @@ func peerFlags(fs *flag.FlagSet, c *peerConfig) {
 	fs.IntVar(&c.maxStreamsPerPeer, "peer-max-streams-per-peer", d.MaxStreamsPerPeer, "the most data streams this plugin sends at once to one node")
 	fs.StringVar(&c.minRate, "peer-min-rate", "1Mi",
 		"the least rate of a data stream, bytes per second (Ki, Mi, Gi, k, M, G): a class's transferRate below it is raised to it, and a stream ends after its source's size at this rate and 2 minutes")
+	fs.BoolVar(&c.serveMetadata, "peer-serve-metadata", false,
+		"answer the snapshot metadata calls other nodes' plugins forward for this node's snapshots (the chart sets it with snapshotMetadata.enabled); false refuses them (PermissionDenied)")
 	h := driver.DefaultHandoffLimits
 	fs.IntVar(&c.maxHandoffs, "peer-max-handoffs-per-peer", h.PerPeer,
 		"the most volumes handoffs of one node may have made on this node whose PVs have not come yet; beyond it a handoff is refused (Unavailable) and retried")

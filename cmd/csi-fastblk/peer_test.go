@@ -56,6 +56,12 @@ func TestPeerFlags(t *testing.T) {
 	if want := (peer.Limits{MaxStreams: 8, MaxStreamsPerPeer: 2, MinRate: 4 << 20, RefuseData: true}); err != nil || cfg.peer.limits != want {
 		t.Errorf("limits: %+v, %v; want %+v", cfg.peer.limits, err, want)
 	}
+	if cfg, err = parse(full...); err != nil || cfg.peer.serveMetadata {
+		t.Errorf("default --peer-serve-metadata: %v, %v; want off", cfg.peer.serveMetadata, err)
+	}
+	if cfg, err = parse(append(full, "--peer-serve-metadata")...); err != nil || !cfg.peer.serveMetadata {
+		t.Errorf("--peer-serve-metadata: %v, %v; want on", cfg.peer.serveMetadata, err)
+	}
 	if cfg, err = parse(full...); err != nil || cfg.peer.handoffs != driver.DefaultHandoffLimits {
 		t.Errorf("default handoff limits: %+v, %v; want %+v", cfg.peer.handoffs, err, driver.DefaultHandoffLimits)
 	}

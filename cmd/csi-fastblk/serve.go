@@ -186,6 +186,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		cfg.driver.NoPeerData = !cfg.peer.serveData
 		cfg.driver.PeerAuthz = newPeerAuthz(api, cfg.driver.Name)
 		cfg.driver.Handoffs = cfg.peer.handoffs
+		cfg.driver.PeerMetadata = cfg.peer.serveMetadata
 	}
 	drv, err := driver.New(cfg.driver, st, be)
 	if err != nil {

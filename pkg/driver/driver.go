@@ -50,6 +50,10 @@ type Config struct {
 	// (peerauthz.go); nil authorizes every call of an authenticated
 	// peer, as in tests without an API server.
 	PeerAuthz PeerAuthorizer
+	// PeerMetadata serves the SnapshotMetadata calls other nodes forward
+	// for this node's snapshots (--peer-serve-metadata); off, they are
+	// PermissionDenied.
+	PeerMetadata bool
 	// Handoffs bound the volumes handoffs of one peer make here before
 	// their PVs come (handoff.go).
 	Handoffs HandoffLimits
