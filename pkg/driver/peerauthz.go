@@ -143,8 +143,10 @@ func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.
 // the PV's claimRef names the claim, uid and all: as the
 // external-provisioner checks before it clones. A claim's spec.volumeName
 // alone is anyone's to write who may create claims (a claim pre-bound to
-// another namespace's PV stays Pending), and a claim's status is the node
-// account's to patch; the PV's claimRef and status are neither.
+// another namespace's PV stays Pending); its status the node account may
+// patch; a PV's status only the PV controller writes, and its claimRef,
+// besides, only the provisioner of the PV's node, here the serving one
+// (docs/peer.md, "Authorization from fields no node writes").
 func (a *APIAuthorizer) cloneSourceIs(ctx context.Context, ns, name, what, source string) error {
 	src := "claim " + ns + "/" + name
 	from, err := a.claim(ctx, ns, name, src)

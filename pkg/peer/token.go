@@ -219,8 +219,11 @@ func (a *Authenticator) review(ctx context.Context, token string, from net.IP) (
 	asked := a.asking.DoChan(string(key[:]), func() (any, error) {
 		a.mu.Lock()
 		r, ok := a.cached(key, now)
-		a.mu.Unlock()
 		if ok { // asked and answered since this call looked
+			delete(a.inflight, key)
+		}
+		a.mu.Unlock()
+		if ok {
 			return r, nil
 		}
 		// The review serves every call waiting for it, so no one
