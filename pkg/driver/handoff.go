@@ -41,9 +41,10 @@ type HandoffLimits struct {
 }
 
 // DefaultHandoffLimits are the plugin's flags' defaults. The provisioner
-// makes a volume's PV as soon as CreateVolume answers, and gives up on it
-// (deleting the volume) after about a minute of failed tries.
-var DefaultHandoffLimits = HandoffLimits{PerPeer: 8, BytesPerPeer: 1 << 40, ReapAfter: 10 * time.Minute}
+// makes a volume's PV as soon as CreateVolume answers, and retries a
+// failed save while it runs, backing off to about 17 minutes between
+// tries: an hour leaves it several.
+var DefaultHandoffLimits = HandoffLimits{PerPeer: 8, BytesPerPeer: 1 << 40, ReapAfter: time.Hour}
 
 func (l HandoffLimits) withDefaults() HandoffLimits {
 	d := DefaultHandoffLimits
