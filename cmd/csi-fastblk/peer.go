@@ -40,7 +40,13 @@ type peerConfig struct {
 	maxStreams, maxStreamsPerPeer int
 	minRate                       string
 	serveData                     bool
+	serveMetadata                 bool
 	limits                        peer.Limits // from the above, by check
+	// What handoffs of one peer may make here before their PVs come.
+	maxHandoffs     int
+	maxHandoffBytes string
+	handoffReap     time.Duration
+	handoffs        driver.HandoffLimits // from the above, by check
 }
 
 func peerFlags(fs *flag.FlagSet, c *peerConfig) {
@@ -57,6 +63,15 @@ func peerFlags(fs *flag.FlagSet, c *peerConfig) {
 	fs.IntVar(&c.maxStreamsPerPeer, "peer-max-streams-per-peer", d.MaxStreamsPerPeer, "the most data streams this plugin sends at once to one node")
 	fs.StringVar(&c.minRate, "peer-min-rate", "1Mi",
 		"the least rate of a data stream, bytes per second (Ki, Mi, Gi, k, M, G): a class's transferRate below it is raised to it, and a stream ends after its source's size at this rate and 2 minutes")
+	fs.BoolVar(&c.serveMetadata, "peer-serve-metadata", false,
+		"answer the snapshot metadata calls other nodes' plugins forward for this node's snapshots (the chart sets it with snapshotMetadata.enabled); false refuses them (PermissionDenied)")
+	h := driver.DefaultHandoffLimits
+	fs.IntVar(&c.maxHandoffs, "peer-max-handoffs-per-peer", h.PerPeer,
+		"the most volumes handoffs of one node may have made on this node whose PVs have not come yet; beyond it a handoff is refused (Unavailable) and retried")
+	fs.StringVar(&c.maxHandoffBytes, "peer-max-handoff-bytes-per-peer", "1024Gi",
+		"the most bytes those volumes of one node may hold together (Ki, Mi, Gi, k, M, G); a handoff for a node that has none waiting is never refused by it")
+	fs.DurationVar(&c.handoffReap, "peer-handoff-reap-after", h.ReapAfter,
+		"how long a volume a handoff made on this node may wait for its PV; after it, the volume is removed")
 	fs.BoolVar(&c.serveData, "peer-serve-data", true,
 		"send snapshots' and volumes' data to other nodes' plugins for restores and clones; false refuses them (PermissionDenied) and pulls none, so such a claim is pinned to its source's node; set it alike on every node")
 }
@@ -138,6 +153,12 @@ func (c *peerConfig) check() error {
 		return fmt.Errorf("--peer-max-streams (%d) and --peer-max-streams-per-peer (%d) must be positive", c.maxStreams, c.maxStreamsPerPeer)
 	}
 	c.limits = peer.Limits{MaxStreams: c.maxStreams, MaxStreamsPerPeer: c.maxStreamsPerPeer, MinRate: rate, RefuseData: !c.serveData}
+	bytes, err := driver.ParseBytes(c.maxHandoffBytes)
+	if err != nil || bytes <= 0 || c.maxHandoffs <= 0 || c.handoffReap <= 0 {
+		return fmt.Errorf("--peer-max-handoffs-per-peer (%d), --peer-max-handoff-bytes-per-peer (%q) and --peer-handoff-reap-after (%v) must be positive",
+			c.maxHandoffs, c.maxHandoffBytes, c.handoffReap)
+	}
+	c.handoffs = driver.HandoffLimits{PerPeer: c.maxHandoffs, BytesPerPeer: bytes, ReapAfter: c.handoffReap}
 	return nil
 }
 
@@ -212,8 +233,13 @@ type peers struct {
 // ends first) and the first list of the plugin pods.
 func dialPeers(ctx context.Context, c peerConfig, api dynamic.Interface, nodeID string, port int) (*peers, error) {
 	labels, _ := selectorLabels(c.selector)
+	// Peers decide how many TokenReviews there are: they go through a
+	// client with a rate limit of its own.
+	reviews, err := kubeapi.InClusterWithLimit("plugin-peer-reviews", peer.ReviewQPS, peer.ReviewBurst)
+	if err != nil {
+		return nil, fmt.Errorf("peer channel: %w", err)
+	}
 	var ca *peer.CA
-	var err error
 	for wait := time.Second; ; wait = min(2*wait, time.Minute) {
 		ca, err = peer.ReadCA(ctx, api, c.namespace, c.secret)
 		if err == nil {
@@ -237,7 +263,7 @@ func dialPeers(ctx context.Context, c peerConfig, api dynamic.Interface, nodeID 
 		return nil, nil // only ctx's end stops the first list
 	}
 	tok := &peer.Tokens{Self: peer.TokenFile(c.tokenFile), Node: nodeID, Auth: &peer.Authenticator{
-		API: api, Pods: res.Pod, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
+		API: api, Reviews: reviews, Pods: res.Pod, Namespace: c.namespace, ServiceAccount: c.serviceAccount, Audience: c.audience, Labels: labels}}
 	if _, err := tok.Self(); err != nil {
 		return nil, fmt.Errorf("peer channel: %w", err)
 	}

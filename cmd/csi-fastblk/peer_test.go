@@ -6,11 +6,13 @@ import (
 	"io"
 	"maps"
 	"testing"
+	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/fastblk/csi-fastblk/pkg/driver"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
 
@@ -54,7 +56,21 @@ func TestPeerFlags(t *testing.T) {
 	if want := (peer.Limits{MaxStreams: 8, MaxStreamsPerPeer: 2, MinRate: 4 << 20, RefuseData: true}); err != nil || cfg.peer.limits != want {
 		t.Errorf("limits: %+v, %v; want %+v", cfg.peer.limits, err, want)
 	}
-	for _, bad := range []string{"--peer-min-rate=0", "--peer-min-rate=fast", "--peer-max-streams=0", "--peer-max-streams-per-peer=-1"} {
+	if cfg, err = parse(full...); err != nil || cfg.peer.serveMetadata {
+		t.Errorf("default --peer-serve-metadata: %v, %v; want off", cfg.peer.serveMetadata, err)
+	}
+	if cfg, err = parse(append(full, "--peer-serve-metadata")...); err != nil || !cfg.peer.serveMetadata {
+		t.Errorf("--peer-serve-metadata: %v, %v; want on", cfg.peer.serveMetadata, err)
+	}
+	if cfg, err = parse(full...); err != nil || cfg.peer.handoffs != driver.DefaultHandoffLimits {
+		t.Errorf("default handoff limits: %+v, %v; want %+v", cfg.peer.handoffs, err, driver.DefaultHandoffLimits)
+	}
+	cfg, err = parse(append(full, "--peer-max-handoffs-per-peer=2", "--peer-max-handoff-bytes-per-peer=10Gi", "--peer-handoff-reap-after=1h")...)
+	if want := (driver.HandoffLimits{PerPeer: 2, BytesPerPeer: 10 << 30, ReapAfter: time.Hour}); err != nil || cfg.peer.handoffs != want {
+		t.Errorf("handoff limits: %+v, %v; want %+v", cfg.peer.handoffs, err, want)
+	}
+	for _, bad := range []string{"--peer-min-rate=0", "--peer-min-rate=fast", "--peer-max-streams=0", "--peer-max-streams-per-peer=-1",
+		"--peer-max-handoffs-per-peer=0", "--peer-max-handoff-bytes-per-peer=0", "--peer-max-handoff-bytes-per-peer=lots", "--peer-handoff-reap-after=0s"} {
 		if _, err := parse(append(full, bad)...); err == nil {
 			t.Errorf("%s: no error", bad)
 		}

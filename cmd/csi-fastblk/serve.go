@@ -186,6 +186,8 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		cfg.driver.Peers = peers
 		cfg.driver.NoPeerData = !cfg.peer.serveData
 		cfg.driver.PeerAuthz = newPeerAuthz(api, cfg.driver.Name)
+		cfg.driver.Handoffs = cfg.peer.handoffs
+		cfg.driver.PeerMetadata = cfg.peer.serveMetadata
 	}
 	drv, err := driver.New(cfg.driver, st, be)
 	if err != nil {
@@ -213,6 +215,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if api != nil {
 		go reportKept(ctx, api, drv, cfg.driver.Name, cfg.driver.NodeID)
 	}
+	go drv.ReapHandoffs(ctx)
 	if cfg.labelContents {
 		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot}
 		go l.Run(ctx, contentLabelInterval)

@@ -28,6 +28,11 @@ type Volume struct {
 	// over the peer channel. Empty for a local source.
 	SourceNode string    `json:"sourceNode,omitempty"`
 	CreatedAt  time.Time `json:"createdAt"`
+	// HandoffPeer is the node whose CreateVolume this node took over (a
+	// handoff over the peer channel) until the volume's PV was seen:
+	// such a volume whose PV never comes is removed (pkg/driver,
+	// handoff.go). Not part of the volume's identity.
+	HandoffPeer string `json:"handoffPeer,omitempty"`
 	// Preallocation says how the backing file takes its disk blocks:
 	// all at create and at each expansion, or ("") as it is written.
 	Preallocation Preallocation `json:"preallocation,omitempty"`

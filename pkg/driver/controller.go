@@ -67,10 +67,17 @@ func controllerCapabilities(rpcs []csi.ControllerServiceCapability_RPC_Type) *cs
 }
 
 func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
+	return s.createVolume(ctx, req, "")
+}
+
+// createVolume is CreateVolume, for a handoff from the node handoffPeer
+// ("" for none), which the volume's record keeps (handoff.go).
+func (s *Controller) createVolume(ctx context.Context, req *csi.CreateVolumeRequest, handoffPeer string) (*csi.CreateVolumeResponse, error) {
 	spec, err := s.volumeSpec(req)
 	if err != nil {
 		return nil, err
 	}
+	spec.HandoffPeer = handoffPeer
 	if err := s.d.checkTopology(req.GetAccessibilityRequirements()); err != nil {
 		return nil, err
 	}

@@ -51,6 +51,13 @@ type Config struct {
 	// (peerauthz.go); nil authorizes every call of an authenticated
 	// peer, as in tests without an API server.
 	PeerAuthz PeerAuthorizer
+	// PeerMetadata serves the SnapshotMetadata calls other nodes forward
+	// for this node's snapshots (--peer-serve-metadata); off, they are
+	// PermissionDenied.
+	PeerMetadata bool
+	// Handoffs bound the volumes handoffs of one peer make here before
+	// their PVs come (handoff.go).
+	Handoffs HandoffLimits
 }
 
 var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)
@@ -68,6 +75,7 @@ type Driver struct {
 	// peerCopies are the copies of this node's volumes peers pull
 	// (peercopy.go).
 	peerCopies peerCopies
+	handoffs   handoffs // volumes being made for peers (handoff.go)
 	// readiness is set before serving (AddReadinessCheck), read only after.
 	readiness []readinessCheck
 	// snapMeta is this node's own SnapshotMetadata service, for its own

@@ -10,7 +10,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
@@ -87,62 +86,6 @@ func (p *PeerService) ExpandVolume(ctx context.Context, req *csi.ControllerExpan
 		return nil, err
 	}
 	return p.d.expandVolume(ctx, req, false)
-}
-
-// CreateVolume is a CreateVolume another node handed off to this one
-// (handoff): its source must be this node's own, so that the volume is
-// made here from it as any local restore or clone is, and never handed
-// off or pulled again. The requester's topology requirements (its own
-// node, with --strict-topology) do not apply: the volume goes where its
-// source is, and its topology says so.
-func (p *PeerService) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequest) (*csi.CreateVolumeResponse, error) {
-	src := req.GetVolumeContentSource()
-	id := src.GetSnapshot().GetSnapshotId() + src.GetVolume().GetVolumeId()
-	if _, tag := splitID(id); tag != p.d.tag {
-		return nil, status.Errorf(codes.InvalidArgument, "peer CreateVolume %q: its source %q is not an object of node %s", req.GetName(), id, p.d.cfg.NodeID)
-	}
-	caller, _ := peer.Caller(ctx)
-	if az := p.d.cfg.PeerAuthz; az != nil {
-		kind := peer.SourceVolume
-		if src.GetSnapshot() != nil {
-			kind = peer.SourceSnapshot
-		}
-		claim := req.GetParameters()[ParamPVCNamespace] + "/" + req.GetParameters()[ParamPVCName]
-		if err := az.Read(ctx, caller.Node, claim, kind, id); err != nil {
-			return nil, err
-		}
-	}
-	r := proto.Clone(req).(*csi.CreateVolumeRequest)
-	r.AccessibilityRequirements = nil
-	klog.InfoS("volume handed off by a peer", "name", req.GetName(), "source", id, "peer", caller.Node)
-	resp, err := (&Controller{d: p.d}).CreateVolume(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	if m, ok := p.d.cfg.PeerAuthz.(handoffPVMaker); ok {
-		if err := m.HandoffPV(ctx, req, resp.GetVolume()); err != nil {
-			return nil, err
-		}
-	}
-	return resp, nil
-}
-
-// handoff answers CreateVolume for a volume whose source lives on the node
-// tagged tag by having that node make it (ParamCrossNodeSource=handoff):
-// the answer is that node's, its volume ID and topology, so the scheduler
-// moves the pod there.
-func (d *Driver) handoff(ctx context.Context, req *csi.CreateVolumeRequest, tag string) (*csi.CreateVolumeResponse, error) {
-	resp, err := d.cfg.Peers.CreateVolume(ctx, tag, req)
-	if err != nil {
-		return nil, err
-	}
-	klog.InfoS("volume handed off to the source's node", "volumeID", resp.GetVolume().GetVolumeId(), "name", req.GetName(), "node", tagNode(tag))
-	if _, ok := d.cfg.PeerAuthz.(handoffPVMaker); ok {
-		// That node made the PV (handoffpv.go): this node's account may
-		// not make another node's.
-		return nil, errHandedOff(resp.GetVolume(), tagNode(tag))
-	}
-	return resp, nil
 }
 
 // OpenSource opens what a peer pulls for a restore or clone (pkg/peer's

@@ -2,9 +2,11 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"strings"
 
+	"github.com/container-storage-interface/spec/lib/go/csi"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/utils/ptr"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
@@ -41,6 +44,14 @@ type PeerAuthorizer interface {
 	Modify(ctx context.Context, volumeID, pv string, params map[string]string) error
 	// Expand: the volume may grow to required bytes.
 	Expand(ctx context.Context, volumeID, pv string, required int64) error
+	// Handoff returns what the claim <namespace>/<name> asks of the
+	// volume a handoff makes for it (after Read allowed the read of its
+	// source): the volume's name, size, parameters and mutable
+	// parameters, never the caller's.
+	Handoff(ctx context.Context, claim string) (*csi.CreateVolumeRequest, error)
+	// HasPV reports whether the PV pv exists and holds the CSI volume
+	// volumeID, or an error when the API server cannot say.
+	HasPV(ctx context.Context, pv, volumeID string) (bool, error)
 }
 
 // The annotation of a claim that the scheduler sets to the node it picked.
@@ -122,24 +133,61 @@ func (a *APIAuthorizer) Read(ctx context.Context, node, claim string, kind peer.
 		if srcKind != "PersistentVolumeClaim" || group != "" {
 			return denied("the data source of %s is %s %s, not a PersistentVolumeClaim", what, srcKind, srcName)
 		}
-		from, err := a.claim(ctx, ns, srcName, "claim "+ns+"/"+srcName)
-		if err != nil {
-			return err
-		}
-		pv, err := a.volume(ctx, from.Spec.VolumeName, "persistent volume "+from.Spec.VolumeName+" of claim "+ns+"/"+srcName)
-		if err != nil {
-			return err
-		}
-		if c := pv.Spec.CSI; c == nil || c.Driver != a.Driver || c.VolumeHandle != source {
-			return denied("claim %s/%s (the data source of %s) is not bound to the volume %s", ns, srcName, what, source)
-		}
-		return nil
+		return a.cloneSourceIs(ctx, ns, srcName, what, source)
 	}
 	return denied("unknown %v", kind)
 }
 
+// cloneSourceIs allows the read of the volume source for the clone
+// claim what when the claim ns/name is Bound to the PV of that volume and
+// the PV's claimRef names the claim, uid and all: as the
+// external-provisioner checks before it clones. A claim's spec.volumeName
+// alone is anyone's to write who may create claims (a claim pre-bound to
+// another namespace's PV stays Pending); its status the node account may
+// patch; a PV's status only the PV controller writes, and its claimRef,
+// besides, only the provisioner of the PV's node, here the serving one
+// (docs/peer.md, "Authorization from fields no node writes").
+func (a *APIAuthorizer) cloneSourceIs(ctx context.Context, ns, name, what, source string) error {
+	src := "claim " + ns + "/" + name
+	from, err := a.claim(ctx, ns, name, src)
+	if err != nil {
+		return err
+	}
+	if from.Status.Phase != corev1.ClaimBound || from.Spec.VolumeName == "" {
+		return denied("%s (the data source of %s) is not bound", src, what)
+	}
+	pv, err := a.volume(ctx, from.Spec.VolumeName, "persistent volume "+from.Spec.VolumeName+" of "+src)
+	if err != nil {
+		return err
+	}
+	if c := pv.Spec.CSI; c == nil || c.Driver != a.Driver || c.VolumeHandle != source {
+		return denied("%s (the data source of %s) is not bound to the volume %s", src, what, source)
+	}
+	ref := pv.Spec.ClaimRef
+	if pv.Status.Phase != corev1.VolumeBound || ref == nil || ref.Namespace != ns || ref.Name != name || ref.UID != from.UID {
+		bound := "no claim"
+		if ref != nil {
+			bound = fmt.Sprintf("claim %s/%s (uid %s)", ref.Namespace, ref.Name, ref.UID)
+		}
+		return denied("persistent volume %s is bound to %s, not to %s (uid %s)", pv.Name, bound, src, from.UID)
+	}
+	return nil
+}
+
+// The csi-snapshotter names the snapshot it asks a plugin for
+// "<prefix>-<uid of the content's spec.volumeSnapshotRef>", the prefix
+// being its --snapshot-name-prefix, which the chart leaves at its default.
+const snapshotNamePrefix = "snapshot"
+
 // snapshotIs allows the read when the VolumeSnapshot ns/name is bound to
-// a content of this driver whose snapshot handle is source.
+// a content of this driver that points back to it (its
+// spec.volumeSnapshotRef, uid and all) and whose snapshot is source. The
+// snapshot is taken from the content's spec, never its status, which the
+// node account may patch: a pre-provisioned content names its handle in
+// spec.source.snapshotHandle; the snapshot of a content the snapshot
+// controller made (spec.source.volumeHandle) is the one the
+// csi-snapshotter made of that volume and named after the
+// volumeSnapshotRef's uid, whose ID this plugin derives from its name.
 func (a *APIAuthorizer) snapshotIs(ctx context.Context, ns, name, source string) error {
 	what := "VolumeSnapshot " + ns + "/" + name
 	vs, err := a.API.Resource(kubeapi.VolumeSnapshots).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
@@ -154,11 +202,27 @@ func (a *APIAuthorizer) snapshotIs(ctx context.Context, ns, name, source string)
 	if err := got(err, "VolumeSnapshotContent "+content+" of "+what); err != nil {
 		return err
 	}
-	handle, _, _ := unstructured.NestedString(c.Object, "status", "snapshotHandle")
-	if handle == "" {
-		handle, _, _ = unstructured.NestedString(c.Object, "spec", "source", "snapshotHandle")
+	str := func(fields ...string) string {
+		s, _, _ := unstructured.NestedString(c.Object, fields...)
+		return s
 	}
-	if drv, _, _ := unstructured.NestedString(c.Object, "spec", "driver"); drv != a.Driver || handle != source {
+	refNS, refName, refUID := str("spec", "volumeSnapshotRef", "namespace"), str("spec", "volumeSnapshotRef", "name"), str("spec", "volumeSnapshotRef", "uid")
+	if refNS != ns || refName != name || refUID == "" || refUID != string(vs.GetUID()) {
+		return denied("VolumeSnapshotContent %s of %s is the content of VolumeSnapshot %s/%s (uid %s), not of it (uid %s)",
+			content, what, refNS, refName, refUID, vs.GetUID())
+	}
+	if str("spec", "driver") != a.Driver {
+		return denied("%s is not the snapshot %s", what, source)
+	}
+	if handle := str("spec", "source", "snapshotHandle"); handle != "" {
+		if handle != source {
+			return denied("%s is not the snapshot %s", what, source)
+		}
+		return nil
+	}
+	_, volTag := splitID(str("spec", "source", "volumeHandle"))
+	storeID, tag := splitID(source)
+	if storeID != blockdev.SnapshotID(snapshotNamePrefix+"-"+refUID) || (volTag != "" && volTag != tag) {
 		return denied("%s is not the snapshot %s", what, source)
 	}
 	return nil
@@ -201,18 +265,23 @@ func (a *APIAuthorizer) Modify(ctx context.Context, volumeID, pv string, params 
 		return denied("%s asks for no VolumeAttributesClass", claim)
 	}
 	name := *c.Spec.VolumeAttributesClassName
-	what := "VolumeAttributesClass " + name + " of " + claim
-	vac, err := kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClasses, "", name)
-	if apierrors.IsNotFound(err) { // or a cluster that serves it only as v1beta1, whose fields are the same
-		vac, err = kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClassesBeta, "", name)
-	}
-	if err := got(err, what); err != nil {
+	vac, err := a.attributesClass(ctx, name, claim)
+	if err != nil {
 		return err
 	}
 	if vac.DriverName != a.Driver || !maps.Equal(vac.Parameters, params) {
 		return denied("%s asks for VolumeAttributesClass %s, whose driver or parameters are not the call's", claim, name)
 	}
 	return nil
+}
+
+// attributesClass reads the VolumeAttributesClass name that claim names.
+func (a *APIAuthorizer) attributesClass(ctx context.Context, name, claim string) (*storagev1.VolumeAttributesClass, error) {
+	vac, err := kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClasses, "", name)
+	if apierrors.IsNotFound(err) { // or a cluster that serves it only as v1beta1, whose fields are the same
+		vac, err = kubeapi.Get[storagev1.VolumeAttributesClass](ctx, a.API, kubeapi.VolumeAttributesClassesBeta, "", name)
+	}
+	return vac, got(err, "VolumeAttributesClass "+name+" of "+claim)
 }
 
 // Expand allows a size up to what the volume's claim asks for.
@@ -229,4 +298,75 @@ func (a *APIAuthorizer) Expand(ctx context.Context, volumeID, pv string, require
 		return denied("%s asks for %s (%d bytes), less than the %d bytes of the call", claim, q.String(), asked, required)
 	}
 	return nil
+}
+
+// The external-provisioner names the volume (and the PV) of a claim
+// "<prefix>-<claim uid>", the prefix being its --volume-name-prefix, which
+// the chart leaves at its default.
+const volumeNamePrefix = "pvc"
+
+// Handoff returns the CreateVolume the provisioner would send for the
+// claim: the name it gives the claim's volume; the claim's storage
+// request and limit; the parameters of its StorageClass, which must be
+// this driver's and hand off (crossNodeSource: handoff), without the
+// provisioner's own csi.storage.k8s.io/ keys and with the claim's
+// metadata (--extra-create-metadata); and the parameters of the
+// VolumeAttributesClass it names.
+func (a *APIAuthorizer) Handoff(ctx context.Context, claim string) (*csi.CreateVolumeRequest, error) {
+	ns, name, _ := strings.Cut(claim, "/")
+	what := "claim " + claim
+	pvc, err := a.claim(ctx, ns, name, what)
+	if err != nil {
+		return nil, err
+	}
+	className := ptr.Deref(pvc.Spec.StorageClassName, "")
+	if className == "" {
+		return nil, denied("%s names no StorageClass, so nothing says how to make its volume", what)
+	}
+	sc, err := kubeapi.Get[storagev1.StorageClass](ctx, a.API, kubeapi.StorageClasses, "", className)
+	if err := got(err, "StorageClass "+className+" of "+what); err != nil {
+		return nil, err
+	}
+	if sc.Provisioner != a.Driver || sc.Parameters[ParamCrossNodeSource] != crossNodeHandoff {
+		return nil, denied("StorageClass %s of %s is not one of driver %s that hands off (%s: %s)", className, what, a.Driver, ParamCrossNodeSource, crossNodeHandoff)
+	}
+	pv := volumeNamePrefix + "-" + string(pvc.UID)
+	params := map[string]string{ParamPVCNamespace: ns, ParamPVCName: name, ParamPVName: pv}
+	for k, v := range sc.Parameters {
+		if !strings.HasPrefix(k, paramCSIPrefix) {
+			params[k] = v
+		}
+	}
+	req := &csi.CreateVolumeRequest{Name: pv, Parameters: params, CapacityRange: &csi.CapacityRange{}}
+	if q, ok := pvc.Spec.Resources.Requests[corev1.ResourceStorage]; ok {
+		req.CapacityRange.RequiredBytes = q.Value()
+	}
+	if q, ok := pvc.Spec.Resources.Limits[corev1.ResourceStorage]; ok {
+		req.CapacityRange.LimitBytes = q.Value()
+	}
+	if vac := ptr.Deref(pvc.Spec.VolumeAttributesClassName, ""); vac != "" {
+		c, err := a.attributesClass(ctx, vac, what)
+		if err != nil {
+			return nil, err
+		}
+		if c.DriverName != a.Driver {
+			return nil, denied("VolumeAttributesClass %s of %s is not of driver %s", vac, what, a.Driver)
+		}
+		req.MutableParameters = c.Parameters
+	}
+	return req, nil
+}
+
+// HasPV reports whether the PV pv exists and holds the volume volumeID of
+// this driver.
+func (a *APIAuthorizer) HasPV(ctx context.Context, pv, volumeID string) (bool, error) {
+	v, err := kubeapi.Get[corev1.PersistentVolume](ctx, a.API, kubeapi.PersistentVolumes, "", pv)
+	if apierrors.IsNotFound(err) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("get persistent volume %s: %w", pv, err)
+	}
+	c := v.Spec.CSI
+	return c != nil && c.Driver == a.Driver && c.VolumeHandle == volumeID, nil
 }

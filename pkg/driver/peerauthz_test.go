@@ -42,6 +42,9 @@ func claim(name, uid, selectedNode string, source *corev1.TypedLocalObjectRefere
 	if class != "" {
 		c.Spec.VolumeAttributesClassName = &class
 	}
+	if volumeName != "" {
+		c.Status.Phase = corev1.ClaimBound
+	}
 	return c
 }
 
@@ -51,23 +54,26 @@ func fromSnapshot(name string) *corev1.TypedLocalObjectReference {
 }
 
 // snapshotObjects puts in api the VolumeSnapshot shop/name bound to a
-// content of driver whose handle is handle.
+// pre-provisioned content of driver whose handle is handle.
 func snapshotObjects(t *testing.T, api *peertest.API, driver, name, handle string) {
 	api.Put(t, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
-		"metadata": map[string]any{"namespace": "shop", "name": name},
+		"metadata": map[string]any{"namespace": "shop", "name": name, "uid": "u-" + name},
 		"status":   map[string]any{"boundVolumeSnapshotContentName": "content-" + name}}})
 	api.Put(t, &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
 		"metadata": map[string]any{"name": "content-" + name},
-		"spec":     map[string]any{"driver": driver}, "status": map[string]any{"snapshotHandle": handle}}})
+		"spec": map[string]any{"driver": driver, "source": map[string]any{"snapshotHandle": handle},
+			"volumeSnapshotRef": map[string]any{"namespace": "shop", "name": name, "uid": "u-" + name}},
+		"status": map[string]any{"snapshotHandle": handle}}})
 }
 
 // pvOf is the PV name of the CSI volume id on driver, bound to shop/claim.
 func pvOf(name, driver, id, claim, uid string) *corev1.PersistentVolume {
 	return &corev1.PersistentVolume{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PersistentVolumeSpec{
 		PersistentVolumeSource: corev1.PersistentVolumeSource{CSI: &corev1.CSIPersistentVolumeSource{Driver: driver, VolumeHandle: id}},
-		ClaimRef:               &corev1.ObjectReference{Namespace: "shop", Name: claim, UID: types.UID(uid)}}}
+		ClaimRef:               &corev1.ObjectReference{Namespace: "shop", Name: claim, UID: types.UID(uid)}},
+		Status: corev1.PersistentVolumeStatus{Phase: corev1.VolumeBound}}
 }
 
 // TestPeerReadNeedsClaimOfCaller: n2 may read n1's snapshot or volume
@@ -144,10 +150,8 @@ func TestPeerReadNeedsClaimOfCaller(t *testing.T) {
 // for n2 only for a claim of n2 restoring that snapshot.
 func TestPeerHandoffNeedsClaimOfCaller(t *testing.T) {
 	requireRoot(t)
-	n1, n2, api := authzNodes(t)
-	_, snap := n1.source(8<<20, [][2]int64{{0, 1 << 20}})
-	snapshotObjects(t, api, n1.d.cfg.Name, "nightly", snap)
-	api.Put(t, claim("restore", "u1", "n2", fromSnapshot("nightly"), "", "", "8Mi"))
+	_, n2, api, snap := handoffSetup(t)
+	api.Put(t, restoreClaim("restore", "u1", "handoff", "8Mi"))
 	params := map[string]string{ParamCrossNodeSource: "handoff", ParamPVCNamespace: "shop", ParamPVCName: "other"}
 	if _, err := n2.createFrom("pvc-other", 8<<20, snapshotSource(snap), params, time.Minute); status.Code(err) != codes.PermissionDenied ||
 		!strings.Contains(err.Error(), "claim shop/other does not exist") {

@@ -12,6 +12,7 @@ import (
 func TestForwardedMetadataMatchesLocal(t *testing.T) {
 	requireRoot(t)
 	n1, n2, _ := peerNodes(t, "loop")
+	n1.d.cfg.PeerMetadata = true
 	m1, m2 := serveMetadata(t, n1), serveMetadata(t, n2)
 	vol := m1.create("v", 16*mib, nil)
 	for i := range int64(8) {

@@ -118,6 +118,9 @@ func (d *Driver) metadataOwner(id string) (MetadataForwarder, string, error) {
 // the snapshot id: only a snapshot ID of this node is served, never
 // forwarded again.
 func (d *Driver) peerMetadata(id string) (csi.SnapshotMetadataServer, error) {
+	if !d.cfg.PeerMetadata {
+		return nil, status.Errorf(codes.PermissionDenied, "node %s serves no snapshot metadata to peers (--peer-serve-metadata, set with the chart's snapshotMetadata.enabled)", d.cfg.NodeID)
+	}
 	storeID, tag := splitID(id)
 	if tag != d.tag || !blockdev.IsSnapshotID(storeID) {
 		return nil, status.Errorf(codes.InvalidArgument, "peer snapshot metadata call for %q: not a snapshot ID of node %s", id, d.cfg.NodeID)
@@ -134,6 +137,8 @@ func (p *PeerService) GetMetadataAllocated(req *csi.GetMetadataAllocatedRequest,
 	if err != nil {
 		return err
 	}
+	caller, _ := peer.Caller(st.Context())
+	klog.InfoS("snapshot metadata for a peer", "call", "GetMetadataAllocated", "snapshotID", req.GetSnapshotId(), "peer", caller.Node)
 	return local.GetMetadataAllocated(req, st)
 }
 
@@ -144,5 +149,8 @@ func (p *PeerService) GetMetadataDelta(req *csi.GetMetadataDeltaRequest, st csi.
 	if err != nil {
 		return err
 	}
+	caller, _ := peer.Caller(st.Context())
+	klog.InfoS("snapshot metadata for a peer", "call", "GetMetadataDelta", "baseSnapshotID", req.GetBaseSnapshotId(),
+		"targetSnapshotID", req.GetTargetSnapshotId(), "peer", caller.Node)
 	return local.GetMetadataDelta(req, st)
 }

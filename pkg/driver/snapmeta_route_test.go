@@ -67,7 +67,7 @@ const (
 func routedNodes(t *testing.T) (n1, n2 *nodeMetadata, client csi.SnapshotMetadataClient) {
 	t.Helper()
 	n1, n2 = &nodeMetadata{tag: "n1", num: 1, pages: 3}, &nodeMetadata{tag: "n2", num: 2, pages: 2}
-	d1 := &Driver{cfg: Config{NodeID: "n1"}, tag: "n1", snapMeta: n1}
+	d1 := &Driver{cfg: Config{NodeID: "n1", PeerMetadata: true}, tag: "n1", snapMeta: n1}
 	ca, err := peer.NewCA("test", time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -194,14 +194,32 @@ func TestSnapshotMetadataRouting(t *testing.T) {
 		t.Errorf("an ID of no node: %v (n2 called %d times), want n2's own NotFound", err, n2.calls)
 	}
 
-	d1 := &Driver{cfg: Config{NodeID: "n1"}, tag: "n1", snapMeta: n1}
+	d1 := &Driver{cfg: Config{NodeID: "n1", PeerMetadata: true}, tag: "n1", snapMeta: n1}
 	if _, err := d1.peerMetadata(snapA + "-n2"); status.Code(err) != codes.InvalidArgument {
 		t.Errorf("a peer call to n1 for n2's snapshot: %v, want InvalidArgument", err)
 	}
-	if _, err := (&Driver{cfg: Config{NodeID: "n1"}, tag: "n1"}).peerMetadata(snapA + "-n1"); status.Code(err) != codes.Unimplemented {
+	if _, err := (&Driver{cfg: Config{NodeID: "n1", PeerMetadata: true}, tag: "n1"}).peerMetadata(snapA + "-n1"); status.Code(err) != codes.Unimplemented {
 		t.Errorf("a peer call to a node without the service: %v, want Unimplemented", err)
 	}
 	if _, _, err := (&Driver{cfg: Config{NodeID: "n2"}, tag: "n2"}).metadataOwner(snapA + "-n1"); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("another node's snapshot without a peer channel: %v, want FailedPrecondition", err)
+	}
+}
+
+// TestPeerMetadataOnlyWhereServed: a plugin answers the snapshot metadata
+// calls of peers only when the installation serves snapshot metadata
+// (--peer-serve-metadata, which the chart sets with
+// snapshotMetadata.enabled): otherwise a peer, a stolen node included,
+// gets no block map of its snapshots (PermissionDenied naming the flag).
+// Before, every plugin answered them.
+func TestPeerMetadataOnlyWhereServed(t *testing.T) {
+	n1 := &nodeMetadata{tag: "n1", num: 1, pages: 3}
+	d1 := &Driver{cfg: Config{NodeID: "n1"}, tag: "n1", snapMeta: n1}
+	if _, err := d1.peerMetadata(snapA + "-n1"); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "--peer-serve-metadata") {
+		t.Errorf("a peer's call for n1's snapshot, n1 serving no metadata: %v; want PermissionDenied naming the flag", err)
+	}
+	d1.cfg.PeerMetadata = true
+	if _, err := d1.peerMetadata(snapA + "-n1"); err != nil {
+		t.Errorf("a peer's call for n1's snapshot, n1 serving metadata: %v", err)
 	}
 }

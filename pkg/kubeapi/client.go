@@ -30,12 +30,12 @@ var (
 	Pods                    = corev1.SchemeGroupVersion.WithResource("pods")
 	Nodes                   = corev1.SchemeGroupVersion.WithResource("nodes")
 	Events                  = corev1.SchemeGroupVersion.WithResource("events")
-	StorageClasses          = storagev1.SchemeGroupVersion.WithResource("storageclasses")
 	Secrets                 = corev1.SchemeGroupVersion.WithResource("secrets")
 	PersistentVolumes       = corev1.SchemeGroupVersion.WithResource("persistentvolumes")
 	PersistentVolumeClaims  = corev1.SchemeGroupVersion.WithResource("persistentvolumeclaims")
 	TokenReviews            = authnv1.SchemeGroupVersion.WithResource("tokenreviews")
 	CSIDrivers              = storagev1.SchemeGroupVersion.WithResource("csidrivers")
+	StorageClasses          = storagev1.SchemeGroupVersion.WithResource("storageclasses")
 	VolumeAttachments       = storagev1.SchemeGroupVersion.WithResource("volumeattachments")
 	VolumeAttributesClasses = storagev1.SchemeGroupVersion.WithResource("volumeattributesclasses")
 	// A cluster that serves VolumeAttributesClasses only as beta.
@@ -58,11 +58,19 @@ const (
 // client-go reads the token file again every minute, so a projected token
 // the kubelet renews is used before the one it replaces expires.
 func InCluster(component string) (dynamic.Interface, error) {
+	return InClusterWithLimit(component, qps, burst)
+}
+
+// InClusterWithLimit is InCluster with a client-side rate limit of its
+// own (qps requests a second, burst at once): a client for calls whose
+// number others decide (the peer channel's TokenReviews), so that they
+// never wait for, or delay, the plugin's own.
+func InClusterWithLimit(component string, qps float32, burst int) (dynamic.Interface, error) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes API: %w", err)
 	}
-	return New(cfg, component)
+	return NewWithLimit(cfg, component, qps, burst)
 }
 
 // New returns a client of the API server cfg names; component names the
@@ -74,6 +82,11 @@ func InCluster(component string) (dynamic.Interface, error) {
 // and Get, Create, EachItem and NewInformer convert to and from the few
 // k8s.io/api types the plugin uses.
 func New(cfg *rest.Config, component string) (dynamic.Interface, error) {
+	return NewWithLimit(cfg, component, qps, burst)
+}
+
+// NewWithLimit is New with the client-side rate limit qps and burst.
+func NewWithLimit(cfg *rest.Config, component string, qps float32, burst int) (dynamic.Interface, error) {
 	cfg = rest.CopyConfig(cfg)
 	cfg.UserAgent = "csi-fastblk/" + component
 	cfg.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(qps, burst)

@@ -185,6 +185,7 @@ func (c *Client) dial(ctx context.Context, tag string) (*grpc.ClientConn, Peer, 
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(credentials.NewTLS(c.creds.ClientConfig(p.Node))),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxMessage)),
+		grpc.WithMaxHeaderListSize(maxHeaderList),
 	}
 	if c.tok != nil {
 		opts = append(opts, grpc.WithPerRPCCredentials(callCreds{c.tok}))

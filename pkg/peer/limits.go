@@ -77,10 +77,15 @@ var (
 // Client makes a connection per call.
 const maxStreamsPerConn = 16
 
+// maxHeaderList bounds the headers of a call or an answer (gRPC's default
+// is 16 MiB): a token of at most maxTokenLen and a few names.
+const maxHeaderList = 32 << 10
+
 // grpcLimits are the server options that bound connections.
 func grpcLimits() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
+		grpc.MaxHeaderListSize(maxHeaderList),
 		grpc.ConnectionTimeout(handshakeTimeout),
 		// Clients do not ping; one that pings more than twice a
 		// minute, or without a call open, is cut (GOAWAY).

@@ -3,8 +3,6 @@ package peer
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	authnv1 "k8s.io/api/authentication/v1"
@@ -102,11 +101,21 @@ type Authenticator struct {
 	// the server lets it make only the controller's calls (Tokens).
 	Controller       string
 	ControllerLabels map[string]string
+	// Reviews is the client TokenReviews are asked through, with a
+	// client-side rate limit of its own (ReviewQPS); nil: API.
+	Reviews dynamic.Interface
+	// ReviewsPerPeer and ReviewBurst bound the reviews the tokens from
+	// one address may cost (reviews.go); zero: 1 a second, 5 at once.
+	ReviewsPerPeer rate.Limit
+	ReviewBurst    int
 
-	asking  singleflight.Group // reviews being asked, by token hash
-	mu      sync.Mutex
-	reviews map[[32]byte]review
-	pods    map[string]cachedPod // by uid
+	asking   singleflight.Group // reviews being asked, by token hash
+	mu       sync.Mutex
+	reviews  map[[32]byte]review   // accepted
+	refused  map[[32]byte]review   // refused by the API server, apart so that they evict no accepted one
+	inflight map[[32]byte]struct{} // being asked
+	limiters map[string]*rate.Limiter
+	pods     map[string]cachedPod // by uid
 }
 
 // review is what a TokenReview said of a token, and until when it holds.
@@ -143,7 +152,10 @@ func (a *Authenticator) Verify(ctx context.Context, token, node string, from net
 	if !validName(node) {
 		return Identity{}, fmt.Errorf("%w: no valid node named (%q)", ErrUnauthenticated, node)
 	}
-	r, err := a.review(ctx, token)
+	if err := a.precheck(token, node); err != nil {
+		return Identity{}, err
+	}
+	r, err := a.review(ctx, token, from)
 	if err != nil {
 		return Identity{}, err
 	}
@@ -187,40 +199,66 @@ func (a *Authenticator) now() time.Time {
 	return time.Now()
 }
 
-// review returns the API server's review of token, cached until the
-// earlier of reviewTTL and the token's expiry. A refusal is cached as
-// well (bounded by reviewTTL), so that a peer repeating a bad token costs
-// one review a minute. Calls that find no review wait for the one asked
-// for their token, so a peer opening many streams at once costs one
-// review too. Only a failure to ask is an error of its own.
-func (a *Authenticator) review(ctx context.Context, token string) (review, error) {
+// review returns the API server's review of token, which came from
+// address from: an acceptance cached until the earlier of reviewTTL and
+// the token's expiry, a refusal until the earlier of refusedTTL and the
+// expiry, so that a peer repeating a bad token costs one review. Calls
+// that find no review wait for the one asked for their token, so a peer
+// opening many streams at once costs one review too. A review not cached
+// nor being asked takes a place of its address's limit (allowReview).
+// Only a failure to ask is an error of its own.
+func (a *Authenticator) review(ctx context.Context, token string, from net.IP) (review, error) {
 	key := sha256.Sum256([]byte(token))
 	now := a.now()
 	a.mu.Lock()
-	r, ok := a.reviews[key]
-	a.mu.Unlock()
-	if ok && now.Before(r.until) {
+	if r, ok := a.cached(key, now); ok {
+		a.mu.Unlock()
 		return r, nil
 	}
+	if _, joining := a.inflight[key]; !joining {
+		if err := a.allowReview(from); err != nil {
+			a.mu.Unlock()
+			return review{}, err
+		}
+		if a.inflight == nil {
+			a.inflight = map[[32]byte]struct{}{}
+		}
+		a.inflight[key] = struct{}{}
+	}
+	a.mu.Unlock()
 	asked := a.asking.DoChan(string(key[:]), func() (any, error) {
+		a.mu.Lock()
+		r, ok := a.cached(key, now)
+		if ok { // asked and answered since this call looked
+			delete(a.inflight, key)
+		}
+		a.mu.Unlock()
+		if ok {
+			return r, nil
+		}
 		// The review serves every call waiting for it, so no one
 		// caller's end cuts it short.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reviewTimeout)
 		defer cancel()
 		r, err := a.ask(ctx, token)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		delete(a.inflight, key)
 		if err != nil {
 			return review{}, err
 		}
-		r.until = now.Add(reviewTTL)
-		if exp, ok := expiry(token); ok && exp.Before(r.until) {
-			r.until = exp
+		cache, ttl := &a.reviews, reviewTTL
+		if r.err != nil {
+			cache, ttl = &a.refused, refusedTTL
 		}
-		a.mu.Lock()
-		if a.reviews == nil || len(a.reviews) >= maxCached {
-			a.reviews = make(map[[32]byte]review)
+		r.until = now.Add(ttl)
+		if c, err := readClaims(token); err == nil && time.Unix(c.Exp, 0).Before(r.until) {
+			r.until = time.Unix(c.Exp, 0)
 		}
-		a.reviews[key] = r
-		a.mu.Unlock()
+		if *cache == nil || len(*cache) >= maxCached {
+			*cache = make(map[[32]byte]review)
+		}
+		(*cache)[key] = r
 		return r, nil
 	})
 	select {
@@ -231,9 +269,24 @@ func (a *Authenticator) review(ctx context.Context, token string) (review, error
 	}
 }
 
+// cached is the review of the token key that holds at now, if any. The
+// caller holds a.mu.
+func (a *Authenticator) cached(key [32]byte, now time.Time) (review, bool) {
+	for _, m := range []map[[32]byte]review{a.reviews, a.refused} {
+		if r, ok := m[key]; ok && now.Before(r.until) {
+			return r, true
+		}
+	}
+	return review{}, false
+}
+
 // ask sends a TokenReview of token for the audience and reads its answer.
 func (a *Authenticator) ask(ctx context.Context, token string) (review, error) {
-	tr, err := kubeapi.Create(ctx, a.API, kubeapi.TokenReviews, "", &authnv1.TokenReview{
+	api := a.Reviews
+	if api == nil {
+		api = a.API
+	}
+	tr, err := kubeapi.Create(ctx, api, kubeapi.TokenReviews, "", &authnv1.TokenReview{
 		Spec: authnv1.TokenReviewSpec{Token: token, Audiences: []string{a.Audience}},
 	})
 	if err != nil {
@@ -299,26 +352,6 @@ func (a *Authenticator) pod(ctx context.Context, name, uid string) (*corev1.Pod,
 	a.pods[uid] = cachedPod{p: p, until: now.Add(podTTL)}
 	a.mu.Unlock()
 	return p, nil
-}
-
-// expiry reads the exp claim of a JWT without checking it (the review
-// did): only to bound how long its review is kept.
-func expiry(token string) (time.Time, bool) {
-	parts := strings.Split(token, ".")
-	if len(parts) != 3 {
-		return time.Time{}, false
-	}
-	b, err := base64.RawURLEncoding.DecodeString(parts[1])
-	if err != nil {
-		return time.Time{}, false
-	}
-	var c struct {
-		Exp int64 `json:"exp"`
-	}
-	if json.Unmarshal(b, &c) != nil || c.Exp == 0 {
-		return time.Time{}, false
-	}
-	return time.Unix(c.Exp, 0), true
 }
 
 // authCode is the gRPC code of an authentication error: Unauthenticated

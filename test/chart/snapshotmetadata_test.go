@@ -47,11 +47,15 @@ type secretVolumes struct {
 }
 
 // TestSnapshotMetadataOffByDefault: a default render has no sidecar, no
-// Service, Secret, ClusterRole or SnapshotMetadataService of it.
+// Service, Secret, ClusterRole or SnapshotMetadataService of it, and its
+// plugin answers no peer's snapshot metadata call.
 func TestSnapshotMetadataOffByDefault(t *testing.T) {
 	objs := renderArgs(t, []string{"--api-versions", cbtAPI})
 	if _, ok := nodePod(t, objs).container("csi-snapshot-metadata"); ok {
 		t.Error("the sidecar runs by default")
+	}
+	if _, ok := mustContainer(t, nodePod(t, objs), "csi-fastblk").arg("peer-serve-metadata"); ok {
+		t.Error("the plugin serves peers snapshot metadata by default")
 	}
 	if n := len(find(objs, "SnapshotMetadataService")); n != 0 {
 		t.Errorf("%d SnapshotMetadataService objects by default", n)
@@ -91,6 +95,9 @@ func TestSnapshotMetadata(t *testing.T) {
 		if got, ok := side.arg(name); !ok || got != want {
 			t.Errorf("sidecar --%s = %q (%v), want %q", name, got, ok, want)
 		}
+	}
+	if _, ok := plugin.arg("peer-serve-metadata"); !ok {
+		t.Error("the plugin does not serve the other nodes' sidecars its snapshots' metadata (--peer-serve-metadata)")
 	}
 	if side.Image != "registry.k8s.io/sig-storage/csi-snapshot-metadata:v1.0.0" {
 		t.Errorf("sidecar image %s", side.Image)

@@ -286,3 +286,30 @@ func TestOpenQuarantinesInvalidRecord(t *testing.T) {
 		r.Close()
 	}
 }
+
+// TestHandoffPeerPersists: the peer a handoff made a volume for is kept
+// across a restart, is no part of the volume's identity (a repeated
+// create without it finds the volume), and AdoptHandoff clears it
+// durably.
+func TestHandoffPeerPersists(t *testing.T) {
+	dir := t.TempDir()
+	s := openStore(t, dir)
+	mustCreate(t, s, VolumeSpec{Name: "pvc-h", SizeBytes: 1 << 20, HandoffPeer: "n2"})
+	if v := mustCreate(t, s, VolumeSpec{Name: "pvc-h", SizeBytes: 1 << 20}); v.HandoffPeer != "n2" {
+		t.Fatalf("repeated create: %+v, want the volume made for n2", v)
+	}
+	s.Close()
+	s = openStore(t, dir)
+	id := blockdev.VolumeID("pvc-h")
+	if v, err := s.Volume(id); err != nil || v.HandoffPeer != "n2" {
+		t.Fatalf("after a restart: %+v, %v; want HandoffPeer n2", v, err)
+	}
+	if _, err := s.AdoptHandoff(context.Background(), id); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	s = openStore(t, dir)
+	if v, err := s.Volume(id); err != nil || v.HandoffPeer != "" {
+		t.Fatalf("adopted, after a restart: %+v, %v; want no HandoffPeer", v, err)
+	}
+}

@@ -59,6 +59,9 @@ type VolumeSpec struct {
 	// overwrites (see filecopy.Allocate). Recorded with the volume; part
 	// of its identity.
 	Preallocation blockdev.Preallocation
+	// HandoffPeer starts Volume.HandoffPeer; not part of the volume's
+	// identity.
+	HandoffPeer string
 }
 
 // Hold holds a volume in use steady while the Store copies its file: when

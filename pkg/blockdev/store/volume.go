@@ -62,7 +62,7 @@ func (s *Store) CreateVolume(ctx context.Context, spec VolumeSpec) (blockdev.Vol
 	v := blockdev.Volume{
 		ID: id, Name: spec.Name, SizeBytes: size, Params: maps.Clone(spec.Params), MutableParams: maps.Clone(spec.MutableParams),
 		SourceSnapshotID: spec.SourceSnapshotID, SourceVolumeID: spec.SourceVolumeID,
-		CreatedAt: time.Now().UTC(), Preallocation: spec.Preallocation,
+		CreatedAt: time.Now().UTC(), Preallocation: spec.Preallocation, HandoffPeer: spec.HandoffPeer,
 	}
 	hold := spec.Hold
 	if spec.SourceVolumeID == "" {
@@ -250,6 +250,14 @@ func (s *Store) UpdateNode(ctx context.Context, id string, ns blockdev.NodeState
 func (s *Store) ModifyVolume(ctx context.Context, id string, params map[string]string) (blockdev.Volume, error) {
 	return s.update(ctx, id, func(v *blockdev.Volume) error {
 		*v = v.WithMutableParams(params)
+		return nil
+	})
+}
+
+// AdoptHandoff clears the volume's HandoffPeer durably: its PV came.
+func (s *Store) AdoptHandoff(ctx context.Context, id string) (blockdev.Volume, error) {
+	return s.update(ctx, id, func(v *blockdev.Volume) error {
+		v.HandoffPeer = ""
 		return nil
 	})
 }

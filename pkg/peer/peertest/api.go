@@ -5,9 +5,12 @@
 package peertest
 
 import (
+	"encoding/base64"
+	"encoding/json"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -32,6 +35,49 @@ type Token struct {
 	Audience, Namespace, ServiceAccount string
 	Node, Pod, UID                      string
 	Expired                             bool
+	// Exp is the expiry its JWT says (JWT); zero: in 2100, or for an
+	// Expired token in 2000.
+	Exp time.Time
+}
+
+// JWT is tok as the kubelet's projected token carries it: a JWT whose
+// claims say what tok says (audience, expiry, and the pod, node and
+// service account under "kubernetes.io"), signed by no one. The same
+// Token gives the same JWT for its Exp.
+func JWT(tok Token) string {
+	exp := tok.Exp
+	if exp.IsZero() {
+		exp = time.Date(2100, 1, 1, 0, 0, 0, 0, time.UTC)
+		if tok.Expired {
+			exp = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+		}
+	}
+	enc := func(v any) string {
+		b, err := json.Marshal(v)
+		if err != nil {
+			panic(err)
+		}
+		return base64.RawURLEncoding.EncodeToString(b)
+	}
+	const issued = 1577836800 // 2020-01-01
+	type named struct {
+		Name string `json:"name"`
+		UID  string `json:"uid"`
+	}
+	claims := map[string]any{
+		"aud": []string{tok.Audience}, "exp": exp.Unix(), "iat": issued, "nbf": issued,
+		"iss": "https://kubernetes.default.svc", "sub": "system:serviceaccount:" + tok.Namespace + ":" + tok.ServiceAccount,
+		"kubernetes.io": map[string]any{"namespace": tok.Namespace, "node": named{tok.Node, "node-uid"},
+			"pod": named{tok.Pod, tok.UID}, "serviceaccount": named{tok.ServiceAccount, "sa-uid"}},
+	}
+	return enc(map[string]string{"alg": "RS256", "kid": "peertest"}) + "." + enc(claims) + "." + base64.RawURLEncoding.EncodeToString([]byte("signed by no one"))
+}
+
+// Mint makes the API server know the JWT of tok, and returns it.
+func (a *API) Mint(tok Token) string {
+	s := JWT(tok)
+	a.SetToken(s, tok)
+	return s
 }
 
 // API holds the objects of a fake API server and the tokens it knows.
