@@ -61,32 +61,11 @@ type scaleConfig struct {
 // key=value figures for hack/vm/bench-scale.sh to tabulate.
 func runBenchScale(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench scale", flag.ContinueOnError)
-	var c scaleConfig
-	var size string
-	fs.StringVar(&c.mode, "mode", "csi", "csi (volumes through the plugin), loop (kernel loop devices with direct I/O), file (fio on the files themselves, direct I/O: the data disk's own figures) or ref (a reference ublk server's loop target, see --ref-ublk)")
-	fs.StringVar(&c.endpoint, "endpoint", "unix:///tmp/csi-fastblk.sock", "the plugin's CSI endpoint (mode csi)")
-	fs.IntVar(&c.pid, "pid", 0, "the plugin's pid, for its threads, RSS and CPU (mode csi)")
-	fs.IntVar(&c.volumes, "volumes", 16, "volumes (devices) busy at once")
-	fs.StringVar(&size, "size", "64Mi", "size of each volume")
-	fs.StringVar(&c.rw, "rw", "randread", "fio --rw")
-	fs.StringVar(&c.bs, "bs", "4k", "fio --bs")
-	fs.IntVar(&c.iodepth, "iodepth", 4, "fio --iodepth of each job")
-	fs.IntVar(&c.jobs, "jobs", 1, "fio jobs per volume")
-	fs.IntVar(&c.runtime, "runtime", 10, "seconds of each fio run (plus 2 s ramp)")
-	fs.StringVar(&c.fio, "fio", "/usr/bin/fio", "fio binary")
-	fs.StringVar(&c.losetup, "losetup", "/usr/sbin/losetup", "losetup binary (mode loop)")
-	fs.StringVar(&c.dir, "dir", "/data/scale", "work directory (backing files, staging and target paths)")
-	fs.StringVar(&c.params, "params", "", "StorageClass parameters of the volumes, k=v,k=v (mode csi)")
-	fs.IntVar(&c.mkfsSample, "mkfs-sample", 4, "volumes also staged with ext4, to time stage with its first mkfs (mode csi)")
-	fs.BoolVar(&c.latProbe, "lat-probe", false, "run the first device at iodepth 1 and print a LAT line of its latency percentiles (the others run as --iodepth says)")
-	fs.StringVar(&c.metrics, "metrics", "", "with --lat-probe in mode csi: the plugin's /metrics URL, to report the probe's mean latency inside the server (server_mean_us)")
-	fs.StringVar(&c.probeRW, "probe-rw", "", "with --lat-probe: the probe's fio --rw (default --rw), e.g. randread beside randwrite neighbours")
-	fs.StringVar(&c.refUblk, "ref-ublk", "", "mode ref: the reference ublk server's command (ublksrv's ublk, with its ublk.loop beside it), run as 'add -t loop' per device")
-	fs.IntVar(&c.refQueues, "ref-queues", ublk.DefaultQueues(runtime.NumCPU()), "mode ref: queues per device (default: as the plugin chooses on this machine)")
-	fs.IntVar(&c.refDepth, "ref-depth", ublk.DefaultDepth, "mode ref: depth of each queue")
+	cp, sizeFlag := scaleFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	c, size := *cp, *sizeFlag
 	var err error
 	if c.size, err = parseBenchSize(size); err != nil {
 		return fmt.Errorf("bench scale: --size: %w", err)
@@ -106,6 +85,34 @@ func runBenchScale(ctx context.Context, args []string) error {
 		return scaleRef(ctx, c)
 	}
 	return fmt.Errorf("bench scale: --mode %q: want csi, loop, file or ref", c.mode)
+}
+
+// scaleFlags declares the flags of `csi-fastblk bench scale`; size is
+// --size as given.
+func scaleFlags(fs *flag.FlagSet) (c *scaleConfig, size *string) {
+	c, size = &scaleConfig{}, new(string)
+	fs.StringVar(&c.mode, "mode", "csi", "csi (volumes through the plugin), loop (kernel loop devices with direct I/O), file (fio on the files themselves, direct I/O: the data disk's own figures) or ref (a reference ublk server's loop target, see --ref-ublk)")
+	fs.StringVar(&c.endpoint, "endpoint", "unix:///tmp/csi-fastblk.sock", "the plugin's CSI endpoint (mode csi)")
+	fs.IntVar(&c.pid, "pid", 0, "the plugin's pid, for its threads, RSS and CPU (mode csi)")
+	fs.IntVar(&c.volumes, "volumes", 16, "volumes (devices) busy at once")
+	fs.StringVar(size, "size", "64Mi", "size of each volume")
+	fs.StringVar(&c.rw, "rw", "randread", "fio --rw")
+	fs.StringVar(&c.bs, "bs", "4k", "fio --bs")
+	fs.IntVar(&c.iodepth, "iodepth", 4, "fio --iodepth of each job")
+	fs.IntVar(&c.jobs, "jobs", 1, "fio jobs per volume")
+	fs.IntVar(&c.runtime, "runtime", 10, "seconds of each fio run (plus 2 s ramp)")
+	fs.StringVar(&c.fio, "fio", "/usr/bin/fio", "fio binary")
+	fs.StringVar(&c.losetup, "losetup", "/usr/sbin/losetup", "losetup binary (mode loop)")
+	fs.StringVar(&c.dir, "dir", "/data/scale", "work directory (backing files, staging and target paths)")
+	fs.StringVar(&c.params, "params", "", "StorageClass parameters of the volumes, k=v,k=v (mode csi)")
+	fs.IntVar(&c.mkfsSample, "mkfs-sample", 4, "volumes also staged with ext4, to time stage with its first mkfs (mode csi)")
+	fs.BoolVar(&c.latProbe, "lat-probe", false, "run the first device at iodepth 1 and print a LAT line of its latency percentiles (the others run as --iodepth says)")
+	fs.StringVar(&c.metrics, "metrics", "", "with --lat-probe in mode csi: the plugin's /metrics URL, to report the probe's mean latency inside the server (server_mean_us)")
+	fs.StringVar(&c.probeRW, "probe-rw", "", "with --lat-probe: the probe's fio --rw (default --rw), e.g. randread beside randwrite neighbours")
+	fs.StringVar(&c.refUblk, "ref-ublk", "", "mode ref: the reference ublk server's command (ublksrv's ublk, with its ublk.loop beside it), run as 'add -t loop' per device")
+	fs.IntVar(&c.refQueues, "ref-queues", ublk.DefaultQueues(runtime.NumCPU()), "mode ref: queues per device (default: as the plugin chooses on this machine)")
+	fs.IntVar(&c.refDepth, "ref-depth", ublk.DefaultDepth, "mode ref: depth of each queue")
+	return c, size
 }
 
 // scaleCSI measures csi-fastblk volumes through the plugin.
