@@ -61,13 +61,12 @@ type scaleConfig struct {
 // key=value figures for hack/vm/bench-scale.sh to tabulate.
 func runBenchScale(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench scale", flag.ContinueOnError)
-	cp, sizeFlag := scaleFlags(fs)
+	c, size := scaleFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	c, size := *cp, *sizeFlag
 	var err error
-	if c.size, err = parseBenchSize(size); err != nil {
+	if c.size, err = parseBenchSize(*size); err != nil {
 		return fmt.Errorf("bench scale: --size: %w", err)
 	}
 	if c.volumes < 1 || c.jobs < 1 || c.iodepth < 1 {
@@ -78,11 +77,11 @@ func runBenchScale(ctx context.Context, args []string) error {
 	}
 	switch c.mode {
 	case "csi":
-		return scaleCSI(ctx, c)
+		return scaleCSI(ctx, *c)
 	case "loop", "file":
-		return scaleLoop(ctx, c)
+		return scaleLoop(ctx, *c)
 	case "ref":
-		return scaleRef(ctx, c)
+		return scaleRef(ctx, *c)
 	}
 	return fmt.Errorf("bench scale: --mode %q: want csi, loop, file or ref", c.mode)
 }
