@@ -26,14 +26,10 @@ type controllerConfig struct {
 // node has no Node object (a look at its watches' caches).
 const releaseInterval = 10 * time.Second
 
-// runController runs the controller Deployment's plugin: the CSI service
-// of the external-resizer beside it, which forwards each volume's change
-// to its node over the peer channel (driver.Relay), and the release of
-// the claims of deleted nodes (pkg/nodeloss). It serves no volume and
-// needs no privilege.
-func runController(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
-	var c controllerConfig
+// controllerFlags declares the flags of `csi-fastblk controller` but
+// klog's.
+func controllerFlags(fs *flag.FlagSet) *controllerConfig {
+	c := &controllerConfig{}
 	fs.StringVar(&c.endpoint, "endpoint", "unix:///csi/csi.sock", "CSI endpoint of the external-resizer: unix:///path or tcp://host:port")
 	fs.StringVar(&c.driverName, "driver-name", "fastblk.csi.io", "CSI driver name")
 	fs.StringVar(&c.nodeID, "node-id", "", "the node this pod runs on, which its peer token names")
@@ -42,7 +38,18 @@ func runController(ctx context.Context, args []string) error {
 		"release the claims of volumes whose node has no Node object any more, where neither the claim nor its StorageClass says otherwise (annotation "+nodeloss.AnnRelease+")")
 	fs.IntVar(&c.peerPort, "peer-port", 9815, "the plugins' peer channel port")
 	peerClientFlags(fs, &c.peer)
-	klog.InitFlags(fs)
+	return c
+}
+
+// runController runs the controller Deployment's plugin: the CSI service
+// of the external-resizer beside it, which forwards each volume's change
+// to its node over the peer channel (driver.Relay), and the release of
+// the claims of deleted nodes (pkg/nodeloss). It serves no volume and
+// needs no privilege.
+func runController(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("controller", flag.ContinueOnError)
+	c := controllerFlags(fs)
+	klog.InitFlags(fs) // -v and klog's other flags, as serve's
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

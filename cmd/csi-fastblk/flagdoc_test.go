@@ -29,6 +29,7 @@ var flagDeclarations = map[string]func(*flag.FlagSet){
 	"ublk list":       func(fs *flag.FlagSet) { ublkListFlags(fs) },
 	"uninstall-check": func(fs *flag.FlagSet) { uninstallCheckFlags(fs) },
 	"peer-ca":         func(fs *flag.FlagSet) { peerCAFlags(fs) },
+	"controller":      func(fs *flag.FlagSet) { controllerFlags(fs) },
 }
 
 // commandsWithoutFlags are the commands of usageText that take no flags.
