@@ -326,7 +326,7 @@ spec:
 		}
 	})
 
-	t.Run("a flood of invented tokens", func(t *testing.T) { n1.floodReviews(t, bankVol) })
+	t.Run("a flood of invented tokens", func(t *testing.T) { n1.floodReviews(t, bankVol, testNS+"/bank-ledger") })
 }
 
 // deleteOnTarget deletes the volumes of names on target through its
@@ -398,12 +398,14 @@ func (s *stolenNode) invented(t *testing.T, n int) []string {
 
 // floodReviews is finding 6: from n1's pod, 600 calls to n2's peer port,
 // each with a token no one issued, on 20 connections at once, while n1's
-// real token asks n2 for a class change of the victim's volume every
-// 250 ms, which n2 answers only after two reads from the API server (the
-// volume's PV and claim; it refuses the change, which the claim does not
-// ask for). Those answers are timed with and without the flood, and the
-// API server counts the TokenReviews made meanwhile.
-func (s *stolenNode) floodReviews(t *testing.T, victimVol string) {
+// real token asks n2 for the victim's volume for the victim's claim every
+// 250 ms, which n2 answers only after a read from the API server (the
+// claim; it refuses the read: the claim is not scheduled to n1). Those
+// answers are timed with and without the flood, and the API server
+// counts the TokenReviews made meanwhile. (A class change, which n2
+// answered after its reads on main, is now refused to any node before
+// any read: only the controller's pod may ask for one.)
+func (s *stolenNode) floodReviews(t *testing.T, victimVol, victimClaim string) {
 	const flood, conns, calls = 600, 20, 20
 	cc := s.conn(t)
 	// other times n2's answers to n1's real token, calls of them at
@@ -411,10 +413,10 @@ func (s *stolenNode) floodReviews(t *testing.T, victimVol string) {
 	other := func(stop <-chan struct{}) (took []time.Duration) {
 		for range calls {
 			start := time.Now()
-			err := peerModify(cc, s.peerToken, s.node, victimVol, map[string]string{"maxIOPS": "10"})
+			err := peerRead(cc, s.peerToken, s.node, victimVol, victimClaim)
 			took = append(took, time.Since(start))
-			if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "asks for no VolumeAttributesClass") {
-				t.Errorf("%s's class change of %s: %v, want n2's refusal after its reads", s.node, victimVol, err)
+			if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "is not scheduled to node "+s.node) {
+				t.Errorf("%s's read of %s for %s: %v, want n2's refusal after its read of the claim", s.node, victimVol, victimClaim, err)
 			}
 			select {
 			case <-stop:
@@ -465,7 +467,7 @@ func (s *stolenNode) floodReviews(t *testing.T, victimVol string) {
 	for k, m := range example {
 		t.Logf("  %s, e.g.: %s", k, m)
 	}
-	t.Logf("  %s's class changes refused by %s after its API reads: alone %s; during the flood %s", s.node, s.target, ms(alone), ms(during))
+	t.Logf("  %s's reads refused by %s after its API read: alone %s; during the flood %s", s.node, s.target, ms(alone), ms(during))
 	// Every invented token is refused, and the reviews are bounded:
 	// n2 reviews at most 5 tokens at once and one a second from one
 	// address; the flooder's own token is reviewed at most once more.
