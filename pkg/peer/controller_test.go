@@ -13,14 +13,20 @@ import (
 
 var controllerLabels = map[string]string{"app": "fastblk-controller"}
 
-// controllerAPI is tokenAPI with the controller's pod on n3 (token
-// "tok-controller", account csi-fastblk-controller), the authenticator
-// taking it as the controller.
+// controllerPod's projected token is controllerToken: the controller's
+// pod on n3, account csi-fastblk-controller.
+var (
+	controllerPod = peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-controller",
+		Node: "n3", Pod: "controller", UID: "uid-controller"}
+	controllerToken = peertest.JWT(controllerPod)
+)
+
+// controllerAPI is tokenAPI with the controller's pod and its token, the
+// authenticator taking it as the controller.
 func controllerAPI(t *testing.T) (*peertest.API, *Authenticator) {
 	t.Helper()
 	api, auth := tokenAPI(t)
-	api.SetToken("tok-controller", peertest.Token{Audience: testAudience, Namespace: "csi-fastblk", ServiceAccount: "csi-fastblk-controller",
-		Node: "n3", Pod: "controller", UID: "uid-controller"})
+	api.Mint(controllerPod)
 	api.Put(t, peertest.Pod("csi-fastblk", "controller", "uid-controller", "n3", "csi-fastblk-controller", "127.0.0.1", controllerLabels))
 	auth.Controller, auth.ControllerLabels = "csi-fastblk-controller", controllerLabels
 	return api, auth
@@ -53,16 +59,16 @@ func TestTokenControllerMakesOnlyItsCalls(t *testing.T) {
 		want              codes.Code
 		says              string
 	}{
-		{name: "controller modifies", token: "tok-controller", node: "n3", call: modify, want: codes.OK},
-		{name: "controller expands", token: "tok-controller", node: "n3", call: expand, want: codes.OK},
-		{name: "controller hands off", token: "tok-controller", node: "n3", call: handoff, want: codes.PermissionDenied,
+		{name: "controller modifies", token: controllerToken, node: "n3", call: modify, want: codes.OK},
+		{name: "controller expands", token: controllerToken, node: "n3", call: expand, want: codes.OK},
+		{name: "controller hands off", token: controllerToken, node: "n3", call: handoff, want: codes.PermissionDenied,
 			says: "it may only change and grow volumes"},
-		{name: "node modifies", token: "tok-n1", node: "n1", call: modify, want: codes.PermissionDenied, says: "only the controller changes and grows volumes"},
-		{name: "node expands", token: "tok-n1", node: "n1", call: expand, want: codes.PermissionDenied, says: "only the controller changes and grows volumes"},
-		{name: "node hands off", token: "tok-n1", node: "n1", call: handoff, want: codes.OK},
-		{name: "controller's token as another node", token: "tok-controller", node: "n1", call: modify, want: codes.PermissionDenied,
+		{name: "node modifies", token: tokenOf("n1"), node: "n1", call: modify, want: codes.PermissionDenied, says: "only the controller changes and grows volumes"},
+		{name: "node expands", token: tokenOf("n1"), node: "n1", call: expand, want: codes.PermissionDenied, says: "only the controller changes and grows volumes"},
+		{name: "node hands off", token: tokenOf("n1"), node: "n1", call: handoff, want: codes.OK},
+		{name: "controller's token as another node", token: controllerToken, node: "n1", call: modify, want: codes.PermissionDenied,
 			says: "the token is of node n3, not n1"},
-		{name: "controller's account, not its pod", token: "tok-controller", node: "n3", call: modify, notController: true,
+		{name: "controller's account, not its pod", token: controllerToken, node: "n3", call: modify, notController: true,
 			want: codes.PermissionDenied, says: "is not the controller's pod of the installation"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -81,7 +87,7 @@ func TestTokenControllerMakesOnlyItsCalls(t *testing.T) {
 				}
 				return
 			}
-			if got := h.callers[0]; tc.token == "tok-controller" && (got.ServiceAccount != "csi-fastblk-controller" || got.Pod != "controller") {
+			if got := h.callers[0]; tc.token == controllerToken && (got.ServiceAccount != "csi-fastblk-controller" || got.Pod != "controller") {
 				t.Errorf("the server knows the caller as %v, want the controller's pod", got)
 			}
 		})
@@ -89,8 +95,8 @@ func TestTokenControllerMakesOnlyItsCalls(t *testing.T) {
 	t.Run("server with the controller's token", func(t *testing.T) {
 		_, auth := controllerAPI(t)
 		ca := newCA(t)
-		addr := serve(t, newCreds(t, ca, n2), &recorder{}, (&Tokens{Self: fixed("tok-controller"), Node: "n2", Auth: auth}).ServerOptions()...)
-		c := NewClient(newCreds(t, ca, n1), Static{"n2": {Node: "n2", Addr: addr}}).WithTokens(&Tokens{Self: fixed("tok-n1"), Node: "n1", Auth: auth})
+		addr := serve(t, newCreds(t, ca, n2), &recorder{}, (&Tokens{Self: fixed(controllerToken), Node: "n2", Auth: auth}).ServerOptions()...)
+		c := NewClient(newCreds(t, ca, n1), Static{"n2": {Node: "n2", Addr: addr}}).WithTokens(&Tokens{Self: fixed(tokenOf("n1")), Node: "n1", Auth: auth})
 		if err := handoff(c); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "its answer is not taken") {
 			t.Fatalf("answer of a server with the controller's token: %v; want Unavailable, not taken", err)
 		}
