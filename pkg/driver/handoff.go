@@ -124,7 +124,12 @@ func (p *PeerService) CreateVolume(ctx context.Context, req *csi.CreateVolumeReq
 	}
 	if m, ok := d.cfg.PeerAuthz.(handoffPVMaker); ok {
 		if err := m.HandoffPV(ctx, req, resp.GetVolume()); err != nil {
-			return nil, err
+			return nil, err // the volume waits for its PV: the retry makes it, or the reaper removes the volume
+		}
+		// Its PV came: the volume is the PV's and counts no more
+		// against the peer's limits.
+		if _, err := d.store.AdoptHandoff(ctx, storeVolumeID(resp.GetVolume().GetVolumeId())); err != nil {
+			return nil, status.Errorf(codes.Internal, "handoff: volume %s: %v", resp.GetVolume().GetVolumeId(), err)
 		}
 	}
 	return resp, nil

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/peer/peertest"
 )
 
@@ -55,6 +57,37 @@ func handOff(n2 *testNode, name, claim, snap string, size int64) (*csi.Volume, e
 	return n2.createFrom(name, size, snapshotSource(snap), params, time.Minute)
 }
 
+// refusePVs makes the fake API server refuse to create PVs while the
+// returned flag is set (from now on), so that the volumes handoffs make
+// on n1 wait for their PVs: n1 makes the volume and answers Unavailable.
+func refusePVs(api *peertest.API) *atomic.Bool {
+	var on atomic.Bool
+	on.Store(true)
+	api.Client.PrependReactor("create", "persistentvolumes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if on.Load() {
+			return true, nil, fmt.Errorf("the API server refuses PVs")
+		}
+		return false, nil, nil
+	})
+	return &on
+}
+
+// handOffWaiting is handOff of a volume whose PV n1 cannot make: it
+// returns the ID of the volume n1 made.
+func handOffWaiting(t *testing.T, n1, n2 *testNode, name, claim, snap string, size int64) string {
+	t.Helper()
+	if _, err := handOff(n2, name, claim, snap, size); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "make PV") {
+		t.Fatalf("handoff of %s: %v; want the volume made and its PV refused (Unavailable)", name, err)
+	}
+	for _, v := range n1.d.store.Volumes() {
+		if v.Name == name {
+			return n1.d.publicID(v.ID)
+		}
+	}
+	t.Fatalf("n1 has no volume %s", name)
+	return ""
+}
+
 // TestHandoffMadeAsTheClaimAsks is finding 5: the volume a handoff makes
 // on n1 has the name, size, parameters (preallocation included) and
 // attributes the claim and its classes ask for, whatever n2's request
@@ -80,9 +113,15 @@ func TestHandoffMadeAsTheClaimAsks(t *testing.T) {
 		t.Fatal(err)
 	}
 	if v.GetCapacityBytes() != 16<<20 || got.SizeBytes != 16<<20 || got.Preallocation != blockdev.PreallocFalloc ||
-		got.Params[ParamPVName] != "pvc-u1" || got.MutableParams[ParamMaxIOPS] != "0" || got.HandoffPeer != "n2" {
-		t.Errorf("n1's volume: %d bytes (answered %d), preallocation %q, params %v, mutable %v, for %q; want the claim's 16 MiB, the class's falloc, its PV's name, the attributes class's maxIOPS, for n2",
+		got.Params[ParamPVName] != "pvc-u1" || got.MutableParams[ParamMaxIOPS] != "0" || got.HandoffPeer != "" {
+		t.Errorf("n1's volume: %d bytes (answered %d), preallocation %q, params %v, mutable %v, waiting for %q; want the claim's 16 MiB, the class's falloc, its PV's name, the attributes class's maxIOPS, its PV made",
 			got.SizeBytes, v.GetCapacityBytes(), got.Preallocation, got.Params, got.MutableParams, got.HandoffPeer)
+	}
+	// n1 made the PV (no node may make another node's), pre-bound to the
+	// claim.
+	pv, err := kubeapi.Get[corev1.PersistentVolume](context.Background(), api.Client, kubeapi.PersistentVolumes, "", "pvc-u1")
+	if err != nil || pv.Spec.CSI == nil || pv.Spec.CSI.VolumeHandle != v.GetVolumeId() || pv.Spec.ClaimRef == nil || pv.Spec.ClaimRef.UID != "u1" {
+		t.Errorf("the PV of the handed-off volume: %+v, %v; want pvc-u1 of volume %s bound to claim uid u1", pv, err, v.GetVolumeId())
 	}
 	for _, tc := range []struct{ name, claim, says string }{
 		{"attack-1", "restore", "the volume a handoff makes for claim shop/restore is pvc-u1"},
@@ -109,8 +148,18 @@ func TestHandoffLimitPerPeer(t *testing.T) {
 	for i, size := range []string{"16Mi", "16Mi", "16Mi", "16Mi", "64Mi"} {
 		api.Put(t, restoreClaim(fmt.Sprint("c", i), fmt.Sprint("u", i), "handoff", size))
 	}
+	refusing := refusePVs(api)
+	put := func(pv *corev1.PersistentVolume) {
+		refusing.Store(false)
+		api.Put(t, pv)
+		refusing.Store(true)
+	}
 	handOffClaim := func(i int) (*csi.Volume, error) {
 		return handOff(n2, fmt.Sprint("pvc-u", i), fmt.Sprint("c", i), snap, 16<<20)
+	}
+	waiting := func(i int) string {
+		t.Helper()
+		return handOffWaiting(t, n1, n2, fmt.Sprint("pvc-u", i), fmt.Sprint("c", i), snap, 16<<20)
 	}
 	unavailable := func(i int, says string) {
 		t.Helper()
@@ -118,41 +167,35 @@ func TestHandoffLimitPerPeer(t *testing.T) {
 			t.Errorf("handoff %d: %v; want Unavailable saying %q", i, err, says)
 		}
 	}
-	var made []*csi.Volume
-	for i := range 2 {
-		v, err := handOffClaim(i)
-		if err != nil {
-			t.Fatalf("handoff %d: %v", i, err)
-		}
-		made = append(made, v)
-	}
+	made := []string{waiting(0), waiting(1)}
 	unavailable(2, "--peer-max-handoff-bytes-per-peer")
-	if _, err := handOffClaim(0); err != nil {
-		t.Errorf("repeated handoff 0: %v", err)
+	if again := waiting(0); again != made[0] {
+		t.Errorf("repeated handoff 0 made %s, want %s again", again, made[0])
 	}
 	// c0's PV came.
-	api.Put(t, pvOf("pvc-u0", n1.d.cfg.Name, made[0].GetVolumeId(), "c0", "u0"))
+	put(pvOf("pvc-u0", n1.d.cfg.Name, made[0], "c0", "u0"))
 	n1.d.reapHandoffs(context.Background(), time.Now())
-	if _, err := handOffClaim(2); err != nil {
-		t.Fatalf("handoff 2 after c0's PV came: %v", err)
-	}
+	waiting(2)
 	unavailable(3, "--peer-max-handoff-bytes-per-peer")
 	n1.d.cfg.Handoffs.BytesPerPeer = 1 << 30
 	api.Put(t, restoreClaim("c5", "u5", "handoff", "16Mi"))
-	if _, err := handOffClaim(3); err != nil {
-		t.Fatalf("handoff 3 within the bytes: %v", err)
-	}
+	waiting(3)
 	unavailable(5, "--peer-max-handoffs-per-peer")
-	// With none waiting, a volume above BytesPerPeer is made.
+	// With none waiting, a volume above BytesPerPeer is made; its PV
+	// comes at once, and it takes no place.
 	n1.d.cfg.Handoffs.BytesPerPeer = 32 << 20
 	for _, v := range n1.d.store.Volumes() {
 		if v.HandoffPeer != "" {
-			api.Put(t, pvOf(v.Name, n1.d.cfg.Name, n1.d.publicID(v.ID), "x", "x"))
+			put(pvOf(v.Name, n1.d.cfg.Name, n1.d.publicID(v.ID), "x", "x"))
 		}
 	}
 	n1.d.reapHandoffs(context.Background(), time.Now())
+	refusing.Store(false)
 	if v, err := handOff(n2, "pvc-u4", "c4", snap, 64<<20); err != nil || v.GetCapacityBytes() != 64<<20 {
 		t.Errorf("handoff of 64 MiB with none waiting: %v, %v", v, err)
+	}
+	if _, err := handOffClaim(5); err != nil {
+		t.Errorf("handoff 5 after the PVs came: %v", err)
 	}
 }
 
@@ -167,18 +210,14 @@ func TestHandoffWithoutPVRemoved(t *testing.T) {
 	n1.d.cfg.Handoffs.ReapAfter = time.Hour
 	api.Put(t, restoreClaim("lost", "u1", "handoff", "16Mi"))
 	api.Put(t, restoreClaim("kept", "u2", "handoff", "16Mi"))
-	lost, err := handOff(n2, "pvc-u1", "lost", snap, 16<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kept, err := handOff(n2, "pvc-u2", "kept", snap, 16<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	api.Put(t, pvOf("pvc-u2", n1.d.cfg.Name, kept.GetVolumeId(), "kept", "u2"))
+	refusing := refusePVs(api)
+	lost := handOffWaiting(t, n1, n2, "pvc-u1", "lost", snap, 16<<20)
+	kept := handOffWaiting(t, n1, n2, "pvc-u2", "kept", snap, 16<<20)
+	refusing.Store(false)
+	api.Put(t, pvOf("pvc-u2", n1.d.cfg.Name, kept, "kept", "u2"))
 	ctx := context.Background()
-	has := func(n *testNode, vol *csi.Volume) bool {
-		_, err := n.d.store.Volume(storeVolumeID(vol.GetVolumeId()))
+	has := func(n *testNode, vol string) bool {
+		_, err := n.d.store.Volume(storeVolumeID(vol))
 		return err == nil
 	}
 	n1.d.reapHandoffs(ctx, time.Now())
@@ -205,10 +244,10 @@ func TestHandoffWithoutPVRemoved(t *testing.T) {
 	if has(re, lost) || !has(re, kept) {
 		t.Errorf("after the bound: the volume without a PV is there: %v, the one with its PV: %v; want only the second", has(re, lost), has(re, kept))
 	}
-	if _, err := os.Stat(re.file(lost.GetVolumeId())); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(re.file(lost)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the removed volume's file: %v, want it gone", err)
 	}
-	if v, _ := re.d.store.Volume(storeVolumeID(kept.GetVolumeId())); v.HandoffPeer != "" {
+	if v, _ := re.d.store.Volume(storeVolumeID(kept)); v.HandoffPeer != "" {
 		t.Errorf("the volume whose PV came still names its peer %q", v.HandoffPeer)
 	}
 }
