@@ -67,8 +67,12 @@ func TestFlood(t *testing.T) {
 	transfer := func() time.Duration {
 		t.Helper()
 		sink := newFileSink(t)
+		// No deadline short of a hang's: on a loaded machine (-race, two
+		// cores shared) the transfer took more than callCtx's 10 s.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
 		start := time.Now()
-		if _, err := c3.ReadData(callCtx(t), "n1", &ReadRequest{Kind: SourceSnapshot, ID: "s2-n1"}, sink, time.Minute); err != nil {
+		if _, err := c3.ReadData(ctx, "n1", &ReadRequest{Kind: SourceSnapshot, ID: "s2-n1"}, sink, time.Minute); err != nil {
 			t.Fatalf("n3's transfer: %v", err)
 		}
 		took := time.Since(start)

@@ -96,6 +96,7 @@ func New() *API {
 	// dynamic client sees them (kubescheme only names their kinds in Put).
 	a.Client = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(), map[schema.GroupVersionResource]string{
 		kubeapi.Pods:                   "PodList",
+		kubeapi.Events:                 "EventList",
 		kubeapi.VolumeSnapshots:        "VolumeSnapshotList",
 		kubeapi.VolumeSnapshotContents: "VolumeSnapshotContentList",
 	})
