@@ -30,7 +30,7 @@ import (
 // is far above what a peer needs.
 const (
 	defaultReviewsPerPeer rate.Limit = 1
-	defaultReviewBurst               = 5
+	defaultReviewBurst    int        = 5
 )
 
 // ReviewQPS and ReviewBurst are the client-side limit the plugin gives the
