@@ -1665,9 +1665,12 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 		t.Errorf("kubectl auth can-i create tokenreviews as the node account: %q (%v), want yes", out, err)
 	}
 	// The node account's right to update claims (its sidecars') does not
-	// let it move n2's claim to n1, or change what the claim asks for
-	// (the chart's ValidatingAdmissionPolicy).
+	// let n1's API token move n2's claim to n1, or change what the claim
+	// asks for (the chart's node-claims ValidatingAdmissionPolicy, which
+	// reads the node the token names: an impersonated account names none
+	// and is refused for that alone).
 	// The account may update claims, not patch them: kubectl replace.
+	n1 := c.stealNode(t, from, target)
 	updateAsNode := func(change func(claim map[string]any)) error {
 		var claim map[string]any
 		if err := json.Unmarshal([]byte(c.k(t, "-n", testNS, "get", "pvc", "n2-only", "-o", "json")), &claim); err != nil {
@@ -1678,7 +1681,7 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = c.run(string(b), "kubectl", "replace", "-f", "-", "--as=system:serviceaccount:"+pluginNS+":"+release+"-node")
+		_, err = c.run(string(b), "kubectl", "--kubeconfig="+n1.kubeconfig, "replace", "-f", "-")
 		return err
 	}
 	err = updateAsNode(func(claim map[string]any) {
@@ -1690,7 +1693,7 @@ func TestPeerNodeBoundIdentity(t *testing.T) {
 	err = updateAsNode(func(claim map[string]any) {
 		claim["spec"].(map[string]any)["resources"] = map[string]any{"requests": map[string]any{"storage": "128Mi"}}
 	})
-	if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), "spec") {
+	if err == nil || !strings.Contains(err.Error(), "ValidatingAdmissionPolicy") || !strings.Contains(err.Error(), "may not change a claim's spec") {
 		t.Errorf("the node account growing n2's claim: %v, want the policy's refusal", err)
 	}
 	if got := c.jsonpath(t, "{.metadata.annotations.volume\\.kubernetes\\.io/selected-node}", "-n", testNS, "get", "pvc", "n2-only"); got != target {
