@@ -39,7 +39,7 @@ type liveVolume struct {
 // mountVolume creates a volume of size bytes in s, attaches it, makes ext4
 // on it (initialised at once, so no background writer runs later) and
 // mounts it. Everything is undone in t.Cleanup.
-func mountVolume(t *testing.T, s *Store, name string, size int64) liveVolume {
+func mountVolume(t testing.TB, s *Store, name string, size int64) liveVolume {
 	t.Helper()
 	testgate.RequireLoop(t)
 	testgate.RequireTool(t, "mkfs.ext4")
