@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -195,23 +194,7 @@ func TestCrashWhileGroupFrozen(t *testing.T) {
 	for _, lv := range vols {
 		args = append(args, lv.v.ID, lv.mnt, lv.dev)
 	}
-	child := exec.Command(os.Args[0], "-test.run=^TestCrashWhileGroupFrozen$", "-test.v")
-	child.Env = append(os.Environ(), groupCrashChildEnv+"="+strings.Join(args, "\n"))
-	child.Stderr = os.Stderr
-	out, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		child.Process.Kill()
-		child.Wait()
-		for _, lv := range vols {
-			unfreeze(lv.mnt)
-		}
-	})
+	child, out := startChild(t, "TestCrashWhileGroupFrozen", groupCrashChildEnv, args, vols[0].mnt, vols[1].mnt)
 	waitLine(t, out, "all frozen")
 	if err := child.Process.Kill(); err != nil {
 		t.Fatal(err)
