@@ -118,7 +118,13 @@ func TestGroupSnapshotKeepsLogAheadOfData(t *testing.T) {
 	testgate.RequireRoot(t)
 	ctx := context.Background()
 	s := openStore(t, t.TempDir())
-	logv, datav := mountVolume(t, s, "log", 64<<20), mountVolume(t, s, "data", 64<<20)
+	// The log's volume ID sorts first, so a group that took its members
+	// one after the other in their order would break the invariant as
+	// the plain snapshots below do.
+	logv, datav := mountVolume(t, s, "wal", 64<<20), mountVolume(t, s, "data", 64<<20)
+	if logv.v.ID > datav.v.ID {
+		t.Fatalf("the log's volume %s sorts after the data's %s: the test would not catch members taken in turn", logv.v.ID, datav.v.ID)
+	}
 	w := startSequence(t, logv.mnt, datav.mnt)
 	const tries = 6
 	broken := 0
