@@ -339,7 +339,19 @@ func (c *cluster) groupContentVictim(t *testing.T) (groupVictim, bool) {
 		return groupVictim{}, false
 	}
 	g := groupVictim{res: schema.GroupVersionResource{Group: "groupsnapshot.storage.k8s.io", Version: strings.TrimSpace(ver),
-		Resource: "volumegroupsnapshotcontents"}, name: "adv-group-" + nodes[1]}
+		Resource: "volumegroupsnapshotcontents"}, name: "adv-group-" + nodes[1],
+		classRes: schema.GroupVersionResource{Group: "groupsnapshot.storage.k8s.io", Version: strings.TrimSpace(ver),
+			Resource: "volumegroupsnapshotclasses"}, class: "adv-group-class"}
+	// A group snapshot class of the driver that no node may rewrite
+	// (the chart's own, fastblk, the plugins take in turn).
+	c.apply(t, fmt.Sprintf(`apiVersion: groupsnapshot.storage.k8s.io/%s
+kind: VolumeGroupSnapshotClass
+metadata: {name: %s}
+driver: %s
+deletionPolicy: Retain
+parameters: {tier: gold}
+`, g.res.Version, g.class, driver))
+	t.Cleanup(func() { _, _ = c.kubectl("delete", "volumegroupsnapshotclasses", g.class, "--ignore-not-found") })
 	c.apply(t, fmt.Sprintf(`apiVersion: groupsnapshot.storage.k8s.io/%s
 kind: VolumeGroupSnapshotContent
 metadata: {name: %s}
@@ -353,10 +365,11 @@ spec:
 	return g, true
 }
 
-// groupVictim is a VolumeGroupSnapshotContent of n2.
+// groupVictim is a VolumeGroupSnapshotContent of n2 and a group
+// snapshot class of the driver.
 type groupVictim struct {
-	res  schema.GroupVersionResource
-	name string
+	res, classRes schema.GroupVersionResource
+	name, class   string
 }
 
 // groupContentAttacks change n2's group snapshot content.
@@ -372,6 +385,12 @@ func groupContentAttacks(g groupVictim) []attack {
 			do: patch(map[string]any{"spec": map[string]any{"deletionPolicy": "Delete"}})},
 		{name: "patch n2's group snapshot content status (its handle)", resources: []string{"volumegroupsnapshotcontents/status"},
 			do: patch(map[string]any{"status": map[string]any{"volumeGroupSnapshotHandle": "g" + strings.Repeat("3", 32) + "-" + nodes[1]}}, "status")},
+		{name: "rewrite a group snapshot class (deletion policy and parameters)", resources: []string{"volumegroupsnapshotclasses"},
+			do: func(ctx context.Context, api dynamic.Interface) error {
+				_, err := api.Resource(g.classRes).Patch(ctx, g.class, types.MergePatchType,
+					mergePatch(map[string]any{"deletionPolicy": "Delete", "parameters": map[string]any{"tier": "bronze"}}), metav1.PatchOptions{})
+				return err
+			}},
 	}
 }
 
@@ -500,7 +519,7 @@ func TestStolenNodeWritesOnlyItsOwn(t *testing.T) {
 	} else {
 		t.Log("the cluster serves no VolumeGroupSnapshotContents: the attacks on them are left out, their rights moot")
 		attacks = append(attacks, attack{name: "(VolumeGroupSnapshotContents: not served)",
-			resources: []string{"volumegroupsnapshotcontents", "volumegroupsnapshotcontents/status"}})
+			resources: []string{"volumegroupsnapshotcontents", "volumegroupsnapshotcontents/status", "volumegroupsnapshotclasses"}})
 	}
 	tried := map[string]bool{}
 	for _, a := range attacks {
