@@ -50,12 +50,18 @@ func TestGroupSnapshots(t *testing.T) {
 					t.Errorf("csi-snapshotter --feature-gates=%q, want the group gate %v", v, tc.gate)
 				}
 			}
+			controllers := 0 // the snapshot-controller's Deployments (not the driver's controller)
 			for _, d := range find(objs, "Deployment") {
 				var dep workload
 				if err := d.decode(&dep); err != nil {
 					t.Fatal(err)
 				}
-				if v, _ := dep.Spec.Template.Spec.Containers[0].arg("feature-gates"); (v == "CSIVolumeGroupSnapshot=true") != tc.gate {
+				c, ok := dep.Spec.Template.Spec.container("snapshot-controller")
+				if !ok {
+					continue
+				}
+				controllers++
+				if v, _ := c.arg("feature-gates"); (v == "CSIVolumeGroupSnapshot=true") != tc.gate {
 					t.Errorf("snapshot-controller --feature-gates=%q, want the group gate %v", v, tc.gate)
 				}
 			}
@@ -81,7 +87,7 @@ func TestGroupSnapshots(t *testing.T) {
 					}
 				}
 			}
-			if len(find(objs, "Deployment")) == 1 && tc.gate {
+			if controllers == 1 && tc.gate {
 				c := grants(t, objs, "csi-fastblk", ctrl)
 				for _, want := range []string{"groupsnapshot.storage.k8s.io/volumegroupsnapshotcontents:create",
 					"groupsnapshot.storage.k8s.io/volumegroupsnapshots/status:patch", "snapshot.storage.k8s.io/volumesnapshots:create"} {
