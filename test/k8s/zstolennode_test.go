@@ -385,10 +385,14 @@ func groupContentAttacks(g groupVictim) []attack {
 			do: patch(map[string]any{"spec": map[string]any{"deletionPolicy": "Delete"}})},
 		{name: "patch n2's group snapshot content status (its handle)", resources: []string{"volumegroupsnapshotcontents/status"},
 			do: patch(map[string]any{"status": map[string]any{"volumeGroupSnapshotHandle": "g" + strings.Repeat("3", 32) + "-" + nodes[1]}}, "status")},
-		{name: "rewrite a group snapshot class (deletion policy and parameters)", resources: []string{"volumegroupsnapshotclasses"},
+		// Parameters and deletion policy are immutable by the CRD; the
+		// default-class annotation would send every group snapshot that
+		// names no class to this one.
+		{name: "make a group snapshot class the default", resources: []string{"volumegroupsnapshotclasses"},
 			do: func(ctx context.Context, api dynamic.Interface) error {
 				_, err := api.Resource(g.classRes).Patch(ctx, g.class, types.MergePatchType,
-					mergePatch(map[string]any{"deletionPolicy": "Delete", "parameters": map[string]any{"tier": "bronze"}}), metav1.PatchOptions{})
+					mergePatch(map[string]any{"metadata": map[string]any{"annotations": map[string]any{
+						"groupsnapshot.storage.kubernetes.io/is-default-class": "true"}}}), metav1.PatchOptions{})
 				return err
 			}},
 	}
