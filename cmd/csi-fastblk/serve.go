@@ -73,6 +73,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
 		"longest a ublk server thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
 	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use, at most its CPU limit)")
+	fs.StringVar(&c.devices.ThreadPolicy, "ublk-thread-policy", "", "how devices get ublk server threads: shared (--ublk-threads threads serve every device) or device (each device its own thread, at most --ublk-threads, 0 = 256)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
 	fs.IntVar(&c.devices.DiskSlots, "ublk-disk-slots", 0, "benchmarks only: most reads and writes each ublk server thread keeps in flight on the backing disk (0 = no bound, -1 = its share of the disk's request slots)")

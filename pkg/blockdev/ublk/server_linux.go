@@ -1,6 +1,7 @@
 package ublk
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -52,6 +53,10 @@ type ServerConfig struct {
 	// (0 = one per CPU the process may use, at most its cgroup's CPU
 	// limit rounded up: cpuLimit).
 	Threads int
+	// ThreadPolicy is how devices get server threads ("" = the default,
+	// ThreadsPerDevice or ThreadsShared). With ThreadsPerDevice, Threads
+	// bounds the pool (0 = DefaultDeviceThreads).
+	ThreadPolicy ThreadPolicy
 	// Thread sizes each server thread (zero: defaults).
 	Thread ThreadConfig
 	// Report, when set, is told what happens in the background with no
@@ -59,6 +64,24 @@ type ServerConfig struct {
 	// are klog.ErrorS's.
 	Report func(err error, msg string, keysAndValues ...any)
 }
+
+// ThreadPolicy is how a Server gives devices server threads.
+type ThreadPolicy string
+
+const (
+	// ThreadsShared serves every device's queues on a fixed set of
+	// threads, one per CPU (ServerConfig.Threads).
+	ThreadsShared ThreadPolicy = "shared"
+	// ThreadsPerDevice gives each device a thread of its own, up to
+	// ServerConfig.Threads (then devices share): the kernel's scheduler
+	// then keeps a quiet device's requests from waiting behind a busy
+	// one's, as it does for loop devices' workers.
+	ThreadsPerDevice ThreadPolicy = "device"
+	// DefaultThreadPolicy is the policy of a ServerConfig that names none.
+	DefaultThreadPolicy = ThreadsShared
+	// DefaultDeviceThreads bounds a per-device pool by default.
+	DefaultDeviceThreads = 256
+)
 
 // AttachSpec asks for a volume's device.
 type AttachSpec struct {
@@ -171,6 +194,9 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if cfg.BatchIO == "" {
 		cfg.BatchIO = ModeOff
 	}
+	if cfg.ThreadPolicy == "" {
+		cfg.ThreadPolicy = DefaultThreadPolicy
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("create ublk state dir: %w", err)
 	}
@@ -188,11 +214,19 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	}
 	s := &Server{cfg: cfg, ctl: ctl, features: f, owner: cfg.Owner, devs: map[string]*served{}}
 	s.healCtx, s.healCancel = context.WithCancel(context.Background())
-	n := cfg.Threads
-	if n <= 0 {
-		n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
+	switch cfg.ThreadPolicy {
+	case ThreadsPerDevice:
+		s.threads, err = dataplane.NewDeviceThreads(cmp.Or(cfg.Threads, DefaultDeviceThreads), cfg.Thread)
+	case ThreadsShared:
+		n := cfg.Threads
+		if n <= 0 {
+			n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
+		}
+		s.threads, err = dataplane.NewThreads(n, cfg.Thread)
+	default:
+		err = fmt.Errorf("ublk thread policy %q: want %q or %q: %w", cfg.ThreadPolicy, ThreadsShared, ThreadsPerDevice, errInvalid)
 	}
-	if s.threads, err = dataplane.NewThreads(n, cfg.Thread); err != nil {
+	if err != nil {
 		ctl.Close()
 		return nil, nil, err
 	}
