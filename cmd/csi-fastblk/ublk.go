@@ -47,7 +47,8 @@ func ublkServe(ctx context.Context, args []string) error {
 	sizeStr := fs.String("size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
 	maxIO := fs.Uint("max-io", 0, "copy mode: largest request in bytes, a multiple of 4096 (0 = tuning policy)")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	threads := fs.Int("threads", 0, "server threads shared by the device's queues (0 = one per CPU)")
+	threads := fs.Int("threads", 0, "server threads shared by the device's queues (0 = one per CPU); with --thread-policy device, the pool's bound")
+	policy := fs.String("thread-policy", "", "how the device gets server threads: shared or device (default: the plugin's)")
 	var qo ublk.QueueOptions
 	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
@@ -109,7 +110,7 @@ func ublkServe(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(stateDir)
 	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: qo,
-		Threads: *threads, Thread: tc})
+		Threads: *threads, ThreadPolicy: ublk.ThreadPolicy(*policy), Thread: tc})
 	if err != nil {
 		return err
 	}
