@@ -17,8 +17,14 @@ import (
 	"time"
 )
 
-// fioRamp is the seconds each fio process runs before it measures.
-const fioRamp = 2
+// fioRamp is the seconds each fio process runs before it measures, and
+// probeLead how long after its neighbours a probe starts: under qemu's
+// emulation fifteen fio processes take seconds to start, and a probe
+// started among their start-ups measures them, not its neighbours' I/O.
+const (
+	fioRamp   = 2
+	probeLead = 5
+)
 
 // fioResult is what runFio measured over every device.
 type fioResult struct {
@@ -120,8 +126,8 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 	}
 	secs := c.runtime
 	if c.latProbe && len(busy) > 0 {
-		// Through the probe's ramp and run, with a second to spare.
-		secs = c.runtime + fioRamp + 1
+		// Through the probe's lead, ramp and run, with a second to spare.
+		secs = c.runtime + probeLead + 1
 	}
 	var procs []*fioProc
 	var errs []error
@@ -135,7 +141,7 @@ func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, erro
 	}
 	if c.latProbe && len(errs) == 0 {
 		if len(busy) > 0 {
-			time.Sleep(fioRamp * time.Second)
+			time.Sleep(probeLead * time.Second)
 		}
 		rw := c.rw
 		if c.probeRW != "" {

@@ -90,3 +90,23 @@ func TestDeviceThreadsReserveProcs(t *testing.T) {
 		t.Errorf("a pinned per-device pool: %v, want invalid", err)
 	}
 }
+
+// TestDeviceThreadsWatched proves a per-device pool hands the threads it
+// starts after Watch to the watcher too: the server heals a failed thread
+// only if it watches it.
+func TestDeviceThreadsWatched(t *testing.T) {
+	p, err := NewDeviceThreads(2, ThreadConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	watched := make(chan *Thread, 2)
+	p.Watch(func(th *Thread) { watched <- th })
+	picked, err := p.Pick(1, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := <-watched; got != picked[0] {
+		t.Fatalf("watched thread %d, want the new thread %d", got.ID(), picked[0].ID())
+	}
+}

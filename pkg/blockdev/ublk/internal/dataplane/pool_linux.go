@@ -25,6 +25,21 @@ type Threads struct {
 	// configuration of the threads it starts.
 	max int
 	cfg ThreadConfig
+	// watch is called, in a goroutine of its own, with every thread the
+	// pool has or starts later (Watch).
+	watch func(*Thread)
+}
+
+// Watch calls fn, each time in a goroutine of its own, with every thread
+// of the pool, the ones a per-device pool starts later included (a thread
+// that Replace starts is its caller's to watch).
+func (p *Threads) Watch(fn func(*Thread)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.watch = fn
+	for _, t := range p.threads {
+		go fn(t)
+	}
 }
 
 // NewThreads starts n server threads of cfg. It chooses each thread's CPU
@@ -226,6 +241,9 @@ func (p *Threads) pickDevice(queues int, depth uint16) ([]*Thread, error) {
 		}
 		p.threads = append(p.threads, t)
 		reserveProcs(len(p.threads))
+		if p.watch != nil {
+			go p.watch(t)
+		}
 		best = t
 	}
 	if best == nil {
