@@ -77,7 +77,8 @@ func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 // thread. Every thread serves all the queues of its devices, so that the
 // threads stay as many as the devices, not their queues. cfg.Tags sizes
 // each thread (0: room for a few devices, perDeviceTags). The pool keeps a
-// P of the Go runtime for each of its threads (reserveProcs).
+// P of the Go runtime for each of its threads (reserveProcs), and lets at
+// most half the CPUs' worth of them poll at once (PollSlots).
 func NewDeviceThreads(max int, cfg ThreadConfig) (*Threads, error) {
 	if max <= 0 || max > MaxDeviceThreads {
 		return nil, fmt.Errorf("server threads: at most %d per device pool, not %d: %w", MaxDeviceThreads, max, errInvalid)
@@ -87,6 +88,11 @@ func NewDeviceThreads(max int, cfg ThreadConfig) (*Threads, error) {
 	}
 	if cfg.Tags <= 0 {
 		cfg.Tags = perDeviceTags
+	}
+	if cfg.Pollers == nil {
+		// Half the CPUs at most poll, so that polling for a few
+		// quiet devices never takes every CPU from the busy ones.
+		cfg.Pollers = NewPollSlots(len(AllowedCPUs()) / 2)
 	}
 	cfg.CPU = -1
 	return &Threads{max: max, cfg: cfg}, nil
