@@ -1,7 +1,6 @@
 package ublk
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cgroup"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
@@ -78,10 +78,29 @@ const (
 	// one's, as it does for loop devices' workers.
 	ThreadsPerDevice ThreadPolicy = "device"
 	// DefaultThreadPolicy is the policy of a ServerConfig that names none.
-	DefaultThreadPolicy = ThreadsShared
-	// DefaultDeviceThreads bounds a per-device pool by default.
+	DefaultThreadPolicy = ThreadsPerDevice
+	// DefaultDeviceThreads bounds a per-device pool by default, unless
+	// the process's pids limit bounds it lower (deviceThreadBound).
 	DefaultDeviceThreads = 256
 )
+
+// deviceThreadBound is how many threads a per-device pool may start with
+// headroom tasks left under the process's pids limit (-1: no limit, or an
+// error reading it: DefaultDeviceThreads). Each thread is a task and may
+// start PerDeviceIOWQWorkers io-wq workers, which are tasks of the process
+// too; pidsReserve stays for the Go runtime's own threads and the mkfs and
+// mount children. Past the bound devices share threads, served all the
+// same, with less isolation.
+func deviceThreadBound(headroom int64, err error) int {
+	if err != nil || headroom < 0 {
+		return DefaultDeviceThreads
+	}
+	perThread := int64(1 + dataplane.PerDeviceIOWQWorkers)
+	return int(min(max((headroom-pidsReserve)/perThread, 1), DefaultDeviceThreads))
+}
+
+// pidsReserve is the tasks a per-device pool leaves under the pids limit.
+const pidsReserve = 16
 
 // AttachSpec asks for a volume's device.
 type AttachSpec struct {
@@ -216,7 +235,11 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	s.healCtx, s.healCancel = context.WithCancel(context.Background())
 	switch cfg.ThreadPolicy {
 	case ThreadsPerDevice:
-		s.threads, err = dataplane.NewDeviceThreads(cmp.Or(cfg.Threads, DefaultDeviceThreads), cfg.Thread)
+		n := cfg.Threads
+		if n <= 0 {
+			n = deviceThreadBound(cgroup.PidsHeadroom(os.Getpid()))
+		}
+		s.threads, err = dataplane.NewDeviceThreads(n, cfg.Thread)
 	case ThreadsShared:
 		n := cfg.Threads
 		if n <= 0 {

@@ -89,6 +89,13 @@ func NewDeviceThreads(max int, cfg ThreadConfig) (*Threads, error) {
 	if cfg.Tags <= 0 {
 		cfg.Tags = perDeviceTags
 	}
+	if cfg.IOWQWorkers == 0 {
+		// The thread's io-wq serves one device: a stalled backing
+		// file holds only that device's writes, so the cap need not
+		// grow with the queues, and a few workers keep allocating
+		// writes from queueing on one inode's lock.
+		cfg.IOWQWorkers = PerDeviceIOWQWorkers
+	}
 	if cfg.Pollers == nil {
 		// Half the CPUs at most poll, so that polling for a few
 		// quiet devices never takes every CPU from the busy ones.
@@ -101,6 +108,9 @@ func NewDeviceThreads(max int, cfg ThreadConfig) (*Threads, error) {
 const (
 	// MaxDeviceThreads bounds a per-device pool: past it devices share.
 	MaxDeviceThreads = 1024
+	// PerDeviceIOWQWorkers caps the io-wq workers of each thread of a
+	// per-device pool (ThreadConfig.IOWQWorkers 0).
+	PerDeviceIOWQWorkers = 4
 	// perDeviceTags sizes a per-device pool's threads: room for the
 	// queues of a few devices at the automatic depth, once the pool is
 	// full and devices share, in rings a fraction of a shared thread's.
