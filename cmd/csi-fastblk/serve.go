@@ -59,7 +59,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			c.store.ReserveBytes, c.store.ReserveRatio, err = driver.ParseReserve(s)
 			return err
 		})
-	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes this node accepts (0 = no limit)")
+	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes in use by pods on this node at once, reported to the kubelet as its attach limit for the scheduler (0 = no limit)")
 	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk when /dev/ublk-control exists and works, else loop, saying why), ublk or loop")
 	fs.StringVar(&c.devices.DevDir, "dev-dir", "/dev/fastblk", "directory for stable device links <dev-dir>/<volume-id>")
 	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
@@ -72,12 +72,12 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		})
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
 		"longest a ublk server thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
-	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use, at most its CPU limit)")
-	fs.StringVar(&c.devices.ThreadPolicy, "ublk-thread-policy", "", "how devices get ublk server threads: shared (--ublk-threads threads serve every device) or device (each device its own thread, at most --ublk-threads, 0 = 256)")
+	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads: with --ublk-thread-policy shared, how many serve every device (0 = one per CPU the plugin may use, at most its CPU limit); with device, the most started before devices share (0 = 256, fewer under a pids limit)")
+	fs.StringVar(&c.devices.ThreadPolicy, "ublk-thread-policy", "", "how devices get ublk server threads: device (the default: each device a thread of its own, as each loop device has its worker) or shared (a few threads serve every device)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
 	fs.IntVar(&c.devices.DiskSlots, "ublk-disk-slots", 0, "benchmarks only: most reads and writes each ublk server thread keeps in flight on the backing disk (0 = no bound, -1 = its share of the disk's request slots)")
-	fs.Func("ublk-iowq-workers", "benchmarks only: cap on each ublk server thread's io-wq workers (0 = the kernel's cap plus the depth of the deepest queue it serves)", func(v string) error {
+	fs.Func("ublk-iowq-workers", "benchmarks only: cap on each ublk server thread's io-wq workers (0 = 4 with --ublk-thread-policy device; shared: the kernel's cap plus the depth of the deepest queue it serves)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		c.devices.IOWQWorkers = uint32(n)
 		return err
@@ -123,13 +123,13 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			" with this node's ID (which must be its node name), so that a csi-snapshotter in --node-deployment mode handles them; needs the API server")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
 		"how often to retry restoring staged volumes whose devices could not be restored at start, for example because the backing file system was not yet mounted (0 = never)")
+	klog.InitFlags(fs) // -v and klog's other flags
 	return c
 }
 
 func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfg := serveFlags(fs)
-	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
