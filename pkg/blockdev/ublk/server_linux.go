@@ -1,6 +1,7 @@
 package ublk
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -79,24 +80,20 @@ const (
 	ThreadsPerDevice ThreadPolicy = "device"
 	// DefaultThreadPolicy is the policy of a ServerConfig that names none.
 	DefaultThreadPolicy = ThreadsPerDevice
-	// DefaultDeviceThreads bounds a per-device pool by default, unless
-	// the process's pids limit bounds it lower (deviceThreadBound).
+	// DefaultDeviceThreads bounds a per-device pool by default; the
+	// process's pids limit may stop it earlier (roomForThread).
 	DefaultDeviceThreads = 256
 )
 
-// deviceThreadBound is how many threads a per-device pool may start with
-// headroom tasks left under the process's pids limit (-1: no limit, or an
-// error reading it: DefaultDeviceThreads). Each thread is a task and may
-// start PerDeviceIOWQWorkers io-wq workers, which are tasks of the process
-// too; pidsReserve stays for the Go runtime's own threads and the mkfs and
-// mount children. Past the bound devices share threads, served all the
+// roomForThread says whether a per-device pool may start another thread
+// with headroom tasks left under the process's pids limit (-1: no limit;
+// an error reading it: yes, as without a limit). A thread is a task and
+// may start PerDeviceIOWQWorkers io-wq workers, tasks of the process too;
+// pidsReserve stays for the Go runtime's own threads and the mkfs and
+// mount children. Without room devices share threads: served all the
 // same, with less isolation.
-func deviceThreadBound(headroom int64, err error) int {
-	if err != nil || headroom < 0 {
-		return DefaultDeviceThreads
-	}
-	perThread := int64(1 + dataplane.PerDeviceIOWQWorkers)
-	return int(min(max((headroom-pidsReserve)/perThread, 1), DefaultDeviceThreads))
+func roomForThread(headroom int64, err error) bool {
+	return err != nil || headroom < 0 || headroom >= pidsReserve+1+dataplane.PerDeviceIOWQWorkers
 }
 
 // pidsReserve is the tasks a per-device pool leaves under the pids limit.
@@ -235,11 +232,11 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	s.healCtx, s.healCancel = context.WithCancel(context.Background())
 	switch cfg.ThreadPolicy {
 	case ThreadsPerDevice:
-		n := cfg.Threads
-		if n <= 0 {
-			n = deviceThreadBound(cgroup.PidsHeadroom(os.Getpid()))
+		s.threads, err = dataplane.NewDeviceThreads(cmp.Or(cfg.Threads, DefaultDeviceThreads), cfg.Thread)
+		if err == nil {
+			pid := os.Getpid()
+			s.threads.LimitGrowth(func() bool { return roomForThread(cgroup.PidsHeadroom(pid)) })
 		}
-		s.threads, err = dataplane.NewDeviceThreads(n, cfg.Thread)
 	case ThreadsShared:
 		n := cfg.Threads
 		if n <= 0 {

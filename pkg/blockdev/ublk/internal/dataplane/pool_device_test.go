@@ -110,3 +110,30 @@ func TestDeviceThreadsWatched(t *testing.T) {
 		t.Fatalf("watched thread %d, want the new thread %d", got.ID(), picked[0].ID())
 	}
 }
+
+// TestDeviceThreadsShareWithoutRoom proves a per-device pool whose growth
+// is limited (the pids limit leaves no room) starts its first thread all
+// the same and puts later devices on the least loaded thread, and grows
+// again once there is room.
+func TestDeviceThreadsShareWithoutRoom(t *testing.T) {
+	p, err := NewDeviceThreads(8, ThreadConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	room := false
+	p.LimitGrowth(func() bool { return room })
+	a, err := p.Pick(2, 64)
+	if err != nil || p.Len() != 1 {
+		t.Fatalf("first device without room: %v, %v (%d threads); want the first thread", a, err, p.Len())
+	}
+	b, err := p.Pick(2, 64)
+	if err != nil || b[0] != a[0] || p.Len() != 1 {
+		t.Fatalf("second device without room: %v, %v (%d threads); want a's thread shared", b, err, p.Len())
+	}
+	room = true
+	c, err := p.Pick(2, 64)
+	if err != nil || c[0] == a[0] || p.Len() != 2 {
+		t.Fatalf("third device with room: %v, %v (%d threads); want a thread of its own", c, err, p.Len())
+	}
+}

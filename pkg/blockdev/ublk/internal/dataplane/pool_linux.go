@@ -28,6 +28,18 @@ type Threads struct {
 	// watch is called, in a goroutine of its own, with every thread the
 	// pool has or starts later (Watch).
 	watch func(*Thread)
+	// room says whether a per-device pool may start another thread
+	// (LimitGrowth; nil: up to max).
+	room func() bool
+}
+
+// LimitGrowth makes a per-device pool ask room before it starts a thread
+// beside its existing ones: while room says no, new devices share the
+// least loaded thread. The pool's first thread needs no room.
+func (p *Threads) LimitGrowth(room func() bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.room = room
 }
 
 // Watch calls fn, each time in a goroutine of its own, with every thread
@@ -248,19 +260,23 @@ func (p *Threads) pickDevice(queues int, depth uint16) ([]*Thread, error) {
 			best = t
 		}
 	}
-	if (best == nil || best.load() > 0) && len(p.threads) < p.max {
+	if (best == nil || best.load() > 0) && len(p.threads) < p.max && (best == nil || p.room == nil || p.room()) {
 		cfg := p.cfg
 		cfg.Tags = max(cfg.Tags, need)
 		t, err := NewThread(len(p.threads), cfg)
-		if err != nil {
+		switch {
+		case err == nil:
+			p.threads = append(p.threads, t)
+			reserveProcs(len(p.threads))
+			if p.watch != nil {
+				go p.watch(t)
+			}
+			best = t
+		case best == nil:
 			return nil, err
 		}
-		p.threads = append(p.threads, t)
-		reserveProcs(len(p.threads))
-		if p.watch != nil {
-			go p.watch(t)
-		}
-		best = t
+		// A thread that cannot start (the pids limit reached since the
+		// room was read) leaves the device to share best.
 	}
 	if best == nil {
 		return nil, fmt.Errorf("%d queues of depth %d: no server thread has room for %d more tags: %w",
