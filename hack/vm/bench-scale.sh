@@ -13,7 +13,8 @@
 #                               [--volumes 'N...'] [--rw 'randread randwrite']
 #                               [--variants 'LABEL[=FLAGS]...'] [--no-loop]
 #                               [--disks 'disk ram'] [--reference DIR]
-#   --variants  the plugin set-ups to measure (default shared): LABEL=FLAGS
+#   --variants  the plugin set-ups to measure (default ours: the plugin's
+#               defaults): LABEL=FLAGS
 #               runs the plugin with
 #               serve FLAGS joined by '+' (hidden benchmark flags such as
 #               --ublk-ablate=reap-one, which needs a binary built with
