@@ -41,7 +41,6 @@ plugin_image() {
 	local tag
 	tag=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/csi-fastblk/Chart.yaml)
 	mkdir -p "$K8S_WORK"
-	make -s static
 	IMAGE_TAG=$tag OUT="$K8S_WORK/csi-fastblk.oci.tar" hack/image/build.sh >"$K8S_WORK/plugin-image.log" 2>&1 ||
 		{ cat "$K8S_WORK/plugin-image.log"; return 1; }
 	{
