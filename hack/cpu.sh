@@ -13,7 +13,7 @@ cpu_group() {
 	parent=$(awk -F: '$2 ~ /(^|,)cpuacct(,|$)/ {print $3; exit}' /proc/self/cgroup 2>/dev/null)
 	[[ -n $root && -n $parent && -w $root$parent/cgroup.procs ]] || return 0
 	dir=$root${parent%/}/csi-fastblk-$1-$$
-	mkdir -p "$dir" 2>/dev/null && echo "$dir"
+	if mkdir -p "$dir" 2>/dev/null; then echo "$dir"; fi
 }
 
 # cpu_join DIR moves the calling (sub)shell into the group DIR (if any).
