@@ -206,8 +206,8 @@ func receive(next func(*Frame) error, sink Sink) (Received, error) {
 	}
 	d := newDigest()
 	var next0 int64 // the first offset the next frame may have
+	var f Frame     // one for all: each frame's data is decoded into its buffer
 	for {
-		var f Frame
 		if err := next(&f); err != nil {
 			if errors.Is(err, io.EOF) {
 				return got, corrupt("stream ended after %d bytes without its end frame", got.Bytes)
