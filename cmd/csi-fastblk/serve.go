@@ -74,11 +74,12 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		})
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
 		"longest a ublk server thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
-	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use, at most its CPU limit)")
+	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads: with --ublk-thread-policy shared, how many serve every device (0 = one per CPU the plugin may use, at most its CPU limit); with device, the most started before devices share (0 = 256, fewer under a pids limit)")
+	fs.StringVar(&c.devices.ThreadPolicy, "ublk-thread-policy", "", "how devices get ublk server threads: device (the default: each device a thread of its own, as each loop device has its worker) or shared (a few threads serve every device)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
 	fs.IntVar(&c.devices.DiskSlots, "ublk-disk-slots", 0, "benchmarks only: most reads and writes each ublk server thread keeps in flight on the backing disk (0 = no bound, -1 = its share of the disk's request slots)")
-	fs.Func("ublk-iowq-workers", "benchmarks only: cap on each ublk server thread's io-wq workers (0 = the kernel's cap plus the depth of the deepest queue it serves)", func(v string) error {
+	fs.Func("ublk-iowq-workers", "benchmarks only: cap on each ublk server thread's io-wq workers (0 = 4 with --ublk-thread-policy device; shared: the kernel's cap plus the depth of the deepest queue it serves)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		c.devices.IOWQWorkers = uint32(n)
 		return err
@@ -106,6 +107,22 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			c.devices.BatchIO = s
 			return err
 		})
+	fs.Func("copy-budget", "share of an in-use volume's IOPS this node's background copies (restores, clones, streams to and from "+
+		"other nodes) may cost it, from 0.01 to 0.9: a copy that costs more runs more slowly, down to a tenth of its rate (default 0.2; "+
+		"0 paces copies by their rates alone)", func(s string) error {
+		v, err := strconv.ParseFloat(s, 64)
+		switch {
+		case err != nil:
+			return err
+		case v == 0:
+			c.driver.CopyBudget = -1
+		case v < 0.01 || v > 0.9:
+			return fmt.Errorf("%v: want 0 (off) or from 0.01 to 0.9", v)
+		default:
+			c.driver.CopyBudget = v
+		}
+		return nil
+	})
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
 		"advertise ControllerExpandVolume (in a cluster only with --peer-address: external-resizer has no per-node mode, so its leader's plugin forwards other nodes' volumes to them)")
 	peerFlags(fs, &c.peer)

@@ -15,6 +15,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/copypace"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
@@ -58,6 +59,11 @@ type Config struct {
 	// Handoffs bound the volumes handoffs of one peer make here before
 	// their PVs come (handoff.go).
 	Handoffs HandoffLimits
+	// CopyBudget is the share of an in-use volume's IOPS this node's
+	// background copies (restores, clones, streams to and from peers)
+	// may cost it (pacing.go): 0 for copypace.DefaultBudget, negative
+	// for none (copies bounded by their rates alone).
+	CopyBudget float64
 }
 
 var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)
@@ -76,6 +82,8 @@ type Driver struct {
 	// (peercopy.go).
 	peerCopies peerCopies
 	handoffs   handoffs // volumes being made for peers (handoff.go)
+	// copies paces this node's background copies (pacing.go).
+	copies *copypace.Governor
 	// readiness is set before serving (AddReadinessCheck), read only after.
 	readiness []readinessCheck
 	// snapMeta is this node's own SnapshotMetadata service, for its own
@@ -109,6 +117,7 @@ func New(cfg Config, store *store.Store, backend blockdev.Backend) (*Driver, err
 		tag:     nodeTag(cfg.NodeID),
 	}
 	d.snapMeta = &SnapshotMetadata{d: d}
+	d.copies = copypace.New(copypace.Config{Devices: d.attachedDevices, Budget: cfg.CopyBudget})
 	return d, nil
 }
 
