@@ -39,6 +39,11 @@ func SnapshotID(name string) string { return deriveID(snapshotPrefix, name) }
 // GroupSnapshotID returns the ID of the group snapshot named name.
 func GroupSnapshotID(name string) string { return deriveID(groupPrefix, name) }
 
+// GroupMemberName is the name of the snapshot of the volume vid (a store
+// ID) in the group snapshot gid: a member's ID is SnapshotID of it, so the
+// group and the volume name their snapshot.
+func GroupMemberName(gid, vid string) string { return gid + "/" + vid }
+
 func deriveID(prefix byte, name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return string(prefix) + hex.EncodeToString(sum[:idHexLen/2])

@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"maps"
 	"strings"
@@ -220,12 +221,44 @@ func (a *APIAuthorizer) snapshotIs(ctx context.Context, ns, name, source string)
 		}
 		return nil
 	}
-	_, volTag := splitID(str("spec", "source", "volumeHandle"))
+	volume := str("spec", "source", "volumeHandle")
+	volID, volTag := splitID(volume)
 	storeID, tag := splitID(source)
-	if storeID != blockdev.SnapshotID(snapshotNamePrefix+"-"+refUID) || (volTag != "" && volTag != tag) {
+	if volTag != "" && volTag != tag {
 		return denied("%s is not the snapshot %s", what, source)
 	}
-	return nil
+	if storeID == blockdev.SnapshotID(snapshotNamePrefix+"-"+refUID) {
+		return nil
+	}
+	if group := groupOf(vs, content, volume); group != "" &&
+		storeID == blockdev.SnapshotID(blockdev.GroupMemberName(blockdev.GroupSnapshotID(groupSnapshotNamePrefix+"-"+group), volID)) {
+		return nil
+	}
+	return denied("%s is not the snapshot %s", what, source)
+}
+
+// The csi-snapshotter names the group snapshot it asks a plugin for
+// "<prefix>-<uid of the VolumeGroupSnapshot>", the prefix being its
+// --groupsnapshot-name-prefix, which the chart leaves at its default.
+const groupSnapshotNamePrefix = "groupsnapshot"
+
+// groupOf returns the uid of the VolumeGroupSnapshot whose member the
+// snapshot vs, bound to the content of that name made of volume, is, or
+// "". The snapshot controller (external-snapshotter v8) names a member's
+// content "snapcontent-<hex sha256 of the group's uid and the volume>";
+// a content's name never changes and no node may create one, so it
+// proves the group. The owner vs names, which its namespace may edit,
+// only says which uid to try.
+func groupOf(vs *unstructured.Unstructured, content, volume string) string {
+	for _, o := range vs.GetOwnerReferences() {
+		if o.Kind != "VolumeGroupSnapshot" || o.UID == "" {
+			continue
+		}
+		if content == fmt.Sprintf("snapcontent-%x", sha256.Sum256([]byte(string(o.UID)+volume))) {
+			return string(o.UID)
+		}
+	}
+	return ""
 }
 
 // boundClaim returns the claim bound to the PV pv, which must be of this

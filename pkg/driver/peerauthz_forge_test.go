@@ -2,6 +2,8 @@ package driver
 
 import (
 	"context"
+	"crypto/sha256"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 	"github.com/fastblk/csi-fastblk/pkg/peer/peertest"
 )
@@ -192,4 +195,68 @@ func TestPeerReadRestoreTakesHandleFromSpec(t *testing.T) {
 	// bank's own restore of its snapshot is read.
 	api.Put(t, pendingClaim("bank", "restore", "u-restore", "n2", fromSnapshot("nightly")))
 	readAs(t, az, "n2", "bank/restore", peer.SourceSnapshot, bankSnap, "")
+}
+
+// groupMember puts in api the member of the VolumeGroupSnapshot groupUID
+// (in ns) of the volume volumeID as external-snapshotter v8's snapshot
+// controller makes it: a VolumeSnapshot and a content both named after
+// sha256(groupUID+volumeID), the snapshot owned by the group, the
+// content's spec naming the volume and its status the handle. It returns
+// the member's VolumeSnapshot name and the snapshot this plugin made.
+func groupMember(t *testing.T, api *peertest.API, ns, groupUID, volumeID, uid string) (name, made string) {
+	t.Helper()
+	sum := fmt.Sprintf("%x", sha256.Sum256([]byte(groupUID+volumeID)))
+	name, content := "snapshot-"+sum, "snapcontent-"+sum
+	storeID, volNode := splitID(volumeID)
+	// The csi-snapshotter's group name (--groupsnapshot-name-prefix) and
+	// this plugin's name of its member.
+	made = blockdev.SnapshotID(blockdev.GroupSnapshotID("groupsnapshot-"+groupUID)+"/"+storeID) + "-" + volNode
+	api.Put(t, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshot",
+		"metadata": map[string]any{"namespace": ns, "name": name, "uid": uid,
+			"ownerReferences": []any{map[string]any{"apiVersion": "groupsnapshot.storage.k8s.io/v1", "kind": "VolumeGroupSnapshot",
+				"name": "db", "uid": groupUID, "controller": true}}},
+		"spec":   map[string]any{"source": map[string]any{"persistentVolumeClaimName": "x"}},
+		"status": map[string]any{"boundVolumeSnapshotContentName": content, "readyToUse": true, "volumeGroupSnapshotName": "db"}}})
+	api.Put(t, &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "snapshot.storage.k8s.io/v1", "kind": "VolumeSnapshotContent",
+		"metadata": map[string]any{"name": content,
+			"annotations": map[string]any{"groupsnapshot.storage.k8s.io/volumeGroupSnapshotHandle": blockdev.GroupSnapshotID("groupsnapshot-"+groupUID) + "-" + volNode}},
+		"spec": map[string]any{"driver": forgeDriver, "deletionPolicy": "Delete",
+			"source":            map[string]any{"volumeHandle": volumeID},
+			"volumeSnapshotRef": map[string]any{"kind": "VolumeSnapshot", "namespace": ns, "name": name, "uid": uid}},
+		"status": map[string]any{"snapshotHandle": made, "readyToUse": true}}})
+	return name, made
+}
+
+// TestPeerReadRestoreOfGroupMember: a member of a group snapshot is
+// restored on another node. Its content, which the snapshot controller
+// makes, names the member's volume in spec and the member's handle only
+// in status; the member's snapshot is the one this plugin made of that
+// volume in the group the csi-snapshotter names after the group's uid,
+// which the content's name (sha256 of that uid and the volume, never
+// writable) proves. The owner the member's VolumeSnapshot names, which
+// its namespace may edit, is taken only when the content's name agrees.
+func TestPeerReadRestoreOfGroupMember(t *testing.T) {
+	api := peertest.New()
+	az := &APIAuthorizer{API: api.Client, Driver: forgeDriver}
+	logVol := tagged(blockdev.VolumeID("pvc-u-log"), "n1")
+	dataVol := tagged(blockdev.VolumeID("pvc-u-data"), "n1")
+	logSnap, logMade := groupMember(t, api, "bank", "u-group", logVol, "u-logsnap")
+	_, dataMade := groupMember(t, api, "bank", "u-group", dataVol, "u-datasnap")
+	api.Put(t, pendingClaim("bank", "log-restore", "u-lr", "n2", fromSnapshot(logSnap)))
+	readAs(t, az, "n2", "bank/log-restore", peer.SourceSnapshot, logMade, "")
+	// The group's other member is not this snapshot.
+	readAs(t, az, "n2", "bank/log-restore", peer.SourceSnapshot, dataMade, "is not the snapshot "+dataMade)
+
+	// The member's snapshot said to be owned by another group: its
+	// content's name is not that group's.
+	otherMade := blockdev.SnapshotID(blockdev.GroupSnapshotID("groupsnapshot-u-other")+"/"+blockdev.VolumeID("pvc-u-log")) + "-" + NodeTag("n1")
+	vs, err := api.Client.Resource(kubeapi.VolumeSnapshots).Namespace("bank").Get(context.Background(), logSnap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vs.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: "groupsnapshot.storage.k8s.io/v1", Kind: "VolumeGroupSnapshot", Name: "other", UID: "u-other"}})
+	api.Put(t, vs)
+	readAs(t, az, "n2", "bank/log-restore", peer.SourceSnapshot, otherMade, "is not the snapshot "+otherMade)
 }

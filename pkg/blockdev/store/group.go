@@ -25,8 +25,9 @@ import (
 // records (a crash mid-way), so a retry makes the group afresh. Each
 // member is an ordinary snapshot (its own change record, restores, deltas)
 // that names its group (blockdev.Snapshot.GroupID); its name, and so its
-// ID, derives from the group's ID and the volume's (memberName), so a
-// retried create lands on the same snapshots.
+// ID, derives from the group's ID and the volume's
+// (blockdev.GroupMemberName), so a retried create lands on the same
+// snapshots.
 
 // GroupSource is one volume of a group snapshot: how to hold it steady
 // while it is copied (nil when it is not in use) and how to cut its
@@ -37,10 +38,6 @@ type GroupSource struct {
 	Hold     Hold
 	Cut      *ChangeCut
 }
-
-// memberName is the name of the snapshot of the volume vid in the group
-// gid.
-func memberName(gid, vid string) string { return gid + "/" + vid }
 
 // planGroup returns the group named name of the sources' volumes, members
 // sorted by volume ID, or ErrInvalid for no source, an ID that is not a
@@ -61,7 +58,7 @@ func planGroup(name string, sources []GroupSource) (blockdev.GroupSnapshot, map[
 		bySource[src.VolumeID] = src
 	}
 	for _, vid := range slices.Sorted(maps.Keys(bySource)) {
-		g.Members = append(g.Members, blockdev.GroupMember{VolumeID: vid, SnapshotID: blockdev.SnapshotID(memberName(g.ID, vid))})
+		g.Members = append(g.Members, blockdev.GroupMember{VolumeID: vid, SnapshotID: blockdev.SnapshotID(blockdev.GroupMemberName(g.ID, vid))})
 	}
 	return g, bySource, nil
 }
@@ -101,7 +98,7 @@ func (s *Store) CreateGroupSnapshot(ctx context.Context, name string, sources []
 	takes := make([]*snapshotTake, len(g.Members))
 	for i, m := range g.Members {
 		v, _ := s.Volume(m.VolumeID)
-		snap := blockdev.Snapshot{ID: m.SnapshotID, Name: memberName(g.ID, m.VolumeID), SourceVolumeID: m.VolumeID,
+		snap := blockdev.Snapshot{ID: m.SnapshotID, Name: blockdev.GroupMemberName(g.ID, m.VolumeID), SourceVolumeID: m.VolumeID,
 			SizeBytes: v.SizeBytes, CreatedAt: g.CreatedAt, GroupID: g.ID}
 		if err := s.reserveCopy(snap.ID, s.dataFile(v.ID)); err != nil {
 			return blockdev.GroupSnapshot{}, fmt.Errorf("group snapshot %q: %w", name, err)

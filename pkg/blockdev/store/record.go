@@ -249,7 +249,7 @@ func validateSnapshot(sn blockdev.Snapshot, id string) error {
 	if !blockdev.IsVolumeID(sn.SourceVolumeID) {
 		return fmt.Errorf("snapshot %s: source volume %q is not a volume ID", id, sn.SourceVolumeID)
 	}
-	if sn.GroupID != "" && sn.Name != memberName(sn.GroupID, sn.SourceVolumeID) {
+	if sn.GroupID != "" && sn.Name != blockdev.GroupMemberName(sn.GroupID, sn.SourceVolumeID) {
 		return fmt.Errorf("snapshot %s: group %q is not the group its name %q says", id, sn.GroupID, sn.Name)
 	}
 	return nil
@@ -275,7 +275,7 @@ func validateGroup(g blockdev.GroupSnapshot, id string) error {
 		if !blockdev.IsVolumeID(m.VolumeID) || (i > 0 && m.VolumeID <= g.Members[i-1].VolumeID) {
 			return fmt.Errorf("group snapshot %s: member volume %q not a volume ID in order", id, m.VolumeID)
 		}
-		if m.SnapshotID != blockdev.SnapshotID(memberName(id, m.VolumeID)) {
+		if m.SnapshotID != blockdev.SnapshotID(blockdev.GroupMemberName(id, m.VolumeID)) {
 			return fmt.Errorf("group snapshot %s: member snapshot %q of %s is not the one its name derives", id, m.SnapshotID, m.VolumeID)
 		}
 	}
