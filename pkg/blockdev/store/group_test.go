@@ -287,7 +287,7 @@ func TestGroupRecordsAreValidated(t *testing.T) {
 	vid, vid2 := blockdev.VolumeID("a"), blockdev.VolumeID("b")
 	gid := blockdev.GroupSnapshotID("g")
 	member := func(v string) blockdev.GroupMember {
-		return blockdev.GroupMember{VolumeID: v, SnapshotID: blockdev.SnapshotID(memberName(gid, v))}
+		return blockdev.GroupMember{VolumeID: v, SnapshotID: blockdev.SnapshotID(blockdev.GroupMemberName(gid, v))}
 	}
 	ok := blockdev.GroupSnapshot{ID: gid, Name: "g", Members: []blockdev.GroupMember{member(vid), member(vid2)}}
 	if vid > vid2 {
@@ -315,7 +315,7 @@ func TestGroupRecordsAreValidated(t *testing.T) {
 			}
 		})
 	}
-	snap := blockdev.Snapshot{ID: member(vid).SnapshotID, Name: memberName(gid, vid), SourceVolumeID: vid, SizeBytes: mib, GroupID: gid}
+	snap := blockdev.Snapshot{ID: member(vid).SnapshotID, Name: blockdev.GroupMemberName(gid, vid), SourceVolumeID: vid, SizeBytes: mib, GroupID: gid}
 	if err := (record{State: stateReady, Snapshot: &snap}).validate(snap.ID); err != nil {
 		t.Fatalf("a valid member: %v", err)
 	}
