@@ -74,12 +74,12 @@ type plugin struct {
 func newPlugin(t *testing.T) *plugin { return newPluginIn(t, -1) }
 
 // newPluginIn starts the plugin in the cgroup open as cgroupFD (-1: this
-// process's cgroup).
-func newPluginIn(t *testing.T, cgroupFD int) *plugin {
+// process's cgroup), with extra serve flags args.
+func newPluginIn(t *testing.T, cgroupFD int, args ...string) *plugin {
 	bin := requireVM(t)
 	dir := workDir(t)
 	p := &plugin{t: t, bin: bin, dir: dir, dataDir: filepath.Join(dir, "data"),
-		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock"), cgroupFD: cgroupFD}
+		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock"), cgroupFD: cgroupFD, args: args}
 	p.start()
 	t.Cleanup(p.stop)
 	return p
