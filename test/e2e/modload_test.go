@@ -21,7 +21,7 @@ import (
 // VM's boot loads the module; the test unloads it first, as a node boots
 // without it.
 func TestPluginLoadsUblk(t *testing.T) {
-	requireVM(t)
+	bin := requireVM(t)
 	if left := ublkDevices(t); len(left) > 0 {
 		t.Fatalf("ublk devices %v exist: ublk_drv cannot be unloaded", left)
 	}
@@ -49,7 +49,7 @@ func TestPluginLoadsUblk(t *testing.T) {
 		}
 	}
 
-	p := newPluginIn(t, -1, "--backend", "auto")
+	p := startBinary(t, bin, -1, "--backend", "auto")
 	v := p.provision("loaded", 64<<20, blockCap(), nil)
 	dev, err := filepath.EvalSymlinks(p.devLink(v))
 	if err != nil {
