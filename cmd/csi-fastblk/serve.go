@@ -67,7 +67,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		driver.ParamDeviceClass+": name=NAME,path=PATH[,reserve=SIZE|N%][,over-provision-ratio=R] (repeat for more; --data-dir is the class "+
 		"\"default\"). The path must exist and, on the root filesystem (that of / or of --registration-dir), have a reserve; a class that fails "+
 		"its checks is not served, and the others are")
-	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes this node accepts (0 = no limit)")
+	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes in use by pods on this node at once, reported to the kubelet as its attach limit for the scheduler (0 = no limit)")
 	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk where it works, loading ublk_drv where the kernel has it but did not load it; "+
 		"else loop, saying why), ublk or loop")
 	fs.StringVar(&c.devices.DevDir, "dev-dir", "/dev/fastblk", "directory for stable device links <dev-dir>/<volume-id>")
@@ -135,13 +135,13 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			"StorageClasses (and their pending claims) it gives no capacity, saying why; needs the API server (--node-id must be the node's name)")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
 		"how often to retry restoring staged volumes whose devices could not be restored at start, for example because the backing file system was not yet mounted (0 = never)")
+	klog.InitFlags(fs) // -v and klog's other flags
 	return c
 }
 
 func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfg := serveFlags(fs)
-	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ var (
 	descFSFree    = prometheus.NewDesc(ns+"_node_filesystem_free_bytes", "Free space of the device class's filesystem, whatever volumes may still grow into.", classLabels, nil)
 	descAlloc     = prometheus.NewDesc(ns+"_volume_allocated_bytes", "Disk space the volume's sparse file takes.", volLabels, nil)
 	descCapAvail  = prometheus.NewDesc(ns+"_node_capacity_available_bytes", "Bytes the device class can still provision on the node (after its reserve and over-provisioning): what GetCapacity reports for its StorageClasses.", classLabels, nil)
-	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the device class's filesystem (times its over-provisioning ratio).", classLabels, nil)
+	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the device class's filesystem, times its over-provisioning ratio when it is above 1.", classLabels, nil)
 	descVolumes   = prometheus.NewDesc(ns+"_volumes", "Volumes of the device class on this node.", classLabels, nil)
 	descSnapshots = prometheus.NewDesc(ns+"_snapshots", "Snapshots of the device class on this node.", classLabels, nil)
 	descClassDown = prometheus.NewDesc(ns+"_device_class_unavailable", "1 for a device class the node cannot serve (a bad directory, or removed while volumes use it), labelled with its volumes out of service; absent for the classes it serves.", append(classLabels, "path"), nil)
