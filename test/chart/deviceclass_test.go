@@ -164,20 +164,7 @@ func TestNodeReport(t *testing.T) {
 			t.Errorf("the node account may not %s %s", w[1], w[2])
 		}
 	}
-	var p struct {
-		Spec struct {
-			FailurePolicy    string `yaml:"failurePolicy"`
-			MatchConstraints struct {
-				ResourceRules []struct {
-					Operations []string `yaml:"operations"`
-					Resources  []string `yaml:"resources"`
-				} `yaml:"resourceRules"`
-			} `yaml:"matchConstraints"`
-			MatchConditions []struct{ Expression string }       `yaml:"matchConditions"`
-			Variables       []struct{ Name, Expression string } `yaml:"variables"`
-			Validations     []struct{ Expression string }       `yaml:"validations"`
-		} `yaml:"spec"`
-	}
+	var p admissionPolicy
 	if err := named(t, objs, "ValidatingAdmissionPolicy", "csi-fastblk-node-report").decode(&p); err != nil {
 		t.Fatal(err)
 	}

@@ -220,27 +220,30 @@ func TestPeerToken(t *testing.T) {
 	}
 }
 
+// admissionPolicy is the part of a ValidatingAdmissionPolicy the tests read.
+type admissionPolicy struct {
+	Spec struct {
+		FailurePolicy    string `yaml:"failurePolicy"`
+		MatchConstraints struct {
+			ResourceRules []struct {
+				APIGroups  []string `yaml:"apiGroups"`
+				Operations []string `yaml:"operations"`
+				Resources  []string `yaml:"resources"`
+			} `yaml:"resourceRules"`
+		} `yaml:"matchConstraints"`
+		MatchConditions []struct{ Expression string }       `yaml:"matchConditions"`
+		Variables       []struct{ Name, Expression string } `yaml:"variables"`
+		Validations     []struct{ Expression string }       `yaml:"validations"`
+	} `yaml:"spec"`
+}
+
 // TestNodeClaimPolicy: an admission policy, bound to deny, covers every
 // update of a claim (not its status) by the node account alone: the
 // selected node kept, removed or set to the requester's own node where
 // there is none, and the spec unchanged. peer.claimPolicy=false drops it.
 func TestNodeClaimPolicy(t *testing.T) {
 	objs := render(t)
-	var p struct {
-		Spec struct {
-			FailurePolicy    string `yaml:"failurePolicy"`
-			MatchConstraints struct {
-				ResourceRules []struct {
-					APIGroups  []string `yaml:"apiGroups"`
-					Operations []string `yaml:"operations"`
-					Resources  []string `yaml:"resources"`
-				} `yaml:"resourceRules"`
-			} `yaml:"matchConstraints"`
-			MatchConditions []struct{ Expression string }       `yaml:"matchConditions"`
-			Variables       []struct{ Name, Expression string } `yaml:"variables"`
-			Validations     []struct{ Expression string }       `yaml:"validations"`
-		} `yaml:"spec"`
-	}
+	var p admissionPolicy
 	policy := named(t, objs, "ValidatingAdmissionPolicy", "csi-fastblk-node-claims")
 	if err := policy.decode(&p); err != nil {
 		t.Fatal(err)
