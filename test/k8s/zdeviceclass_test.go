@@ -306,7 +306,10 @@ func (c *cluster) alertFires(t *testing.T, alert, metrics string, target map[str
 	if promtool == "" {
 		promtool = "/var/cache/csi-fastblk-k8s/bin/promtool"
 	}
-	manifest, err := c.run("", "helm", "template", release, chartDir(t), "--namespace", pluginNS,
+	// helm template checks the chart's kubeVersion against its own
+	// default (v1.20) unless told the cluster's.
+	version := c.jsonpath(t, "{.status.nodeInfo.kubeletVersion}", "get", "node", nodes[0])
+	manifest, err := c.run("", "helm", "template", release, chartDir(t), "--namespace", pluginNS, "--kube-version", version,
 		"--set", "metrics.prometheusRule.enabled=true", "--show-only", "templates/prometheusrule.yaml")
 	if err != nil {
 		t.Fatal(err)
