@@ -56,6 +56,15 @@ FASTBLK_REQUIRE ?= root,loop,tools,cgroup,ioacct,ext4error,smp,odirect,bufring,f
 export FASTBLK_REQUIRE
 TEST_TAGS := failpoint,ablation
 
+# make test's Go builds compile each package once into one build cache: with
+# -trimpath and without cgo, as the static binary, the image and the VM's
+# test binaries are built, so go vet, staticcheck, the test binaries and the
+# plugin binaries the tests build share every compiled dependency. Only the
+# race detector needs cgo (unit, and the VM's race step, which builds as
+# unit does).
+$(TEST_PHASES): export GOFLAGS := $(strip $(shell $(GO) env GOFLAGS) -trimpath)
+$(filter-out unit,$(TEST_PHASES)): export CGO_ENABLED := 0
+
 unit:
 	$(GO) test -race -count=1 -tags '$(TEST_TAGS)' $$($(GO) list ./... | grep -v /test/)
 

@@ -42,6 +42,7 @@ type serveConfig struct {
 	labelContents  bool
 	kubeReport     bool
 	classes        classFlags
+	labelGroups    bool
 	driver         driver.Config
 	peer           peerConfig
 	store          store.Config
@@ -127,8 +128,11 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			"(default: status.sock beside a unix CSI endpoint's socket; none disables)")
 	fs.BoolVar(&c.exposeStatus, "expose-status", false, "also serve /status on --metrics-address, to anyone who can reach it")
 	fs.BoolVar(&c.labelContents, "label-snapshot-contents", false,
-		"give VolumeSnapshotContents made by hand for this node's snapshots the label "+snapshotowner.ManagedBy+
-			" with this node's ID (which must be its node name), so that a csi-snapshotter in --node-deployment mode handles them; needs the API server")
+		"give VolumeSnapshotContents made by hand for this node's snapshots, and those of the members of this node's group snapshots, the label "+
+			snapshotowner.ManagedBy+" with this node's ID (which must be its node name), so that a csi-snapshotter in --node-deployment mode handles them; needs the API server")
+	fs.BoolVar(&c.labelGroups, "label-group-snapshots", false,
+		"give the VolumeGroupSnapshotContents of this node's volumes, and their VolumeGroupSnapshotClasses in turn, the label "+
+			snapshotowner.ManagedBy+" with this node's ID, so that a csi-snapshotter in --node-deployment mode makes and deletes its group snapshots; needs the API server")
 	fs.BoolVar(&c.kubeReport, "kube-report", false,
 		"tell the cluster what this node serves: label its Node "+nodereport.BackendLabel("<driver>")+"=ublk|loop, annotate it with "+
 			nodereport.ReasonAnnotation("<driver>")+" and post a Warning event when it serves loop for want of ublk, and post events on the "+
@@ -201,7 +205,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	var peers *peerChannel
 	var api dynamic.Interface
-	if cfg.peer.address != "" || cfg.labelContents || cfg.kubeReport {
+	if cfg.peer.address != "" || cfg.labelContents || cfg.labelGroups || cfg.kubeReport {
 		if api, err = kubeapi.InCluster("plugin"); err != nil {
 			return fmt.Errorf("kubernetes API (for the peer channel, the snapshot labeller and --kube-report): %w", err)
 		}
@@ -249,8 +253,14 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	go drv.WatchIOErrors(ctx, ioWatchInterval)
 	if cfg.labelContents {
-		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot}
+		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot,
+			HoldsGroup: drv.HoldsGroupSnapshot}
 		go l.Run(ctx, contentLabelInterval)
+	}
+	if cfg.labelGroups {
+		g := &snapshotowner.Groups{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID,
+			HoldsVolume: drv.HoldsVolume, HoldsGroup: drv.HoldsGroupSnapshot}
+		go g.Run(ctx, groupLabelInterval)
 	}
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
@@ -344,6 +354,12 @@ const ioWatchInterval = 2 * time.Second
 // contentLabelInterval is how often the plugin looks for hand-made
 // snapshot contents to label: a LIST of the unlabelled ones only.
 const contentLabelInterval = 10 * time.Second
+
+// groupLabelInterval is how often the plugin looks again at the group
+// snapshot objects it watches, besides each change: a class changes hands
+// after a time (snapshotowner.Groups), and a node waiting for one takes it
+// within this of its release. A pass reads the watches' caches only.
+const groupLabelInterval = 2 * time.Second
 
 // retryReconcile calls Reconcile every interval until it succeeds or ctx
 // ends.
