@@ -299,3 +299,46 @@ func (d *Driver) Stores() []*store.Store {
 	d.store.each(func(_ string, st *store.Store) { out = append(out, st) })
 	return out
 }
+
+// GroupSnapshot is the group snapshot id in whichever class holds it (a
+// group's ID does not name its class): the default class's NotFound when
+// none does.
+func (c *classes) GroupSnapshot(id string) (blockdev.GroupSnapshot, error) {
+	g, err := c.def.GroupSnapshot(id)
+	if err == nil {
+		return g, nil
+	}
+	for _, st := range c.named {
+		if h, e := st.GroupSnapshot(id); e == nil {
+			return h, nil
+		}
+	}
+	return g, err
+}
+
+// CreateGroupSnapshot takes a group snapshot in its volumes' class: its
+// members' snapshots are made together in one store, so the volumes of a
+// group must share a class.
+func (c *classes) CreateGroupSnapshot(ctx context.Context, name string, sources []store.GroupSource) (blockdev.GroupSnapshot, error) {
+	st, class := c.def, devclass.Default
+	for i, s := range sources {
+		sst, sc := c.of(s.VolumeID)
+		if i > 0 && sst != st {
+			return blockdev.GroupSnapshot{}, fmt.Errorf("group snapshot %q: volume %s is in device class %s and volume %s in %s: "+
+				"the volumes of a group snapshot share one device class: %w", name, sources[0].VolumeID, class, s.VolumeID, sc, blockdev.ErrInvalid)
+		}
+		st, class = sst, sc
+	}
+	return st.CreateGroupSnapshot(ctx, name, sources)
+}
+
+// DeleteGroupSnapshot deletes the group snapshot id from the class that
+// holds it (none: the default class's answer, gone already).
+func (c *classes) DeleteGroupSnapshot(ctx context.Context, id string) error {
+	for _, st := range c.named {
+		if _, err := st.GroupSnapshot(id); err == nil {
+			return st.DeleteGroupSnapshot(ctx, id)
+		}
+	}
+	return c.def.DeleteGroupSnapshot(ctx, id)
+}

@@ -154,13 +154,6 @@ func (n *classNode) capacity(class string) int64 {
 	return resp.GetAvailableCapacity()
 }
 
-func wantCode(t *testing.T, what string, err error, code codes.Code, says string) {
-	t.Helper()
-	if status.Code(err) != code || !strings.Contains(err.Error(), says) {
-		t.Errorf("%s: %v, want %s saying %q", what, err, code, says)
-	}
-}
-
 // TestVolumesLandInTheirClass: a StorageClass's deviceClass picks the
 // store, the volume's ID names it, and every later call finds it there
 // (also after a restart); a name lives in one class only, and bad class
@@ -484,5 +477,54 @@ func TestPullStaysInItsClass(t *testing.T) {
 	restored := filepath.Join(fast[n2], "volumes", storeVolumeID(v.GetVolumeId())+".img")
 	if fileSum(t, restored) != fileSum(t, n1.file(snap)) {
 		t.Error("the restored volume in n2's fast class differs from the snapshot")
+	}
+}
+
+// TestGroupSnapshotStaysInOneClass: a group snapshot of a class's volumes
+// is taken in that class (its members name it and are found by their
+// IDs), Get and Delete find the group there, and a group of volumes of
+// two classes is refused, saying so.
+func TestGroupSnapshotStaysInOneClass(t *testing.T) {
+	n := newClassNode(t, t.TempDir())
+	ctx := context.Background()
+	g := &GroupController{d: n.d}
+	var fast []string
+	for _, name := range []string{"pvc-a", "pvc-b"} {
+		id, err := n.createIn("fast", name, 8<<20, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fast = append(fast, id)
+	}
+	resp, err := g.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group-fast", SourceVolumeIds: fast})
+	if err != nil {
+		t.Fatal(err)
+	}
+	grp := resp.GetGroupSnapshot()
+	if len(grp.GetSnapshots()) != 2 || !grp.GetReadyToUse() {
+		t.Fatalf("group %v: want two members, ready", grp)
+	}
+	for _, s := range grp.GetSnapshots() {
+		if !strings.Contains(s.GetSnapshotId(), ".fast.") {
+			t.Errorf("member %s does not name its class fast", s.GetSnapshotId())
+		}
+	}
+	if got, err := g.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: grp.GetGroupSnapshotId()}); err != nil ||
+		len(got.GetGroupSnapshot().GetSnapshots()) != 2 {
+		t.Errorf("GetVolumeGroupSnapshot: %v, %v", got, err)
+	}
+
+	def, err := n.createIn("", "pvc-default", 8<<20, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = g.CreateVolumeGroupSnapshot(ctx, &csi.CreateVolumeGroupSnapshotRequest{Name: "group-mixed", SourceVolumeIds: []string{fast[0], def}})
+	wantCode(t, "a group of two classes' volumes", err, codes.InvalidArgument, "share one device class")
+
+	if _, err := g.DeleteVolumeGroupSnapshot(ctx, &csi.DeleteVolumeGroupSnapshotRequest{GroupSnapshotId: grp.GetGroupSnapshotId()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := g.GetVolumeGroupSnapshot(ctx, &csi.GetVolumeGroupSnapshotRequest{GroupSnapshotId: grp.GetGroupSnapshotId()}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetVolumeGroupSnapshot after delete: %v, want NotFound", err)
 	}
 }
