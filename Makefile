@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
-.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-conformance e2e-k8s-long e2e-k8s-down bench bench-engine \
+.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-conformance e2e-k8s-long e2e-k8s-down bench bench-engine bench-copy \
         bench-vm bench-scale chart-test chart-readme chart-crds deploy image lint fmt vet clean
 
 all: build
@@ -120,6 +120,9 @@ bench: deps build static
 
 bench-engine: build
 	hack/bench/engine.sh
+
+bench-copy: deps static
+	hack/bench/copy.sh
 
 bench-scale: static
 	hack/vm/bench-scale.sh

@@ -114,6 +114,22 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			c.devices.BatchIO = s
 			return err
 		})
+	fs.Func("copy-budget", "share of an in-use volume's IOPS this node's background copies (restores, clones, streams to and from "+
+		"other nodes) may cost it, from 0.01 to 0.9: a copy that costs more runs more slowly, down to a tenth of its rate (default 0.2; "+
+		"0 paces copies by their rates alone)", func(s string) error {
+		v, err := strconv.ParseFloat(s, 64)
+		switch {
+		case err != nil:
+			return err
+		case v == 0:
+			c.driver.CopyBudget = -1
+		case v < 0.01 || v > 0.9:
+			return fmt.Errorf("%v: want 0 (off) or from 0.01 to 0.9", v)
+		default:
+			c.driver.CopyBudget = v
+		}
+		return nil
+	})
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
 		"advertise ControllerExpandVolume (in a cluster only with --peer-address: external-resizer has no per-node mode, so its leader's plugin forwards other nodes' volumes to them)")
 	peerFlags(fs, &c.peer)

@@ -14,6 +14,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/copypace"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
@@ -57,6 +58,11 @@ type Config struct {
 	// asked for (--backend auto fell back), for the messages of what
 	// only ublk can do ("": it did not fall back).
 	LoopBecause string
+	// CopyBudget is the share of an in-use volume's IOPS this node's
+	// background copies (restores, clones, streams to and from peers)
+	// may cost it (pacing.go): 0 for copypace.DefaultBudget, negative
+	// for none (copies bounded by their rates alone).
+	CopyBudget float64
 }
 
 // NoCapacityReporter is told, by GetCapacity, why this node gives the
@@ -82,6 +88,8 @@ type Driver struct {
 	// peerCopies are the copies of this node's volumes peers pull
 	// (peercopy.go).
 	peerCopies peerCopies
+	// copies paces this node's background copies (pacing.go).
+	copies *copypace.Governor
 	// readiness is set before serving (AddReadinessCheck), read only after.
 	readiness []readinessCheck
 	// snapMeta is this node's own SnapshotMetadata service, for its own
@@ -112,6 +120,7 @@ func New(cfg Config, store *store.Store, backend blockdev.Backend) (*Driver, err
 		tag:     nodeTag(cfg.NodeID),
 	}
 	d.snapMeta = &SnapshotMetadata{d: d}
+	d.copies = copypace.New(copypace.Config{Devices: d.attachedDevices, Budget: cfg.CopyBudget})
 	return d, nil
 }
 
