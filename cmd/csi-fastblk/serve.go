@@ -84,6 +84,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.devices.NearQueues, "ublk-near-queues", false, "benchmarks only: pin ublk server threads one per CPU and place each device queue on the thread of a CPU the kernel maps to it")
 	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
+	fs.StringVar(&c.devices.UserCopy, "ublk-user-copy", "auto", "benchmarks only: new ublk devices without zero copy copy through the char device (USER_COPY, Linux 6.5+): auto (where the kernel offers it), on or off")
 	// Off by default: beside busy neighbours on the host's disk the
 	// kernel's hand-off of the writes to io-wq gave them 9-29% more IOPS
 	// at less CPU per I/O on 7.3, and a lone volume's writes were even

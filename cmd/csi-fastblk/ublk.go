@@ -42,6 +42,7 @@ func ublkServe(ctx context.Context, args []string) error {
 	queues := fs.Int("queues", 0, "hardware queues (0 = tuning policy)")
 	depth := fs.Int("depth", 0, "queue depth, a power of two (0 = tuning policy)")
 	zc := fs.String("zero-copy", "auto", "zero copy: auto, on or off")
+	uc := fs.String("user-copy", "auto", "without zero copy, copy through /dev/ublkcN (USER_COPY, Linux 6.5+) instead of the kernel's copy mode: auto, on or off")
 	batchIO := fs.String("batch-io", "off", "fetch and commit requests in batches (UBLK_F_BATCH_IO, Linux 7.0+): auto (where offered), on or off")
 	null := fs.Bool("null", false, "serve a null device (benchmarks only; no data is kept)")
 	sizeStr := fs.String("size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
@@ -51,6 +52,11 @@ func ublkServe(ctx context.Context, args []string) error {
 	var qo ublk.QueueOptions
 	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
+	fs.Func("copy-inline", "user copy: largest request the server thread copies itself; larger ones are copied by io-wq (0: the default)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		qo.CopyInlineBytes = uint32(n)
+		return err
+	})
 	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a server thread polls for completions after a busy round before sleeping (0: never)")
 	nowait := fs.String("nowait-writes", "off", "keep the backing file's mtime current from the server thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: off (the plugin's default), auto (where the filesystem refuses NOWAIT writes over a stale mtime) or on")
 	var tc ublk.ThreadConfig
@@ -71,6 +77,10 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	batchMode, err := ublk.ParseMode("--batch-io", *batchIO)
+	if err != nil {
+		return err
+	}
+	ucMode, err := ublk.ParseMode("--user-copy", *uc)
 	if err != nil {
 		return err
 	}
@@ -108,7 +118,7 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(stateDir)
-	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: qo,
+	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, UserCopy: ucMode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: qo,
 		Threads: *threads, Thread: tc})
 	if err != nil {
 		return err
@@ -120,8 +130,8 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Printf("device %s\n", s.Path)
-	fmt.Printf("tuning queues=%d depth=%d max_io=%d zero_copy=%v nowait_writes=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
-		s.Tuning.MaxIOBytes, s.Tuning.ZeroCopy, s.NowaitWrites, ublk.FormatFlags(s.Flags))
+	fmt.Printf("tuning queues=%d depth=%d max_io=%d copy=%s nowait_writes=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
+		s.Tuning.MaxIOBytes, s.Tuning.CopyMode(), s.NowaitWrites, ublk.FormatFlags(s.Flags))
 	<-ctx.Done()
 	if total, _, ok := srv.Stats(id); ok {
 		fmt.Printf("queues (all): %+v\n", total)

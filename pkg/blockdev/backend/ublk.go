@@ -48,6 +48,13 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 			return nil, ublkErr("ublk backend", err)
 		}
 	}
+	var uc ublk.Mode // "": auto
+	if cfg.UserCopy != "" {
+		var err error
+		if uc, err = ublk.ParseMode("ublk user copy", cfg.UserCopy); err != nil {
+			return nil, ublkErr("ublk backend", err)
+		}
+	}
 	var nowait ublk.Mode // "": auto
 	if cfg.NowaitWrites != "" {
 		var err error
@@ -64,6 +71,7 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		Owner:        cfg.Owner,
 		BatchIO:      batch,
 		ZeroCopy:     zc,
+		UserCopy:     uc,
 		NowaitWrites: nowait,
 		Threads:      cfg.Threads,
 		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers,
