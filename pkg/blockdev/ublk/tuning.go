@@ -73,7 +73,7 @@ type Tuning struct {
 	UserCopy    bool  `json:"userCopy,omitempty"`
 	// PoolBytes is, with user copy, the memory the device lends its
 	// requests larger than 16 KiB, an equal share per queue (at least
-	// MaxIOBytes each).
+	// MaxIOBytes each): the memory budget.
 	PoolBytes int64 `json:"poolBytes,omitempty"`
 }
 
@@ -110,10 +110,12 @@ func (t Tuning) CopyMode() string {
 //     (halving, down to 16), then queues; an overridden value never
 //     shrinks. Overrides together may cost at most 256 MiB, else error.
 //  5. Zero copy has no buffers, so the budget does not apply.
-//  6. User copy keeps 16 KiB per tag (the small requests of random I/O);
-//     larger requests borrow from the device's pool, which gets the rest
-//     of the budget, at least one largest request per queue. The budget
-//     then bounds the memory, not the request size.
+//  6. User copy keeps 16 KiB per tag (the small requests of random I/O),
+//     and larger requests borrow from their queue's share of a pool of
+//     the budget (at least one largest request per queue): a queue may
+//     have as many bytes of large requests in flight as copy mode's tag
+//     buffers hold, in requests of up to 1 MiB. The budget then bounds
+//     the memory, not the request size; the tag buffers come on top.
 //
 // The buffers are mmapped and touched lazily, so the resident cost of a
 // volume doing only 4 KiB I/O is far below BufferBytes.
@@ -166,16 +168,15 @@ func userCopyTagBytes(t Tuning) int64 {
 	return int64(t.Queues) * int64(t.Depth) * int64(min(t.MaxIOBytes, dataplane.UserCopyTagBytes))
 }
 
-// userCopyPool is the pool of a user-copy device: what the budget leaves
-// after the tag buffers, in whole 16 KiB chunks per queue, and at least one
-// request of MaxIOBytes per queue; none when no request outgrows a tag's
-// buffer.
+// userCopyPool is the pool of a user-copy device: the budget, in whole 16
+// KiB chunks per queue, and at least one request of MaxIOBytes per queue;
+// none when no request outgrows a tag's buffer.
 func userCopyPool(t Tuning, budget int64) int64 {
 	if t.MaxIOBytes <= dataplane.UserCopyTagBytes {
 		return 0
 	}
 	chunk := int64(dataplane.UserCopyTagBytes)
-	share := (budget - userCopyTagBytes(t)) / int64(t.Queues) / chunk * chunk
+	share := budget / int64(t.Queues) / chunk * chunk
 	share = max(share, (int64(t.MaxIOBytes)+chunk-1)/chunk*chunk)
 	return share * int64(t.Queues)
 }
