@@ -65,7 +65,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
 	fs.IntVar(&c.devices.Tuning.QueueDepth, "queue-depth", 0, "default ublk queue depth (0 = from the node's CPUs and memory)")
 	fs.Func("max-io-size", "default largest ublk request in copy mode, in bytes or with Ki/Mi, a multiple of 4Ki up to 1Mi "+
-		"(default 128Ki; each queue slot has a buffer this big, within a 16 MiB budget per volume; zero copy always takes 1Mi)",
+		"(default 1Mi with user copy, 128Ki in copy mode, where each queue slot has a buffer this big within a 16 MiB budget per volume; zero copy always takes 1Mi)",
 		func(s string) (err error) {
 			c.devices.Tuning.MaxIOBytes, err = driver.ParseMaxIOSize(s)
 			return err

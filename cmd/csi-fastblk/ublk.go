@@ -144,7 +144,7 @@ func ublkServeFlags(fs *flag.FlagSet) *ublkServeArgs {
 	fs.IntVar(&a.threads, "threads", 0, "server threads shared by the device's queues (0 = one per CPU)")
 	fs.BoolVar(&a.queue.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&a.queue.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
-	fs.Func("copy-inline", "user copy: largest request the server thread copies itself; larger ones are copied by io-wq (0: the default)", func(v string) error {
+	fs.Func("copy-inline", "user copy: largest request the server thread copies itself; larger ones are copied by io-wq (0: 64 KiB)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		a.queue.CopyInlineBytes = uint32(n)
 		return err
