@@ -121,7 +121,7 @@ run_fio() {
 		--runtime="$RUNTIME" --ramp_time=2 --group_reporting --randrepeat=0 \
 		--rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" \
 		--output-format=terse --terse-version=3 | awk -F';' -v rw="$rw" -v qd="$qd" '
-		NF > 50 { r_bw = $7; r_iops = $8; r_lat = $40; w_bw = $48; w_iops = $49; w_lat = $81; ok = 1 }
+		NF > 90 { r_bw = $7; r_iops = $8; r_lat = $40; w_bw = $48; w_iops = $49; w_lat = $81; ok = 1 }
 		END {
 			if (!ok) exit 1
 			if (rw == "randread" && qd == 1) printf "%.1f us\n", r_lat
