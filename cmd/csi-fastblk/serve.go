@@ -75,18 +75,19 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
 	fs.IntVar(&c.devices.Tuning.QueueDepth, "queue-depth", 0, "default ublk queue depth (0 = from the node's CPUs and memory)")
 	fs.Func("max-io-size", "default largest ublk request in copy mode, in bytes or with Ki/Mi, a multiple of 4Ki up to 1Mi "+
-		"(default 128Ki; each queue slot has a buffer this big, within a 16 MiB budget per volume; zero copy always takes 1Mi)",
+		"(default 1Mi with user copy, 128Ki in copy mode, where each queue slot has a buffer this big within a 16 MiB budget per volume; zero copy always takes 1Mi)",
 		func(s string) (err error) {
 			c.devices.Tuning.MaxIOBytes, err = driver.ParseMaxIOSize(s)
 			return err
 		})
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
 		"longest a ublk server thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
-	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use, at most its CPU limit)")
+	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads: with --ublk-thread-policy shared, how many serve every device (0 = one per CPU the plugin may use, at most its CPU limit); with device, the most started before devices share (0 = 256, fewer under a pids limit)")
+	fs.StringVar(&c.devices.ThreadPolicy, "ublk-thread-policy", "", "how devices get ublk server threads: device (the default: each device a thread of its own, as each loop device has its worker) or shared (a few threads serve every device)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
 	fs.IntVar(&c.devices.DiskSlots, "ublk-disk-slots", 0, "benchmarks only: most reads and writes each ublk server thread keeps in flight on the backing disk (0 = no bound, -1 = its share of the disk's request slots)")
-	fs.Func("ublk-iowq-workers", "benchmarks only: cap on each ublk server thread's io-wq workers (0 = the kernel's cap plus the depth of the deepest queue it serves)", func(v string) error {
+	fs.Func("ublk-iowq-workers", "benchmarks only: cap on each ublk server thread's io-wq workers (0 = 4 with --ublk-thread-policy device; shared: the kernel's cap plus the depth of the deepest queue it serves)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		c.devices.IOWQWorkers = uint32(n)
 		return err
@@ -94,6 +95,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.devices.NearQueues, "ublk-near-queues", false, "benchmarks only: pin ublk server threads one per CPU and place each device queue on the thread of a CPU the kernel maps to it")
 	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
+	fs.StringVar(&c.devices.UserCopy, "ublk-user-copy", "auto", "benchmarks only: new ublk devices without zero copy copy through the char device (USER_COPY, Linux 6.5+): auto (where the kernel offers it), on or off")
 	// Off by default: beside busy neighbours on the host's disk the
 	// kernel's hand-off of the writes to io-wq gave them 9-29% more IOPS
 	// at less CPU per I/O on 7.3, and a lone volume's writes were even

@@ -5,7 +5,8 @@
 # one line per run for the host to tabulate:
 #   BENCH <workload> <ublk|ublk2|loop> <rep> <value> <unit>
 # Workloads: randread/randwrite 4k at iodepth 32 with 1 and 2 jobs (IOPS),
-# 1M sequential read/write (MiB/s), 4k randread at iodepth 1 (mean latency, us).
+# 1M sequential read/write (MiB/s), 4k randread and randwrite at iodepth 1
+# (mean latency, us).
 #
 # Environment: BENCH_SIZE (backing file, default 2G), BENCH_RUNTIME (seconds per
 # run, default 10), BENCH_REPS (default 3), BENCH_SEQ_DEPTH (default 16),
@@ -20,7 +21,10 @@
 # the file made fresh again before each write run: "falloc" allocates it with
 # fallocate mode 0 as the StorageClass parameter preallocation=falloc does,
 # unwritten extents; "zero" writes zeros over it, written extents, as
-# preallocation=full leaves it).
+# preallocation=full leaves it), BENCH_PROFILE=1 (after the repetitions, one
+# more run of each workload on each device under perf: the whole guest,
+# cpu-clock, call graphs; its figure as a PROFILED line and the report's top
+# entries as PROFILE lines, see profile).
 . /opt/fastblk/vm/lib.sh
 SIZE=${BENCH_SIZE:-2G}
 RUNTIME=${BENCH_RUNTIME:-10}
@@ -28,7 +32,7 @@ REPS=${BENCH_REPS:-3}
 SEQ_DEPTH=${BENCH_SEQ_DEPTH:-16}
 FILE=$FASTBLK_DATA/bench.img
 FIO=/usr/bin/fio
-WORKLOADS=${BENCH_ONLY:-"randread-qd32-j1 randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m write-1m randread-qd1-lat"}
+WORKLOADS=${BENCH_ONLY:-"randread-qd32-j1 randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m write-1m randread-qd1-lat randwrite-qd1-lat"}
 UBLK_DEV="" UBLK_PID="" UBLK2_DEV="" UBLK2_PID="" LOOP_DEV=""
 
 cleanup() {
@@ -109,17 +113,19 @@ run_fio() {
 	read-1m) rw=read bs=1M qd=$SEQ_DEPTH nj=1 ;;
 	write-1m) rw=write bs=1M qd=$SEQ_DEPTH nj=1 ;;
 	randread-qd1-lat) rw=randread bs=4k qd=1 nj=1 ;;
+	randwrite-qd1-lat) rw=randwrite bs=4k qd=1 nj=1 ;;
 	*) echo "bench: unknown workload $1" >&2; return 1 ;;
 	esac
-	# Terse v3 fields: read bw 7 (KiB/s), iops 8, lat mean 40 (us); write bw 48, iops 49.
+	# Terse v3 fields: read bw 7 (KiB/s), iops 8, lat mean 40 (us); write bw 48, iops 49, lat mean 81.
 	$FIO --name=b --filename="$2" --direct=1 --ioengine=io_uring --time_based \
 		--runtime="$RUNTIME" --ramp_time=2 --group_reporting --randrepeat=0 \
 		--rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" \
 		--output-format=terse --terse-version=3 | awk -F';' -v rw="$rw" -v qd="$qd" '
-		NF > 50 { r_bw = $7; r_iops = $8; r_lat = $40; w_bw = $48; w_iops = $49; ok = 1 }
+		NF > 90 { r_bw = $7; r_iops = $8; r_lat = $40; w_bw = $48; w_iops = $49; w_lat = $81; ok = 1 }
 		END {
 			if (!ok) exit 1
 			if (rw == "randread" && qd == 1) printf "%.1f us\n", r_lat
+			else if (rw == "randwrite" && qd == 1) printf "%.1f us\n", w_lat
 			else if (rw == "randread") printf "%d IOPS\n", r_iops
 			else if (rw == "randwrite") printf "%d IOPS\n", w_iops
 			else if (rw == "read") printf "%.0f MiB/s\n", r_bw / 1024
@@ -145,6 +151,31 @@ prealloc() {
 		--ioengine=io_uring --iodepth=8 --zero_buffers --output-format=terse >/dev/null ;;
 	*) echo "bench: unknown preallocation mode $1" >&2; return 1 ;;
 	esac
+}
+
+# profile WORKLOAD DEVICE-NAME DEV runs the workload once on DEV under perf
+# (the whole guest; cpu-clock, as the VM has no PMU; call graphs) and prints
+# its figure as a PROFILED line and the report as PROFILE lines: the sample
+# count, by command and DSO, by symbol (self), and by symbol with callees
+# (children).
+profile() {
+	# perf samples the run's measured window (after fio's 2 s ramp).
+	(sleep 2 && exec /usr/bin/perf record -q -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$RUNTIME" 2>/tmp/perf.err) &
+	_perf=$!
+	v=$(run_fio "$1" "$3") || v="FAIL -"
+	if ! wait $_perf; then
+		echo "bench: profile $1 $2: $(tail -3 /tmp/perf.err)"
+		return 0
+	fi
+	echo "PROFILED $1 $2 $v"
+	echo "PROFILE $1 $2 samples $(/usr/bin/perf report -i /tmp/perf.data --stdio 2>/dev/null | sed -n 's/^# Samples: \([^ ]*\).*/\1/p' | head -n1)"
+	for _view in "dso:--no-children --sort comm,dso --percent-limit 1" "self:--no-children --sort sym --percent-limit 0.7" \
+		"children:--children --sort sym --percent-limit 5"; do
+		# shellcheck disable=SC2086
+		/usr/bin/perf report -i /tmp/perf.data --stdio -g none ${_view#*:} 2>/dev/null | grep -v -e '^#' -e '^ *$' |
+			sed "s/^ */PROFILE $1 $2 ${_view%%:*} /"
+	done
+	rm -f /tmp/perf.data
 }
 
 main() {
@@ -196,6 +227,18 @@ main() {
 		done
 		rep=$((rep + 1))
 	done
+	if [ "${BENCH_PROFILE:-0}" = 1 ]; then
+		for wl in $WORKLOADS; do
+			for d in $devs; do
+				case $d in
+				ublk | ublk+*) dev=$UBLK_DEV ;;
+				ublk2) dev=$UBLK2_DEV ;;
+				*) dev=$LOOP_DEV ;;
+				esac
+				live "$dev" && profile "$wl" "$d" "$dev"
+			done
+		done
+	fi
 	[ -z "$UBLK_PID" ] || kill -0 "$UBLK_PID" || { echo "bench: ublk server died"; exit 1; }
 	# The memory one attached volume costs, after every workload ran.
 	[ -z "$UBLK_PID" ] || echo "bench: ublk server memory after the runs: $(grep -E '^VmRSS' "/proc/$UBLK_PID/status" | tr -s ' \t' ' ')"

@@ -57,6 +57,10 @@ type Config struct {
 	// device's queues; 0 means one per CPU the plugin may use, at most
 	// its cgroup's CPU limit (rounded up).
 	Threads int
+	// ThreadPolicy (ublk only) is "shared" (Threads threads serve every
+	// device) or "device" (each device its own thread, up to Threads,
+	// 0 meaning ublk.DefaultDeviceThreads); "" means the default.
+	ThreadPolicy string
 	// Benchmark knobs (ublk only; zero: the product's defaults):
 	// ThreadTags sizes each server thread (ublk.ThreadConfig.Tags),
 	// ZeroCopy is "auto", "on" or "off", PollInFlight is the most requests
@@ -72,6 +76,9 @@ type Config struct {
 	// a CPU blk-mq maps to it (ublk.ThreadConfig.Near).
 	NearQueues  bool
 	IOWQWorkers uint32
+	// UserCopy is "auto", "on" or "off" ("" = auto): new devices without
+	// zero copy copy through /dev/ublkcN (ublk.ServerConfig.UserCopy).
+	UserCopy string
 	// NowaitWrites is "auto", "on" or "off" ("" = auto): new devices keep
 	// their backing file's mtime current and send writes with RWF_NOWAIT
 	// (ublk.ServerConfig.NowaitWrites).

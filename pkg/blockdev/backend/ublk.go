@@ -43,8 +43,10 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		Owner:        cfg.Owner,
 		BatchIO:      m.batch,
 		ZeroCopy:     m.zeroCopy,
+		UserCopy:     m.userCopy,
 		NowaitWrites: m.nowait,
 		Threads:      cfg.Threads,
+		ThreadPolicy: ublk.ThreadPolicy(cfg.ThreadPolicy),
 		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: m.ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers,
 			DiskSlots: cfg.DiskSlots},
 		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
@@ -64,8 +66,8 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 
 // ublkModes are the ublk server's switches, as Config names them.
 type ublkModes struct {
-	batch, zeroCopy, nowait ublk.Mode // "": the server's defaults
-	ablation                ublk.Ablation
+	batch, zeroCopy, userCopy, nowait ublk.Mode // "": the server's defaults
+	ablation                          ublk.Ablation
 }
 
 // parseUblkModes reads cfg's ublk switches, refusing bad ones (ErrInvalid)
@@ -76,7 +78,7 @@ func parseUblkModes(cfg Config) (ublkModes, error) {
 		what string
 		in   string
 		out  *ublk.Mode
-	}{{"ublk batch i/o", cfg.BatchIO, &m.batch}, {"ublk zero copy", cfg.ZeroCopy, &m.zeroCopy}, {"ublk nowait writes", cfg.NowaitWrites, &m.nowait}} {
+	}{{"ublk batch i/o", cfg.BatchIO, &m.batch}, {"ublk zero copy", cfg.ZeroCopy, &m.zeroCopy}, {"ublk user copy", cfg.UserCopy, &m.userCopy}, {"ublk nowait writes", cfg.NowaitWrites, &m.nowait}} {
 		if f.in == "" {
 			continue
 		}
