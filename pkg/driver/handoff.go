@@ -128,7 +128,8 @@ func (p *PeerService) CreateVolume(ctx context.Context, req *csi.CreateVolumeReq
 		}
 		// Its PV came: the volume is the PV's and counts no more
 		// against the peer's limits.
-		if _, err := d.store.AdoptHandoff(ctx, storeVolumeID(resp.GetVolume().GetVolumeId())); err != nil {
+		made, _ := splitID(resp.GetVolume().GetVolumeId())
+		if _, err := d.store.AdoptHandoff(ctx, made); err != nil {
 			return nil, status.Errorf(codes.Internal, "handoff: volume %s: %v", resp.GetVolume().GetVolumeId(), err)
 		}
 	}

@@ -235,7 +235,7 @@ func TestHandoffWithoutPVRemoved(t *testing.T) {
 	api.Client.ReactionChain = api.Client.ReactionChain[1:]
 
 	// The plugin starts anew on n1's directory.
-	n1.d.store.Close()
+	n1.d.store.def.Close()
 	re := newTestNodeWith(t, n1.dir, "n1", "loop")
 	re.d.cfg.PeerAuthz, re.d.cfg.Handoffs = n1.d.cfg.PeerAuthz, n1.d.cfg.Handoffs
 	for range 2 {

@@ -43,6 +43,7 @@ var (
 	contentRes  = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotcontents"}
 	capacityRes = schema.GroupVersionResource{Group: "storage.k8s.io", Version: "v1", Resource: "csistoragecapacities"}
 	leaseRes    = schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
+	nodeRes     = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 )
 
 // stolenToken is one API token of a node's plugin pod, as root on that
@@ -315,6 +316,8 @@ func stolenNodeAttacks(v victims) []attack {
 			do: func(ctx context.Context, api dynamic.Interface) error {
 				return api.Resource(capacityRes).Namespace(pluginNS).Delete(ctx, v.capacity, metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
 			}},
+		{name: "relabel n2's Node (its backend label, and a label pods select)", resources: []string{"nodes"},
+			do: mergeP(nodeRes, "", other, map[string]any{"metadata": map[string]any{"labels": map[string]any{driver + "/backend": "loop", "adv-draw": "n1"}}})},
 		{name: "take the external-resizer's leader lease", resources: []string{"leases"},
 			do: create(leaseRes, pluginNS, `{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "adv-lease"},
  "spec": {"holderIdentity": "n1"}}`)},
