@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -108,8 +109,8 @@ func (s *Store) takeSnapshot(ctx context.Context, snap blockdev.Snapshot, hold H
 	if err != nil {
 		atomicfile.Remove(s.changesPath(snap.ID))
 		atomicfile.Remove(file)
-		c.putBack(cut)
-		return classify(fmt.Errorf("create snapshot %s: %w", snap.ID, err))
+		err = classify(fmt.Errorf("create snapshot %s: %w", snap.ID, err))
+		return errors.Join(err, s.putBack(snap.SourceVolumeID, cut, &c))
 	}
 	// The volume's record starts afresh from this snapshot: trusted
 	// while no device serves the volume, and on disk untrusted while one
@@ -118,7 +119,7 @@ func (s *Store) takeSnapshot(ctx context.Context, snap blockdev.Snapshot, hold H
 	// device's must again cover everything since that one.
 	next := volumeChanges{Version: changesVersion, Base: snap.ID, BaseToken: sc.Token, Trusted: hold == nil}
 	if err := s.writeChanges(snap.SourceVolumeID, next); err != nil {
-		c.putBack(cut)
+		_ = s.putBack(snap.SourceVolumeID, cut, &c) // the snapshot stands
 	}
 	return nil
 }
@@ -150,16 +151,38 @@ func (c *heldCut) wrap(hold Hold, cut *ChangeCut) Hold {
 	}
 }
 
-func (c *heldCut) putBack(cut *ChangeCut) {
-	if c.done && cut != nil && cut.PutBack != nil {
-		cut.PutBack(c.exts, c.trusted)
-		c.done = false
+// putBack returns the cut c of the volume's record to its device when the
+// snapshot it was for failed. When no device takes it (the device is gone,
+// or handed its record over to the next process), it goes into the
+// volume's record on disk instead, untrusted, and the next snapshot's
+// record takes it from there (snapshotChanges): the cut's writes are in
+// some record either way. The caller holds the volume's guard. The error
+// says that the cut is in no record.
+func (s *Store) putBack(volumeID string, cut *ChangeCut, c *heldCut) error {
+	if !c.done || cut == nil || cut.PutBack == nil {
+		return nil
 	}
+	c.done = false
+	perr := cut.PutBack(c.exts, c.trusted)
+	if perr == nil {
+		return nil
+	}
+	var vc volumeChanges
+	if !s.readChanges(volumeID, &vc) {
+		vc = volumeChanges{Version: changesVersion}
+	}
+	vc.Changes, vc.Trusted = cbt.Union(vc.Changes, c.exts), false
+	if err := s.writeChanges(volumeID, vc); err != nil {
+		return fmt.Errorf("the snapshot's cut of %s's change record is lost: %w; %w", volumeID, perr, err)
+	}
+	return nil
 }
 
 // snapshotChanges builds the change record of snap: the device's cut when
-// one was taken, else the volume's record, trusted only when no device
-// served the volume (inUse false) and the record is trusted.
+// one was taken, with the volume's record (what the device started from,
+// and any cut no device took back: putBack), else the volume's record,
+// trusted only when no device served the volume (inUse false) and the
+// record is trusted.
 func (s *Store) snapshotChanges(snap blockdev.Snapshot, inUse bool, c heldCut) (snapshotChanges, error) {
 	token, err := newToken()
 	if err != nil {
@@ -171,7 +194,7 @@ func (s *Store) snapshotChanges(snap blockdev.Snapshot, inUse bool, c heldCut) (
 		Prev: vc.Base, PrevToken: vc.BaseToken}
 	switch {
 	case c.done:
-		sc.Changes, sc.Trusted = c.exts, c.trusted && known
+		sc.Changes, sc.Trusted = cbt.Union(c.exts, vc.Changes), c.trusted && known
 	case !inUse:
 		sc.Changes, sc.Trusted = vc.Changes, known && vc.Trusted
 	}
