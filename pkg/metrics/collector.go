@@ -59,6 +59,7 @@ var (
 	descPullRecv  = prometheus.NewDesc(ns+"_pull_received_bytes", "Data bytes received so far by a copy in flight from another node (a restore or clone whose source lives there).", pullLabels, nil)
 	descPullExp   = prometheus.NewDesc(ns+"_pull_expected_bytes", "The most data bytes a copy in flight from another node will receive (the source's allocated bytes; holes and zeros do not travel).", pullLabels, nil)
 	descPullSize  = prometheus.NewDesc(ns+"_pull_source_size_bytes", "Size of the source of a copy in flight from another node.", pullLabels, nil)
+	descFailingIO = prometheus.NewDesc(ns+"_ublk_devices_failing_io", "ublk devices the plugin keeps but cannot re-adopt (no readable record names them) whose I/O it fails with EIO instead of holding it, after --ublk-fail-unserved-after.", nil, nil)
 	descFallback  = prometheus.NewDesc(ns+"_backend_fallback", "1 when --backend auto serves with loop devices although the node has ublk, labelled with why (absent otherwise).", []string{"reason"}, nil)
 )
 
@@ -85,7 +86,7 @@ func NewCollector(status StatusFunc, startup Startup) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuild, descUp, descFSFree, descAlloc, descCapAvail, descCapTotal, descVolumes, descSnapshots, descQuarant, descPids, descSize,
 		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency,
-		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback, descPullRecv, descPullExp, descPullSize} {
+		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback, descFailingIO, descPullRecv, descPullExp, descPullSize} {
 		ch <- d
 	}
 }
@@ -114,6 +115,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descVolumes, float64(len(st.Volumes)))
 	gauge(descSnapshots, float64(st.Snapshots))
 	gauge(descQuarant, float64(len(st.Quarantined)))
+	if st.Backend == "ublk" {
+		gauge(descFailingIO, float64(len(st.FailingIO)))
+	}
 	if st.PidsHeadroom != nil {
 		gauge(descPids, float64(*st.PidsHeadroom))
 	}
