@@ -71,15 +71,17 @@ type plugin struct {
 	mountNS bool
 }
 
-func newPlugin(t *testing.T) *plugin { return newPluginIn(t, -1) }
+// newPlugin starts the plugin with the serve flags args besides the
+// harness's own.
+func newPlugin(t *testing.T, args ...string) *plugin { return newPluginIn(t, -1, args...) }
 
 // newPluginIn starts the plugin in the cgroup open as cgroupFD (-1: this
 // process's cgroup).
-func newPluginIn(t *testing.T, cgroupFD int) *plugin {
+func newPluginIn(t *testing.T, cgroupFD int, args ...string) *plugin {
 	bin := requireVM(t)
 	dir := workDir(t)
 	p := &plugin{t: t, bin: bin, dir: dir, dataDir: filepath.Join(dir, "data"),
-		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock"), cgroupFD: cgroupFD}
+		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock"), cgroupFD: cgroupFD, args: args}
 	p.start()
 	t.Cleanup(p.stop)
 	return p
