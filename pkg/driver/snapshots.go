@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
-	"golang.org/x/sys/unix"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -127,7 +126,6 @@ func checkHeldDevice(ctx context.Context, v blockdev.Volume, be blockdev.Backend
 	if err != nil {
 		return fmt.Errorf("hold volume %s: its device %s: %w: %w", v.ID, v.Node.Device, blockdev.ErrBusy, err)
 	}
-	want := unix.Mkdev(major, minor)
 	dev, err := findDeviceOf(ctx, be, v.ID)
 	switch {
 	case err != nil:
@@ -140,7 +138,7 @@ func checkHeldDevice(ctx context.Context, v blockdev.Volume, be blockdev.Backend
 	if err != nil {
 		return fmt.Errorf("hold volume %s: its device %s: %w: %w", v.ID, dev.Path, blockdev.ErrBusy, err)
 	}
-	if unix.Mkdev(ma, mi) != want {
+	if ma != major || mi != minor {
 		return fmt.Errorf("hold volume %s: its link leads to %d:%d, the %s backend serves it on %s (%d:%d): %w",
 			v.ID, major, minor, be.Name(), dev.Path, ma, mi, blockdev.ErrBusy)
 	}
@@ -148,13 +146,14 @@ func checkHeldDevice(ctx context.Context, v blockdev.Volume, be blockdev.Backend
 		return nil
 	}
 	for _, target := range slices.Sorted(maps.Keys(v.Node.Targets)) {
-		var st unix.Stat_t
-		if err := unix.Stat(target, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFBLK {
+		// The publication is a bind mount of a device node: the node's.
+		ta, ti, err := blkdev.Number(target)
+		if err != nil {
 			continue // not bound any more: nothing writes through it
 		}
-		if st.Rdev != want {
+		if ta != major || ti != minor {
 			return fmt.Errorf("hold volume %s: it is published at %s with device %d:%d, not with its device %s (%d:%d): %w",
-				v.ID, target, unix.Major(st.Rdev), unix.Minor(st.Rdev), dev.Path, major, minor, blockdev.ErrBusy)
+				v.ID, target, ta, ti, dev.Path, major, minor, blockdev.ErrBusy)
 		}
 	}
 	return nil
