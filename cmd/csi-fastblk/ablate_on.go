@@ -16,3 +16,6 @@ func ablateFlag(fs *flag.FlagSet, devices *backend.Config) {
 	fs.StringVar(&devices.Ablate, "ublk-ablate", "", "benchmarks only: techniques of the ublk server threads to switch off, comma-separated: "+
 		strings.Join(ublk.AblationNames(), ", "))
 }
+
+// ablationBuild says whether this build has the ablation switches.
+const ablationBuild = true

@@ -29,43 +29,27 @@ func runBench(ctx context.Context, args []string) error {
 
 func runBenchEngine(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench engine", flag.ContinueOnError)
-	var cfg bench.Config
-	var size, bs, runtime string
-	var direct, fixed int
-	var asJSON bool
-	fs.StringVar(&cfg.File, "file", "", "file to run on (created and written out to --size if smaller)")
-	fs.StringVar(&size, "size", "0", "bytes of the file to use (k/m/g/t suffixes, binary); 0: the file's size")
-	fs.StringVar(&cfg.RW, "rw", "randread", "read, write, randread or randwrite")
-	fs.StringVar(&bs, "bs", "4k", "block size")
-	fs.IntVar(&cfg.IODepth, "iodepth", 32, "I/Os in flight per job")
-	fs.IntVar(&cfg.Jobs, "jobs", 1, "jobs (one locked thread and ring each)")
-	fs.StringVar(&runtime, "runtime", "10s", "run time (a duration, or seconds)")
-	fs.IntVar(&direct, "direct", 1, "1: O_DIRECT")
-	fs.IntVar(&fixed, "fixed", 1, "1: registered file and buffers (READ_FIXED/WRITE_FIXED)")
-	fs.IntVar(&cfg.WaitMin, "wait-min", 0, "min_complete per wait (0: iodepth/4)")
-	fs.DurationVar(&cfg.Poll, "poll", 100*time.Microsecond, "check the rings this long before each sleeping wait (0: never)")
-	fs.IntVar(&cfg.SubmitBatch, "submit-batch", 1, "prepared I/Os per io_uring_enter (0: all that are ready, with the wait)")
-	fs.BoolVar(&cfg.NoRandomMap, "norandommap", false, "random offsets drawn uniformly, repeats included (fio's --norandommap); default: each block once per pass, as fio")
-	fs.BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
+	a := benchEngineFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	cfg := a.cfg
 	if cfg.File == "" {
 		return fmt.Errorf("bench engine: --file is required")
 	}
 	var err error
-	if cfg.Size, err = parseBenchSize(size); err != nil {
+	if cfg.Size, err = parseBenchSize(a.size); err != nil {
 		return fmt.Errorf("bench engine: --size: %w", err)
 	}
-	n, err := parseBenchSize(bs)
+	n, err := parseBenchSize(a.bs)
 	if err != nil {
 		return fmt.Errorf("bench engine: --bs: %w", err)
 	}
 	cfg.BS = int(n)
-	if cfg.Runtime, err = parseRuntime(runtime); err != nil {
+	if cfg.Runtime, err = parseRuntime(a.runtime); err != nil {
 		return fmt.Errorf("bench engine: --runtime: %w", err)
 	}
-	cfg.Direct, cfg.NoFixed = direct != 0, fixed == 0
+	cfg.Direct, cfg.NoFixed = a.direct != 0, a.fixed == 0
 	if cfg.Size > 0 {
 		if err := bench.Layout(cfg.File, cfg.Size); err != nil {
 			return err
@@ -75,11 +59,39 @@ func runBenchEngine(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if asJSON {
+	if a.asJSON {
 		return res.WriteJSON(os.Stdout)
 	}
 	res.Print(os.Stdout)
 	return nil
+}
+
+// benchEngineArgs are the flags of `csi-fastblk bench engine`.
+type benchEngineArgs struct {
+	cfg               bench.Config
+	size, bs, runtime string
+	direct, fixed     int
+	asJSON            bool
+}
+
+// benchEngineFlags declares the flags of `csi-fastblk bench engine`.
+func benchEngineFlags(fs *flag.FlagSet) *benchEngineArgs {
+	a := &benchEngineArgs{}
+	fs.StringVar(&a.cfg.File, "file", "", "file to run on (created and written out to --size if smaller)")
+	fs.StringVar(&a.size, "size", "0", "bytes of the file to use (k/m/g/t suffixes, binary); 0: the file's size")
+	fs.StringVar(&a.cfg.RW, "rw", "randread", "read, write, randread or randwrite")
+	fs.StringVar(&a.bs, "bs", "4k", "block size")
+	fs.IntVar(&a.cfg.IODepth, "iodepth", 32, "I/Os in flight per job")
+	fs.IntVar(&a.cfg.Jobs, "jobs", 1, "jobs (one locked thread and ring each)")
+	fs.StringVar(&a.runtime, "runtime", "10s", "run time (a duration, or seconds)")
+	fs.IntVar(&a.direct, "direct", 1, "1: O_DIRECT")
+	fs.IntVar(&a.fixed, "fixed", 1, "1: registered file and buffers (READ_FIXED/WRITE_FIXED)")
+	fs.IntVar(&a.cfg.WaitMin, "wait-min", 0, "min_complete per wait (0: iodepth/4)")
+	fs.DurationVar(&a.cfg.Poll, "poll", 100*time.Microsecond, "check the rings this long before each sleeping wait (0: never)")
+	fs.IntVar(&a.cfg.SubmitBatch, "submit-batch", 1, "prepared I/Os per io_uring_enter (0: all that are ready, with the wait)")
+	fs.BoolVar(&a.cfg.NoRandomMap, "norandommap", false, "random offsets drawn uniformly, repeats included (fio's --norandommap); default: each block once per pass, as fio")
+	fs.BoolVar(&a.asJSON, "json", false, "print one JSON object instead of text")
+	return a
 }
 
 // parseBenchSize parses 4096, 4k, 1G (binary multiples, as fio does).

@@ -61,13 +61,40 @@ type scaleConfig struct {
 // key=value figures for hack/vm/bench-scale.sh to tabulate.
 func runBenchScale(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("bench scale", flag.ContinueOnError)
-	var c scaleConfig
-	var size string
+	c, size := scaleFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if c.size, err = parseBenchSize(*size); err != nil {
+		return fmt.Errorf("bench scale: --size: %w", err)
+	}
+	if c.volumes < 1 || c.jobs < 1 || c.iodepth < 1 {
+		return fmt.Errorf("bench scale: --volumes, --jobs and --iodepth must be positive")
+	}
+	if err := os.MkdirAll(c.dir, 0o755); err != nil {
+		return err
+	}
+	switch c.mode {
+	case "csi":
+		return scaleCSI(ctx, *c)
+	case "loop", "file":
+		return scaleLoop(ctx, *c)
+	case "ref":
+		return scaleRef(ctx, *c)
+	}
+	return fmt.Errorf("bench scale: --mode %q: want csi, loop, file or ref", c.mode)
+}
+
+// scaleFlags declares the flags of `csi-fastblk bench scale`; size is
+// --size as given.
+func scaleFlags(fs *flag.FlagSet) (c *scaleConfig, size *string) {
+	c, size = &scaleConfig{}, new(string)
 	fs.StringVar(&c.mode, "mode", "csi", "csi (volumes through the plugin), loop (kernel loop devices with direct I/O), file (fio on the files themselves, direct I/O: the data disk's own figures) or ref (a reference ublk server's loop target, see --ref-ublk)")
 	fs.StringVar(&c.endpoint, "endpoint", "unix:///tmp/csi-fastblk.sock", "the plugin's CSI endpoint (mode csi)")
 	fs.IntVar(&c.pid, "pid", 0, "the plugin's pid, for its threads, RSS and CPU (mode csi)")
 	fs.IntVar(&c.volumes, "volumes", 16, "volumes (devices) busy at once")
-	fs.StringVar(&size, "size", "64Mi", "size of each volume")
+	fs.StringVar(size, "size", "64Mi", "size of each volume")
 	fs.StringVar(&c.rw, "rw", "randread", "fio --rw")
 	fs.StringVar(&c.bs, "bs", "4k", "fio --bs")
 	fs.IntVar(&c.iodepth, "iodepth", 4, "fio --iodepth of each job")
@@ -84,28 +111,7 @@ func runBenchScale(ctx context.Context, args []string) error {
 	fs.StringVar(&c.refUblk, "ref-ublk", "", "mode ref: the reference ublk server's command (ublksrv's ublk, with its ublk.loop beside it), run as 'add -t loop' per device")
 	fs.IntVar(&c.refQueues, "ref-queues", ublk.DefaultQueues(runtime.NumCPU()), "mode ref: queues per device (default: as the plugin chooses on this machine)")
 	fs.IntVar(&c.refDepth, "ref-depth", ublk.DefaultDepth, "mode ref: depth of each queue")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	var err error
-	if c.size, err = parseBenchSize(size); err != nil {
-		return fmt.Errorf("bench scale: --size: %w", err)
-	}
-	if c.volumes < 1 || c.jobs < 1 || c.iodepth < 1 {
-		return fmt.Errorf("bench scale: --volumes, --jobs and --iodepth must be positive")
-	}
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
-		return err
-	}
-	switch c.mode {
-	case "csi":
-		return scaleCSI(ctx, c)
-	case "loop", "file":
-		return scaleLoop(ctx, c)
-	case "ref":
-		return scaleRef(ctx, c)
-	}
-	return fmt.Errorf("bench scale: --mode %q: want csi, loop, file or ref", c.mode)
+	return c, size
 }
 
 // scaleCSI measures csi-fastblk volumes through the plugin.

@@ -65,16 +65,17 @@ func run(ctx context.Context, args []string) error {
 	return fmt.Errorf("unknown command %q", cmd)
 }
 
-func usage() {
-	fmt.Fprint(os.Stderr, `usage: csi-fastblk <command> [flags]
+func usage() { fmt.Fprint(os.Stderr, usageText) }
+
+// usageText lists the commands (docs/configuration.md has their flags).
+const usageText = `usage: csi-fastblk <command> [flags]
 
 commands:
   serve     run the CSI plugin
   status    show the node's volumes, devices and I/O (from a running plugin)
-  bench     run a benchmark (bench engine --help)
+  bench     run a benchmark (bench engine|scale)
   ublk      ublk device tools (ublk serve|list|features)
   uninstall-check  fail while the driver has volumes (run in a pod)
   peer-ca          make the peer channel's CA Secret unless it exists (run in a pod)
   version   print the version
-`)
-}
+`

@@ -15,9 +15,7 @@ import (
 // transport; which node a peer is, its token proves (docs/peer.md).
 func runPeerCA(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("peer-ca", flag.ContinueOnError)
-	namespace := fs.String("namespace", "", "the installation's namespace")
-	secret := fs.String("secret", "", "the CA Secret's name (the plugins' --peer-ca-secret)")
-	selector := fs.String("labels", "", "labels of the Secret, k=v,...")
+	namespace, secret, selector := peerCAFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -42,4 +40,12 @@ func runPeerCA(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("peer CA %s/%s: %s, valid until %s\n", *namespace, *secret, ca.Cert.Subject.CommonName, ca.Cert.NotAfter.Format("2006-01-02"))
 	return nil
+}
+
+// peerCAFlags declares the flags of `csi-fastblk peer-ca`.
+func peerCAFlags(fs *flag.FlagSet) (namespace, secret, labels *string) {
+	namespace = fs.String("namespace", "", "the installation's namespace")
+	secret = fs.String("secret", "", "the CA Secret's name (the plugins' --peer-ca-secret)")
+	labels = fs.String("labels", "", "labels of the Secret, k=v,...")
+	return namespace, secret, labels
 }

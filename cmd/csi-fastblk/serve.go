@@ -59,7 +59,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			c.store.ReserveBytes, c.store.ReserveRatio, err = driver.ParseReserve(s)
 			return err
 		})
-	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes this node accepts (0 = no limit)")
+	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes in use by pods on this node at once, reported to the kubelet as its attach limit for the scheduler (0 = no limit)")
 	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk when /dev/ublk-control exists and works, else loop, saying why), ublk or loop")
 	fs.StringVar(&c.devices.DevDir, "dev-dir", "/dev/fastblk", "directory for stable device links <dev-dir>/<volume-id>")
 	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
@@ -132,13 +132,13 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			" with this node's ID (which must be its node name), so that a csi-snapshotter in --node-deployment mode handles them; needs the API server")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
 		"how often to retry restoring staged volumes whose devices could not be restored at start, for example because the backing file system was not yet mounted (0 = never)")
+	klog.InitFlags(fs) // -v and klog's other flags
 	return c
 }
 
 func runServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	cfg := serveFlags(fs)
-	klog.InitFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"gopkg.in/yaml.v3"
-	"k8s.io/klog/v2"
 )
 
 // TestDeployArgsParse proves the plugin accepts every argument the chart
@@ -23,7 +22,6 @@ func TestDeployArgsParse(t *testing.T) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	cfg := serveFlags(fs)
-	klog.InitFlags(fs)
 	if err := fs.Parse(args[1:]); err != nil {
 		t.Fatalf("serve rejects the chart's arguments: %v", err)
 	}

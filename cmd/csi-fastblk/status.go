@@ -112,9 +112,7 @@ var defaultStatusAddresses = []string{"unix:///run/csi-fastblk/" + statusSocket,
 // read from the running plugin's /status endpoint.
 func runStatus(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	addr := fs.String("address", "", "the plugin's status address: unix:///path/status.sock or [http://]host:port "+
-		"(default: the first of "+strings.Join(defaultStatusAddresses, ", ")+" that exists)")
-	asJSON := fs.Bool("json", false, "print the raw status as JSON")
+	addr, asJSON := statusFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -131,6 +129,14 @@ func runStatus(ctx context.Context, args []string) error {
 	}
 	printStatus(os.Stdout, st)
 	return nil
+}
+
+// statusFlags declares the flags of `csi-fastblk status`.
+func statusFlags(fs *flag.FlagSet) (addr *string, asJSON *bool) {
+	addr = fs.String("address", "", "the plugin's status address: unix:///path/status.sock or [http://]host:port "+
+		"(default: the first of "+strings.Join(defaultStatusAddresses, ", ")+" that exists)")
+	asJSON = fs.Bool("json", false, "print the raw status as JSON")
+	return addr, asJSON
 }
 
 // findStatusSocket returns the first of addrs whose socket exists, or the

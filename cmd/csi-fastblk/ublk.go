@@ -38,62 +38,42 @@ func runUblk(ctx context.Context, args []string) error {
 // removes the device. Used by the VM benchmarks.
 func ublkServe(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("ublk serve", flag.ContinueOnError)
-	file := fs.String("file", "", "backing file to serve")
-	queues := fs.Int("queues", 0, "hardware queues (0 = tuning policy)")
-	depth := fs.Int("depth", 0, "queue depth, a power of two (0 = tuning policy)")
-	zc := fs.String("zero-copy", "auto", "zero copy: auto, on or off")
-	batchIO := fs.String("batch-io", "off", "fetch and commit requests in batches (UBLK_F_BATCH_IO, Linux 7.0+): auto (where offered), on or off")
-	null := fs.Bool("null", false, "serve a null device (benchmarks only; no data is kept)")
-	sizeStr := fs.String("size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
-	maxIO := fs.Uint("max-io", 0, "copy mode: largest request in bytes, a multiple of 4096 (0 = tuning policy)")
-	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
-	threads := fs.Int("threads", 0, "server threads shared by the device's queues (0 = one per CPU)")
-	var qo ublk.QueueOptions
-	fs.BoolVar(&qo.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
-	fs.DurationVar(&qo.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
-	fs.DurationVar(&qo.Poll, "poll", time.Millisecond, "longest a server thread polls for completions after a busy round before sleeping (0: never)")
-	nowait := fs.String("nowait-writes", "off", "keep the backing file's mtime current from the server thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: off (the plugin's default), auto (where the filesystem refuses NOWAIT writes over a stale mtime) or on")
-	var tc ublk.ThreadConfig
-	fs.Func("iowq-workers", "cap on each server thread's io-wq workers (0: the kernel's cap plus the depth of the deepest queue it serves, so that a stalled backing file holds only its own queue's)", func(v string) error {
-		n, err := strconv.ParseUint(v, 10, 32)
-		tc.IOWQWorkers = uint32(n)
-		return err
-	})
+	a := ublkServeFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	mode, err := ublk.ParseMode("--zero-copy", *zc)
+	mode, err := ublk.ParseMode("--zero-copy", a.zeroCopy)
 	if err != nil {
 		return err
 	}
-	nowaitMode, err := ublk.ParseMode("--nowait-writes", *nowait)
+	nowaitMode, err := ublk.ParseMode("--nowait-writes", a.nowait)
 	if err != nil {
 		return err
 	}
-	batchMode, err := ublk.ParseMode("--batch-io", *batchIO)
+	batchMode, err := ublk.ParseMode("--batch-io", a.batchIO)
 	if err != nil {
 		return err
 	}
-	if *maxIO > ublk.ZeroCopyMaxIOBytes {
-		return fmt.Errorf("ublk serve: --max-io %d: at most %d", *maxIO, ublk.ZeroCopyMaxIOBytes)
+	if a.maxIO > ublk.ZeroCopyMaxIOBytes {
+		return fmt.Errorf("ublk serve: --max-io %d: at most %d", a.maxIO, ublk.ZeroCopyMaxIOBytes)
 	}
-	if (*file == "") == !*null {
+	if (a.file == "") == !a.null {
 		return errors.New("ublk serve: give exactly one of --file or --null")
 	}
-	if *file != "" {
+	if a.file != "" {
 		// The device's state records the backing file by absolute path.
-		abs, err := filepath.Abs(*file)
+		abs, err := filepath.Abs(a.file)
 		if err != nil {
 			return fmt.Errorf("ublk serve: --file: %w", err)
 		}
-		*file = abs
+		a.file = abs
 	}
-	size, err := parseSize(*sizeStr)
+	size, err := parseSize(a.size)
 	if err != nil {
 		return err
 	}
-	if *cpuProfile != "" {
-		f, err := os.Create(*cpuProfile)
+	if a.cpuProfile != "" {
+		f, err := os.Create(a.cpuProfile)
 		if err != nil {
 			return err
 		}
@@ -108,14 +88,14 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(stateDir)
-	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: qo,
-		Threads: *threads, Thread: tc})
+	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: a.queue,
+		Threads: a.threads, Thread: a.thread})
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
 	id := fmt.Sprintf("serve-%d", os.Getpid())
-	s, err := srv.Attach(ctx, ublk.AttachSpec{VolumeID: id, File: *file, SizeBytes: size, Queues: *queues, Depth: *depth, MaxIOBytes: uint32(*maxIO), Null: *null})
+	s, err := srv.Attach(ctx, ublk.AttachSpec{VolumeID: id, File: a.file, SizeBytes: size, Queues: a.queues, Depth: a.depth, MaxIOBytes: uint32(a.maxIO), Null: a.null})
 	if err != nil {
 		return err
 	}
@@ -132,6 +112,41 @@ func ublkServe(ctx context.Context, args []string) error {
 		}
 	}
 	return srv.Detach(context.WithoutCancel(ctx), id)
+}
+
+// ublkServeArgs are the flags of `csi-fastblk ublk serve`.
+type ublkServeArgs struct {
+	file, size, zeroCopy, batchIO, nowait, cpuProfile string
+	queues, depth, threads                            int
+	maxIO                                             uint
+	null                                              bool
+	queue                                             ublk.QueueOptions
+	thread                                            ublk.ThreadConfig
+}
+
+// ublkServeFlags declares the flags of `csi-fastblk ublk serve`.
+func ublkServeFlags(fs *flag.FlagSet) *ublkServeArgs {
+	a := &ublkServeArgs{}
+	fs.StringVar(&a.file, "file", "", "backing file to serve")
+	fs.IntVar(&a.queues, "queues", 0, "hardware queues (0 = tuning policy)")
+	fs.IntVar(&a.depth, "depth", 0, "queue depth, a power of two (0 = tuning policy)")
+	fs.StringVar(&a.zeroCopy, "zero-copy", "auto", "zero copy: auto, on or off")
+	fs.StringVar(&a.batchIO, "batch-io", "off", "fetch and commit requests in batches (UBLK_F_BATCH_IO, Linux 7.0+): auto (where offered), on or off")
+	fs.BoolVar(&a.null, "null", false, "serve a null device (benchmarks only; no data is kept)")
+	fs.StringVar(&a.size, "size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
+	fs.UintVar(&a.maxIO, "max-io", 0, "copy mode: largest request in bytes, a multiple of 4096 (0 = tuning policy)")
+	fs.StringVar(&a.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	fs.IntVar(&a.threads, "threads", 0, "server threads shared by the device's queues (0 = one per CPU)")
+	fs.BoolVar(&a.queue.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
+	fs.DurationVar(&a.queue.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
+	fs.DurationVar(&a.queue.Poll, "poll", time.Millisecond, "longest a server thread polls for completions after a busy round before sleeping (0: never)")
+	fs.StringVar(&a.nowait, "nowait-writes", "off", "keep the backing file's mtime current from the server thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: off (the plugin's default), auto (where the filesystem refuses NOWAIT writes over a stale mtime) or on")
+	fs.Func("iowq-workers", "cap on each server thread's io-wq workers (0: the kernel's cap plus the depth of the deepest queue it serves, so that a stalled backing file holds only its own queue's)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		a.thread.IOWQWorkers = uint32(n)
+		return err
+	})
+	return a
 }
 
 func parseSize(s string) (int64, error) {
@@ -169,10 +184,15 @@ func ublkFeatures() error {
 	return nil
 }
 
+// ublkListFlags declares the flags of `csi-fastblk ublk list`.
+func ublkListFlags(fs *flag.FlagSet) (dataDir *string) {
+	return fs.String("data-dir", "/var/lib/csi-fastblk", "plugin data directory whose devices to recognise")
+}
+
 // ublkList lists every ublk device, with its owner when --data-dir is given.
 func ublkList(args []string) error {
 	fs := flag.NewFlagSet("ublk list", flag.ContinueOnError)
-	dataDir := fs.String("data-dir", "/var/lib/csi-fastblk", "plugin data directory whose devices to recognise")
+	dataDir := ublkListFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -22,12 +22,7 @@ var errInUse = errors.New("volumes of the driver are left (see above); helm unin
 // uninstall.AllowAnnotation allows it.
 func runUninstallCheck(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("uninstall-check", flag.ContinueOnError)
-	driverName := fs.String("driver-name", "fastblk.csi.io", "CSI driver name")
-	allow := fs.Bool("allow-volumes", false, "report the volumes left but succeed")
-	var rel release
-	fs.StringVar(&rel.name, "release", "csi-fastblk", "Helm release name (for the commands the refusal prints)")
-	fs.StringVar(&rel.namespace, "release-namespace", "csi-fastblk", "Helm release namespace (for the commands the refusal prints)")
-	fs.IntVar(&rel.revision, "release-revision", 0, "Helm release revision being uninstalled (for the helm rollback the refusal prints)")
+	driverName, allow, rel := uninstallCheckFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -60,6 +55,17 @@ func runUninstallCheck(ctx context.Context, args []string) error {
 	}
 	rel.explain(os.Stdout, *driverName)
 	return errInUse
+}
+
+// uninstallCheckFlags declares the flags of `csi-fastblk uninstall-check`.
+func uninstallCheckFlags(fs *flag.FlagSet) (driverName *string, allow *bool, rel *release) {
+	driverName = fs.String("driver-name", "fastblk.csi.io", "CSI driver name")
+	allow = fs.Bool("allow-volumes", false, "report the volumes left but succeed")
+	rel = &release{}
+	fs.StringVar(&rel.name, "release", "csi-fastblk", "Helm release name (for the commands the refusal prints)")
+	fs.StringVar(&rel.namespace, "release-namespace", "csi-fastblk", "Helm release namespace (for the commands the refusal prints)")
+	fs.IntVar(&rel.revision, "release-revision", 0, "Helm release revision being uninstalled (for the helm rollback the refusal prints)")
+	return driverName, allow, rel
 }
 
 // release names the Helm release being uninstalled.

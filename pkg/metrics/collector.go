@@ -35,7 +35,7 @@ var (
 	descFSFree    = prometheus.NewDesc(ns+"_node_filesystem_free_bytes", "Free space of the data directory's filesystem, whatever volumes may still grow into.", nil, nil)
 	descAlloc     = prometheus.NewDesc(ns+"_volume_allocated_bytes", "Disk space the volume's sparse file takes.", volLabels, nil)
 	descCapAvail  = prometheus.NewDesc(ns+"_node_capacity_available_bytes", "Bytes the node can still provision (after over-provisioning).", nil, nil)
-	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the data directory's filesystem.", nil, nil)
+	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the data directory's filesystem, times the over-provisioning ratio when it is above 1.", nil, nil)
 	descVolumes   = prometheus.NewDesc(ns+"_volumes", "Volumes on this node.", nil, nil)
 	descSnapshots = prometheus.NewDesc(ns+"_snapshots", "Snapshots on this node.", nil, nil)
 	descQuarant   = prometheus.NewDesc(ns+"_quarantined_records", "Records (volume metadata, ublk device states) set aside because they could not be read; each keeps its volume out of service until an operator restores or removes it.", nil, nil)

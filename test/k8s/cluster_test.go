@@ -421,7 +421,7 @@ func (c *cluster) writtenSnapshot(t *testing.T, snap, claim, size, node, script 
 }
 
 // snapshotClaim takes VolumeSnapshot snap of claim in the chart's class
-// and waits until it is ready, with README's kubectl wait.
+// and waits until it is ready, with the README's kubectl wait.
 func (c *cluster) snapshotClaim(t *testing.T, snap, claim string) {
 	t.Helper()
 	c.apply(t, fmt.Sprintf(`apiVersion: snapshot.storage.k8s.io/v1

@@ -833,7 +833,7 @@ func TestRestoreHandoff(t *testing.T) {
 	t.Logf("handed-off restore done in %v", time.Since(start).Round(time.Second))
 }
 
-// TestMoveVolumeToAnotherNode follows README's "Moving a volume to another
+// TestMoveVolumeToAnotherNode follows docs/operations.md's "Moving a volume to another
 // node" step by step: a claim on n1 holds a file with its checksum and a
 // pattern after a hole; the app stops, n1 is cordoned as a drain does, the
 // claim is snapshotted, deleted and made again under the same name from
