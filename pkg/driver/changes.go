@@ -56,7 +56,7 @@ func (d *Driver) attach(ctx context.Context, v blockdev.Volume) (blockdev.Device
 // the change record it hands over: the clean hand-over that makes the
 // volume's record trusted again. A record that cannot be written stays
 // untrusted, which costs the next delta a comparison of the files, not
-// the detach. A device of a former backend (formerBackend) is detached
+// the detach. A device of a former backend (deviceBackend) is detached
 // too.
 func (d *Driver) detach(ctx context.Context, id string) error {
 	for _, b := range d.cfg.FormerBackends {

@@ -365,18 +365,26 @@ func TestFailedSnapshotPutsTheCutBack(t *testing.T) {
 	d := attachTracked(t, s, v.ID)
 	s1 := d.snapshot("s1")
 	d.write(mib, 4096, 1)
+	d.snapshotFailingAfterCut(d.putBack)
+	s2 := d.snapshot("s2")
+	if got := checkDelta(t, s, s1, s2, DeltaTracked); !slices.Equal(got, []cbt.Extent{{Offset: mib, Length: 64 << 10}}) {
+		t.Fatalf("delta = %v, want the write before the failed snapshot", got)
+	}
+}
+
+// snapshotFailingAfterCut takes a snapshot of the device's volume that
+// fails after its cut (the hold's release fails), the cut handed to
+// putBack.
+func (d *device) snapshotFailingAfterCut(putBack func([]cbt.Extent, bool) error) {
+	d.t.Helper()
 	boom := errors.New("release failed")
 	hold := func(context.Context) (func() error, error) { return func() error { return boom }, nil }
 	cut := &ChangeCut{
 		Cut:     func() ([]cbt.Extent, bool, error) { e, ok := d.tr.Cut(); return e, ok, nil },
-		PutBack: d.putBack,
+		PutBack: putBack,
 	}
-	if _, err := s.CreateSnapshotTracked(context.Background(), "failed", v.ID, hold, cut); !errors.Is(err, boom) {
-		t.Fatalf("err = %v, want the release's", err)
-	}
-	s2 := d.snapshot("s2")
-	if got := checkDelta(t, s, s1, s2, DeltaTracked); !slices.Equal(got, []cbt.Extent{{Offset: mib, Length: 64 << 10}}) {
-		t.Fatalf("delta = %v, want the write before the failed snapshot", got)
+	if _, err := d.s.CreateSnapshotTracked(context.Background(), "failed", d.vol, hold, cut); !errors.Is(err, boom) {
+		d.t.Fatalf("err = %v, want the release's", err)
 	}
 }
 
@@ -556,15 +564,7 @@ func TestCutNoDeviceTakesBackIsKept(t *testing.T) {
 	d := attachTracked(t, s, v.ID)
 	s1 := d.snapshot("s1")
 	d.write(mib, 4096, 1)
-	boom := errors.New("release failed")
-	hold := func(context.Context) (func() error, error) { return func() error { return boom }, nil }
-	cut := &ChangeCut{
-		Cut:     func() ([]cbt.Extent, bool, error) { e, ok := d.tr.Cut(); return e, ok, nil },
-		PutBack: func([]cbt.Extent, bool) error { return fmt.Errorf("put back: %w", os.ErrNotExist) },
-	}
-	if _, err := s.CreateSnapshotTracked(context.Background(), "failed", v.ID, hold, cut); !errors.Is(err, boom) {
-		t.Fatalf("err = %v, want the release's", err)
-	}
+	d.snapshotFailingAfterCut(func([]cbt.Extent, bool) error { return fmt.Errorf("put back: %w", os.ErrNotExist) })
 	// The next process's device carries on what it was handed over:
 	// everything since the cut (nothing), trusted.
 	exts, trusted := d.tr.Cut()
