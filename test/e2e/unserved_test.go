@@ -19,12 +19,12 @@ import (
 // TestUnservedDeviceFailsIO: a ublk device the plugin keeps but cannot
 // re-adopt (killed, its state file garbled and its device link gone, so
 // that nothing says which volume it serves) holds its writer's I/O only
-// for the bound, --ublk-fail-unserved-after (here 4 s): then the writes
+// for the bound, --ublk-fail-unserved-after (here 10 s): then the writes
 // fail with EIO instead of hanging, and the volume's health, the node's
 // /healthz and a metric say why. Once the operator restores the link and
 // restarts the plugin, it re-adopts the device and serves it again.
 func TestUnservedDeviceFailsIO(t *testing.T) {
-	const bound = 4 * time.Second
+	const bound = 10 * time.Second
 	p := newPlugin(t, "--ublk-fail-unserved-after="+bound.String())
 	v := p.provision("unserved", 64<<20, blockCap(), nil)
 	dev := readLink(t, p.devLink(v))
