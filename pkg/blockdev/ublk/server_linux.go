@@ -411,10 +411,11 @@ func (s *Server) Close() error {
 	handover := errors.Join(errs...) == nil
 	for _, sv := range devs {
 		errs = append(errs, sv.dev.Release(context.Background()))
-		sv.file.Close()
 		if handover {
+			// Stamped from the open file (handOver), so before it closes.
 			errs = append(errs, s.handOver(sv))
 		}
+		sv.file.Close()
 	}
 	return errors.Join(append(errs, s.ctl.Close())...)
 }
