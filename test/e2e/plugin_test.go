@@ -126,6 +126,11 @@ func (p *plugin) start() {
 			return
 		}
 		if time.Now().After(deadline) || p.cmd.ProcessState != nil {
+			// Killed first: a plugin left running would hold the
+			// metrics address, and every later test would fail.
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+			p.cmd = nil
 			p.t.Fatalf("plugin not ready: %v\n%s", err, p.logTail())
 		}
 		<-time.After(50 * time.Millisecond)
