@@ -8,7 +8,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 LDFLAGS   := -s -w -X main.version=$(VERSION)
 PKGS      := ./...
 
-.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-conformance e2e-k8s-long e2e-k8s-down bench bench-engine \
+.PHONY: all build static deps run test unit fuzz sanity integration e2e-vm e2e-k8s e2e-k8s-conformance e2e-k8s-long e2e-k8s-down bench bench-engine bench-copy \
         bench-vm bench-scale chart-test chart-readme chart-crds deploy image lint fmt vet clean
 
 all: build
@@ -55,6 +55,15 @@ vet:
 FASTBLK_REQUIRE ?= root,loop,tools,cgroup,ioacct,ext4error,smp,odirect,bufring,failpoint,ablation
 export FASTBLK_REQUIRE
 TEST_TAGS := failpoint,ablation
+
+# make test's Go builds compile each package once into one build cache: with
+# -trimpath and without cgo, as the static binary, the image and the VM's
+# test binaries are built, so go vet, staticcheck, the test binaries and the
+# plugin binaries the tests build share every compiled dependency. Only the
+# race detector needs cgo (unit, and the VM's race step, which builds as
+# unit does).
+$(TEST_PHASES): export GOFLAGS := $(strip $(shell $(GO) env GOFLAGS) -trimpath)
+$(filter-out unit,$(TEST_PHASES)): export CGO_ENABLED := 0
 
 unit:
 	$(GO) test -race -count=1 -tags '$(TEST_TAGS)' $$($(GO) list ./... | grep -v /test/)
@@ -111,6 +120,9 @@ bench: deps build static
 
 bench-engine: build
 	hack/bench/engine.sh
+
+bench-copy: deps static
+	hack/bench/copy.sh
 
 bench-scale: static
 	hack/vm/bench-scale.sh

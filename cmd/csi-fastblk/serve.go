@@ -38,6 +38,7 @@ type serveConfig struct {
 	exposeStatus   bool
 	reconcileRetry time.Duration
 	labelContents  bool
+	labelGroups    bool
 	driver         driver.Config
 	peer           peerConfig
 	store          store.Config
@@ -114,6 +115,22 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			c.devices.BatchIO = s
 			return err
 		})
+	fs.Func("copy-budget", "share of an in-use volume's IOPS this node's background copies (restores, clones, streams to and from "+
+		"other nodes) may cost it, from 0.01 to 0.9: a copy that costs more runs more slowly, down to a tenth of its rate (default 0.2; "+
+		"0 paces copies by their rates alone)", func(s string) error {
+		v, err := strconv.ParseFloat(s, 64)
+		switch {
+		case err != nil:
+			return err
+		case v == 0:
+			c.driver.CopyBudget = -1
+		case v < 0.01 || v > 0.9:
+			return fmt.Errorf("%v: want 0 (off) or from 0.01 to 0.9", v)
+		default:
+			c.driver.CopyBudget = v
+		}
+		return nil
+	})
 	fs.BoolVar(&c.driver.ControllerExpansion, "controller-expansion", false,
 		"advertise ControllerExpandVolume (in a cluster only with --peer-address: external-resizer has no per-node mode, so its leader's plugin forwards other nodes' volumes to them)")
 	peerFlags(fs, &c.peer)
@@ -128,8 +145,11 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			"(default: status.sock beside a unix CSI endpoint's socket; none disables)")
 	fs.BoolVar(&c.exposeStatus, "expose-status", false, "also serve /status on --metrics-address, to anyone who can reach it")
 	fs.BoolVar(&c.labelContents, "label-snapshot-contents", false,
-		"give VolumeSnapshotContents made by hand for this node's snapshots the label "+snapshotowner.ManagedBy+
-			" with this node's ID (which must be its node name), so that a csi-snapshotter in --node-deployment mode handles them; needs the API server")
+		"give VolumeSnapshotContents made by hand for this node's snapshots, and those of the members of this node's group snapshots, the label "+
+			snapshotowner.ManagedBy+" with this node's ID (which must be its node name), so that a csi-snapshotter in --node-deployment mode handles them; needs the API server")
+	fs.BoolVar(&c.labelGroups, "label-group-snapshots", false,
+		"give the VolumeGroupSnapshotContents of this node's volumes, and their VolumeGroupSnapshotClasses in turn, the label "+
+			snapshotowner.ManagedBy+" with this node's ID, so that a csi-snapshotter in --node-deployment mode makes and deletes its group snapshots; needs the API server")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
 		"how often to retry restoring staged volumes whose devices could not be restored at start, for example because the backing file system was not yet mounted (0 = never)")
 	klog.InitFlags(fs) // -v and klog's other flags
@@ -188,7 +208,7 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	var peers *peerChannel
 	var api dynamic.Interface
-	if cfg.peer.address != "" || cfg.labelContents {
+	if cfg.peer.address != "" || cfg.labelContents || cfg.labelGroups {
 		if api, err = kubeapi.InCluster("plugin"); err != nil {
 			return fmt.Errorf("kubernetes API (for the peer channel and the snapshot labeller): %w", err)
 		}
@@ -230,8 +250,14 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	}
 	go drv.WatchIOErrors(ctx, ioWatchInterval)
 	if cfg.labelContents {
-		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot}
+		l := &snapshotowner.Labeler{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID, Holds: drv.HoldsSnapshot,
+			HoldsGroup: drv.HoldsGroupSnapshot}
 		go l.Run(ctx, contentLabelInterval)
+	}
+	if cfg.labelGroups {
+		g := &snapshotowner.Groups{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID,
+			HoldsVolume: drv.HoldsVolume, HoldsGroup: drv.HoldsGroupSnapshot}
+		go g.Run(ctx, groupLabelInterval)
 	}
 	lis, err := driver.Listen(cfg.endpoint)
 	if err != nil {
@@ -351,6 +377,12 @@ const ioWatchInterval = 2 * time.Second
 // contentLabelInterval is how often the plugin looks for hand-made
 // snapshot contents to label: a LIST of the unlabelled ones only.
 const contentLabelInterval = 10 * time.Second
+
+// groupLabelInterval is how often the plugin looks again at the group
+// snapshot objects it watches, besides each change: a class changes hands
+// after a time (snapshotowner.Groups), and a node waiting for one takes it
+// within this of its release. A pass reads the watches' caches only.
+const groupLabelInterval = 2 * time.Second
 
 // retryReconcile calls Reconcile every interval until it succeeds or ctx
 // ends.

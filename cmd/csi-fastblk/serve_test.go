@@ -108,6 +108,32 @@ func TestServeMaxIOSizeFlag(t *testing.T) {
 	}
 }
 
+// TestServeCopyBudgetFlag proves --copy-budget takes a share of IOPS
+// from 0.01 to 0.9, or 0 for no pacing but the copies' rates, refuses
+// anything else, and leaves the driver's default without it.
+func TestServeCopyBudgetFlag(t *testing.T) {
+	for arg, want := range map[string]float64{"0.2": 0.2, "0.05": 0.05, "0": -1} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg := serveFlags(fs)
+		if err := fs.Parse([]string{"--copy-budget=" + arg}); err != nil || cfg.driver.CopyBudget != want {
+			t.Errorf("--copy-budget=%s: %v, %v; want %v", arg, cfg.driver.CopyBudget, err, want)
+		}
+	}
+	for _, arg := range []string{"1", "-0.1", "0.001", "20%"} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		serveFlags(fs)
+		if err := fs.Parse([]string{"--copy-budget=" + arg}); err == nil {
+			t.Errorf("--copy-budget=%s parsed; want an error", arg)
+		}
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	if cfg := serveFlags(fs); fs.Parse(nil) != nil || cfg.driver.CopyBudget != 0 {
+		t.Errorf("without the flag: %v, want 0 (the driver's default)", cfg.driver.CopyBudget)
+	}
+}
+
 // deployPluginArgs returns the args of the csi-fastblk container in the
 // DaemonSet of deploy/csi-fastblk.yaml.
 func deployPluginArgs(t *testing.T) []string {

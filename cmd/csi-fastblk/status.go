@@ -222,6 +222,14 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 		fmt.Fprintf(w, "COPYING into %s (%s) from %s on node %s: %s of at most %s of data received (source %s) in %.0fs\n",
 			p.VolumeID, p.Name, p.Source, p.SourceNode, human(p.ReceivedBytes), human(p.ExpectedBytes), human(p.SizeBytes), p.Seconds)
 	}
+	if cp := st.CopyPacing; cp.Copies > 0 {
+		allowed := "no bound but their rates"
+		if cp.Bounded {
+			allowed = human(int64(cp.AllowedBytesPerSecond)) + "/s"
+		}
+		fmt.Fprintf(w, "COPIES PACED: %d, allowed %s while a volume is in use (last cost %.0f%% of %s's IOPS, %d pauses)\n",
+			cp.Copies, allowed, cp.Cost*100, cp.Device, cp.Pauses)
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tLIMIT\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")

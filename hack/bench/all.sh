@@ -10,13 +10,15 @@
 # 16 and 64 volumes at once against as many loop devices
 # (hack/vm/bench-scale.sh), and noisy neighbours: one quiet volume at 4k
 # randread iodepth 1 beside 15 busy ones against the same on 16 loop devices
-# (bench-scale.sh --noisy). Benchmarks, not tests: it fails only when a
+# (bench-scale.sh --noisy), and what a restore and a clone copying in the
+# background cost a volume in use on their node, on this machine and in the
+# VM (hack/bench/copy.sh). Benchmarks, not tests: it fails only when a
 # benchmark fails to run. Studies beyond this report (profiles, ablations,
 # sweeps) are in docs/benchmark-studies.md.
 #
 # Environment: BENCH_REPS (default 3), BENCH_RUNTIME (seconds per fio run,
 #   default 10), BENCH_ONLY (space-separated subset, in order, of: scale
-#   noisy vm sparse engine), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g.
+#   noisy vm sparse engine copy), BENCH_SCALE_ARGS (extra bench-scale.sh flags, e.g.
 #   --variants), BENCH_NOISY_ARGS
 #   (extra bench-scale.sh --noisy flags, e.g. --kernel 6.12), BENCH_REFERENCE
 #   (a directory with a reference ublk server, ublksrv's statically linked
@@ -29,7 +31,7 @@ cd "$(dirname "$0")/../.."
 
 reps=${BENCH_REPS:-3}
 runtime=${BENCH_RUNTIME:-10}
-only=${BENCH_ONLY:-"scale noisy vm sparse engine"}
+only=${BENCH_ONLY:-"scale noisy vm sparse engine copy"}
 out=${BENCH_OUT:-bin/benchmarks.md}
 mkdir -p "$(dirname "$out")"
 tmp=$(mktemp -d)
@@ -97,7 +99,8 @@ for b in $only; do
 		[[ -n ${BENCH_REFERENCE:-} ]] || printf '%s\n\n' "No reference server was given (BENCH_REFERENCE): the table has no ref rows." >>"$tmp/report" &&
 			cp "$tmp/report" "$out"
 		;;
-	*) echo "unknown benchmark $b (want engine, vm, sparse, scale or noisy)" >&2; exit 2 ;;
+	copy) section "Background copies beside a volume in use (this machine and VM)" env BENCH_REPS="$reps" hack/bench/copy.sh ;;
+	*) echo "unknown benchmark $b (want engine, vm, sparse, scale, noisy or copy)" >&2; exit 2 ;;
 	esac
 done
 echo "report: $out" >&2

@@ -2,7 +2,8 @@
 # Puts the upstream CRDs the chart relies on, unmodified, into the chart's
 # crds/ directory (make chart-crds), through the Go module proxy and checked
 # against the Go checksum database like any module:
-#   - snapshot.storage.k8s.io, from github.com/kubernetes-csi/external-snapshotter/client/v8
+#   - snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io (group
+#     snapshots), from github.com/kubernetes-csi/external-snapshotter/client/v8
 #     (config/crd/) at the version of the csi-snapshotter image the chart
 #     runs (snapshotter.image.tag in values.yaml);
 #   - cbt.storage.k8s.io (SnapshotMetadataService), from
@@ -39,12 +40,13 @@ case ${1:-} in
 --cbt-dir) echo "$cbtdir/config/crd"; exit 0 ;;
 esac
 rm -f "$chart"/crds/*.yaml
-for f in "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$cbtdir"/config/crd/cbt.storage.k8s.io_*.yaml; do
+for f in "$dir"/config/crd/snapshot.storage.k8s.io_*.yaml "$dir"/config/crd/groupsnapshot.storage.k8s.io_*.yaml \
+	"$cbtdir"/config/crd/cbt.storage.k8s.io_*.yaml; do
 	install -m 0644 "$f" "$chart/crds/"
 done
 # Their licences (Apache-2.0) travel with them; Helm reads only *.yaml,
 # *.yml and *.json from crds/.
 install -m 0644 "$dir/LICENSE" "$chart/crds/LICENSE"
 install -m 0644 "$cbtdir/LICENSE" "$chart/crds/LICENSE.cbt"
-echo "charts/csi-fastblk/crds: snapshot.storage.k8s.io CRDs of $module@$version, cbt.storage.k8s.io of $cbtmodule@$cbtversion"
+echo "charts/csi-fastblk/crds: snapshot.storage.k8s.io and groupsnapshot.storage.k8s.io CRDs of $module@$version, cbt.storage.k8s.io of $cbtmodule@$cbtversion"
 ls "$chart/crds"

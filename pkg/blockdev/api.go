@@ -140,6 +140,27 @@ type Snapshot struct {
 	SourceVolumeID string    `json:"sourceVolumeID"`
 	SizeBytes      int64     `json:"sizeBytes"`
 	CreatedAt      time.Time `json:"createdAt"`
+	// GroupID is the group snapshot this snapshot is a member of ("" for
+	// a snapshot of its own): it was taken with the group's other
+	// members at one instant, and goes with the group.
+	GroupID string `json:"groupID,omitempty"`
+}
+
+// GroupSnapshot is the persisted record of a group snapshot: snapshots of
+// several volumes taken at one instant.
+type GroupSnapshot struct {
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Members are the group's snapshots, one per volume, sorted by
+	// volume ID.
+	Members   []GroupMember `json:"members"`
+	CreatedAt time.Time     `json:"createdAt"`
+}
+
+// GroupMember is one volume of a group snapshot and its snapshot.
+type GroupMember struct {
+	VolumeID   string `json:"volumeID"`
+	SnapshotID string `json:"snapshotID"`
 }
 
 // Tuning is the queue geometry of a device. Zero fields mean "choose".

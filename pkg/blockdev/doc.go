@@ -19,6 +19,8 @@
 //	            filesystem freeze with records that survive a crash, flush
 //	owner       the data directory's owner token, carried by its devices
 //	filecopy    reflink, sparse-aware copy and resync of volume files
+//	copypace    pacing of background copies by what they cost the
+//	            volumes in use (blkdev)
 //	cbt         changed-block tracking: the bitmaps the ublk data path
 //	            marks, a snapshot file's extent map, the exact comparison
 //	ublk, loop  the devices themselves; uring the io_uring engine (ublk's

@@ -9,13 +9,15 @@ import (
 )
 
 // Object IDs are derived from names so that a retried create lands on the
-// same object: a kind prefix ("v" for volumes, "s" for snapshots) followed by
+// same object: a kind prefix ("v" for volumes, "s" for snapshots, "g" for
+// group snapshots) followed by
 // the lowercase hex of the first 16 bytes of sha256(name). IDs are 33 bytes of
 // [0-9a-f] after the prefix, so no ID can name a path outside the data
 // directory. Everything that turns an ID into a path calls ValidID first.
 const (
 	volumePrefix   = 'v'
 	snapshotPrefix = 's'
+	groupPrefix    = 'g'
 	idHexLen       = 32
 	idLen          = 1 + idHexLen
 
@@ -34,16 +36,20 @@ func VolumeID(name string) string { return deriveID(volumePrefix, name) }
 // SnapshotID returns the ID of the snapshot named name.
 func SnapshotID(name string) string { return deriveID(snapshotPrefix, name) }
 
+// GroupSnapshotID returns the ID of the group snapshot named name.
+func GroupSnapshotID(name string) string { return deriveID(groupPrefix, name) }
+
 func deriveID(prefix byte, name string) string {
 	sum := sha256.Sum256([]byte(name))
 	return string(prefix) + hex.EncodeToString(sum[:idHexLen/2])
 }
 
-// ValidID reports whether id has the shape of a volume or snapshot ID. IDs
-// that are not valid never reach a path: the Store answers ErrNotFound for
-// them (DeleteVolume and DeleteSnapshot answer nil, as for unknown IDs).
+// ValidID reports whether id has the shape of a volume, snapshot or group
+// snapshot ID. IDs that are not valid never reach a path: the Store
+// answers ErrNotFound for them (the deletes answer nil, as for unknown
+// IDs).
 func ValidID(id string) bool {
-	return IsVolumeID(id) || IsSnapshotID(id)
+	return IsVolumeID(id) || IsSnapshotID(id) || IsGroupSnapshotID(id)
 }
 
 // IsVolumeID reports whether id has the shape of a volume ID.
@@ -52,6 +58,11 @@ func IsVolumeID(id string) bool { return len(id) == idLen && id[0] == volumePref
 // IsSnapshotID reports whether id has the shape of a snapshot ID.
 func IsSnapshotID(id string) bool {
 	return len(id) == idLen && id[0] == snapshotPrefix && isHex(id[1:])
+}
+
+// IsGroupSnapshotID reports whether id has the shape of a group snapshot ID.
+func IsGroupSnapshotID(id string) bool {
+	return len(id) == idLen && id[0] == groupPrefix && isHex(id[1:])
 }
 
 func isHex(s string) bool {

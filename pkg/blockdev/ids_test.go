@@ -24,12 +24,15 @@ func TestDerivedIDs(t *testing.T) {
 			if err := CheckName(name); err != nil {
 				t.Fatalf("checkName: %v", err)
 			}
-			vid, sid := VolumeID(name), SnapshotID(name)
-			if !ValidID(vid) || !IsVolumeID(vid) || IsSnapshotID(vid) {
+			vid, sid, gid := VolumeID(name), SnapshotID(name), GroupSnapshotID(name)
+			if !ValidID(vid) || !IsVolumeID(vid) || IsSnapshotID(vid) || IsGroupSnapshotID(vid) {
 				t.Errorf("VolumeID(%q) = %q is not a valid volume ID", name, vid)
 			}
-			if !ValidID(sid) || !IsSnapshotID(sid) || IsVolumeID(sid) {
+			if !ValidID(sid) || !IsSnapshotID(sid) || IsVolumeID(sid) || IsGroupSnapshotID(sid) {
 				t.Errorf("SnapshotID(%q) = %q is not a valid snapshot ID", name, sid)
+			}
+			if !ValidID(gid) || !IsGroupSnapshotID(gid) || IsVolumeID(gid) || IsSnapshotID(gid) {
+				t.Errorf("GroupSnapshotID(%q) = %q is not a valid group snapshot ID", name, gid)
 			}
 			if VolumeID(name) != vid {
 				t.Errorf("VolumeID(%q) is not stable", name)
@@ -64,6 +67,7 @@ func TestValidID(t *testing.T) {
 	}{
 		"volume":        {good, true},
 		"snapshot":      {SnapshotID("x"), true},
+		"group":         {GroupSnapshotID("x"), true},
 		"empty":         {"", false},
 		"no-prefix":     {good[1:], false},
 		"other-prefix":  {"x" + good[1:], false},

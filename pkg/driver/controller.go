@@ -95,7 +95,13 @@ func (s *Controller) CreateVolume(ctx context.Context, req *csi.CreateVolumeRequ
 	if err := s.d.sizeFromSource(&spec, req.GetCapacityRange()); err != nil {
 		return nil, toStatus(err)
 	}
-	v, err := s.d.store.CreateVolume(ctx, spec)
+	copyCtx, done := ctx, func() {}
+	if spec.SourceSnapshotID != "" || spec.SourceVolumeID != "" {
+		dl, _ := ctx.Deadline()
+		copyCtx, done = s.d.pacedCopy(ctx, dl)
+	}
+	v, err := s.d.store.CreateVolume(copyCtx, spec)
+	done()
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("create volume %q: %w", req.GetName(), err))
 	}

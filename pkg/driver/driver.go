@@ -14,6 +14,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/copypace"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
@@ -55,6 +56,11 @@ type Config struct {
 	// (serve passes the loop backend when it runs ublk): such a volume
 	// keeps its device until it is unstaged (deviceBackend).
 	FormerBackends []blockdev.Backend
+	// CopyBudget is the share of an in-use volume's IOPS this node's
+	// background copies (restores, clones, streams to and from peers)
+	// may cost it (pacing.go): 0 for copypace.DefaultBudget, negative
+	// for none (copies bounded by their rates alone).
+	CopyBudget float64
 }
 
 var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)
@@ -72,6 +78,8 @@ type Driver struct {
 	// peerCopies are the copies of this node's volumes peers pull
 	// (peercopy.go).
 	peerCopies peerCopies
+	// copies paces this node's background copies (pacing.go).
+	copies *copypace.Governor
 	// readiness is set before serving (AddReadinessCheck), read only after.
 	readiness []readinessCheck
 	// snapMeta is this node's own SnapshotMetadata service, for its own
@@ -107,6 +115,7 @@ func New(cfg Config, store *store.Store, backend blockdev.Backend) (*Driver, err
 	}
 	d.snapMeta = &SnapshotMetadata{d: d}
 	d.stopping, d.stop = context.WithCancel(context.Background())
+	d.copies = copypace.New(copypace.Config{Devices: d.attachedDevices, Budget: cfg.CopyBudget})
 	return d, nil
 }
 

@@ -29,6 +29,7 @@ func (s *Identity) GetPluginCapabilities(context.Context, *csi.GetPluginCapabili
 	}
 	return &csi.GetPluginCapabilitiesResponse{Capabilities: []*csi.PluginCapability{
 		svc(csi.PluginCapability_Service_CONTROLLER_SERVICE),
+		svc(csi.PluginCapability_Service_GROUP_CONTROLLER_SERVICE),
 		svc(csi.PluginCapability_Service_VOLUME_ACCESSIBILITY_CONSTRAINTS),
 		svc(csi.PluginCapability_Service_SNAPSHOT_METADATA_SERVICE),
 		{Type: &csi.PluginCapability_VolumeExpansion_{VolumeExpansion: &csi.PluginCapability_VolumeExpansion{

@@ -64,6 +64,27 @@ func (d *Driver) HoldsSnapshot(id string) bool {
 	return err == nil
 }
 
+// HoldsVolume reports whether the volume of CSI ID id is this node's:
+// tagged with this node, or untagged and in this node's store.
+func (d *Driver) HoldsVolume(id string) bool {
+	storeID, tag := splitID(id)
+	if !blockdev.IsVolumeID(storeID) {
+		return false
+	}
+	if tag != "" {
+		return tag == d.tag
+	}
+	_, err := d.store.Volume(storeID)
+	return err == nil
+}
+
+// HoldsGroupSnapshot reports whether the group snapshot of CSI ID id is
+// this node's (group IDs are always tagged).
+func (d *Driver) HoldsGroupSnapshot(id string) bool {
+	storeID, tag := splitID(id)
+	return blockdev.IsGroupSnapshotID(storeID) && tag == d.tag
+}
+
 // splitID splits a CSI ID into the store's ID and the node tag ("" for an
 // ID without one, or one that is not ours: the store answers NotFound).
 func splitID(id string) (storeID, tag string) {

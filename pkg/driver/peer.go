@@ -197,6 +197,8 @@ func (d *Driver) copyForPeer(ctx context.Context, id string) (*os.File, int64, e
 	if err != nil {
 		return nil, 0, err
 	}
+	ctx, done := d.pacedCopy(ctx, peerCopyTime())
+	defer done()
 	return d.store.CopyVolume(ctx, id, hold)
 }
 

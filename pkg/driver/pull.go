@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/copypace"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 	"github.com/fastblk/csi-fastblk/pkg/peer"
 )
@@ -242,7 +243,9 @@ func (d *Driver) runPull(ctx context.Context, p *pull) (v blockdev.Volume, err e
 	}
 	timer := deadline(pullPrepare, "the longest a source's node may prepare it")
 	defer func() { timer.Stop() }()
-	sink := &pullSink{ctx: ctx, d: d, p: p, started: func(size int64) {
+	pace := d.copies.Pacer(0) // the sender keeps the rate
+	defer pace.Close()
+	sink := &pullSink{ctx: ctx, d: d, p: p, pace: pace, started: func(size int64) {
 		timer.Stop()
 		timer = deadline(time.Duration(float64(size)/minTransferRate*float64(time.Second))+pullSlack,
 			fmt.Sprintf("%d bytes at %d bytes/s and %v", size, minTransferRate, pullSlack))
@@ -299,6 +302,7 @@ type pullSink struct {
 	d        *Driver
 	p        *pull
 	started  func(size int64) // the header came
+	pace     *copypace.Pacer
 	imp      *store.Import
 	existing blockdev.Volume
 }
@@ -331,7 +335,7 @@ func (s *pullSink) Start(size, alloc int64) (io.WriterAt, error) {
 		return nil, errExists
 	}
 	s.imp = imp
-	return imp.File(), nil
+	return pacedWriter{ctx: s.ctx, w: imp.File(), pace: s.pace}, nil
 }
 
 func (s *pullSink) Progress(n int64) { s.p.received.Store(n) }

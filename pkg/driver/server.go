@@ -83,13 +83,14 @@ func (l *unixListener) Close() error {
 	return err
 }
 
-// NewServer returns a gRPC server with Identity, Controller, Node and
-// SnapshotMetadata registered, and interceptors that log every call and
+// NewServer returns a gRPC server with Identity, Controller,
+// GroupController, Node and SnapshotMetadata registered, and interceptors that log every call and
 // turn panics into Internal errors.
 func (d *Driver) NewServer() *grpc.Server {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(logAndRecover), grpc.StreamInterceptor(logAndRecoverStream))
 	csi.RegisterIdentityServer(srv, &Identity{d: d})
 	csi.RegisterControllerServer(srv, &Controller{d: d})
+	csi.RegisterGroupControllerServer(srv, &GroupController{d: d})
 	csi.RegisterNodeServer(srv, &Node{d: d})
 	d.registerSnapshotMetadata(srv)
 	return srv

@@ -181,6 +181,9 @@ func (d *Driver) csiSnapshot(s blockdev.Snapshot) *csi.Snapshot {
 		SizeBytes:      s.SizeBytes,
 		CreationTime:   timestamppb.New(s.CreatedAt),
 		ReadyToUse:     true,
+		// A member of a group snapshot goes with its group
+		// (DeleteSnapshot refuses it).
+		GroupSnapshotId: d.publicID(s.GroupID),
 	}
 }
 
@@ -199,6 +202,12 @@ func (s *Controller) DeleteSnapshot(ctx context.Context, req *csi.DeleteSnapshot
 		return nil, toStatus(err)
 	}
 	defer unlock()
+	if snap, err := s.d.store.Snapshot(id); err == nil && snap.GroupID != "" {
+		if _, err := s.d.store.GroupSnapshot(snap.GroupID); err == nil {
+			return nil, invalid("snapshot %s is a member of group snapshot %s: it is deleted with its group (DeleteVolumeGroupSnapshot)",
+				req.GetSnapshotId(), s.d.publicID(snap.GroupID))
+		}
+	}
 	if err := s.d.store.DeleteSnapshot(ctx, id); err != nil && !errors.Is(err, blockdev.ErrNotFound) {
 		return nil, toStatus(fmt.Errorf("delete snapshot %s: %w", id, err))
 	}

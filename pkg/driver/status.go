@@ -9,6 +9,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/cgroup"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/copypace"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
@@ -53,6 +54,9 @@ type NodeStatus struct {
 	// Pulls are the copies from other nodes in flight (restores and
 	// clones whose source lives elsewhere).
 	Pulls []PullStatus `json:"pulls,omitempty"`
+	// CopyPacing is how this node's background copies are paced by
+	// what they cost its volumes in use (pacing.go).
+	CopyPacing copypace.Status `json:"copyPacing"`
 }
 
 // VolumeStatus describes one volume and, when attached, its device.
@@ -103,6 +107,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	}
 	st.Snapshots = len(d.store.Snapshots())
 	st.Pulls = d.pullStatus()
+	st.CopyPacing = d.copies.Status()
 	st.Quarantined = d.store.Quarantined()
 	if q, ok := d.backend.(blockdev.Quarantiner); ok {
 		st.Quarantined = append(st.Quarantined, q.Quarantined()...)

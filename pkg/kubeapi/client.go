@@ -39,6 +39,8 @@ var (
 	VolumeAttributesClassesBeta = storagev1beta1.SchemeGroupVersion.WithResource("volumeattributesclasses")
 	VolumeSnapshots             = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshots"}
 	VolumeSnapshotContents      = schema.GroupVersionResource{Group: "snapshot.storage.k8s.io", Version: "v1", Resource: "volumesnapshotcontents"}
+	VolumeGroupSnapshotContents = schema.GroupVersionResource{Group: "groupsnapshot.storage.k8s.io", Version: "v1", Resource: "volumegroupsnapshotcontents"}
+	VolumeGroupSnapshotClasses  = schema.GroupVersionResource{Group: "groupsnapshot.storage.k8s.io", Version: "v1", Resource: "volumegroupsnapshotclasses"}
 )
 
 // Client-side rate limits. A plugin's calls are few (a peer's token

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/copypace"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 )
@@ -37,6 +38,7 @@ var attached = driver.NodeStatus{
 	},
 	Pulls: []driver.PullStatus{{VolumeID: "v3", Name: "pvc-3", PVCNamespace: "apps", PVCName: "restored", Source: "s1-n1", SourceNode: "n1",
 		SizeBytes: 1 << 30, ExpectedBytes: 512 << 20, ReceivedBytes: 4096}},
+	CopyPacing: copypace.Status{Copies: 2, Bounded: true, AllowedBytesPerSecond: 30 << 20, Cost: 0.25, Device: "/dev/ublkb0", Pauses: 9},
 }
 
 // TestCollectorReportsVolumes checks every per-volume family is derived
@@ -62,6 +64,10 @@ func TestCollectorReportsVolumes(t *testing.T) {
 		{"fastblk_volume_allocated_bytes", `fastblk_volume_allocated_bytes{name="pvc-1",namespace="apps",persistentvolume="pvc-1",persistentvolumeclaim="data",volume_id="v1"} 4096`},
 		{"fastblk_pull_received_bytes", `fastblk_pull_received_bytes{name="pvc-3",namespace="apps",persistentvolumeclaim="restored",source="s1-n1",source_node="n1",volume_id="v3"} 4096`},
 		{"fastblk_pull_expected_bytes", `fastblk_pull_expected_bytes{name="pvc-3",namespace="apps",persistentvolumeclaim="restored",source="s1-n1",source_node="n1",volume_id="v3"} 5.36870912e+08`},
+		{"fastblk_copy_pacing_copies", "fastblk_copy_pacing_copies 2\n"},
+		{"fastblk_copy_pacing_allowed_bytes_per_second", "fastblk_copy_pacing_allowed_bytes_per_second 3.145728e+07\n"},
+		{"fastblk_copy_pacing_cost", "fastblk_copy_pacing_cost 0.25\n"},
+		{"fastblk_copy_pacing_pauses_total", "fastblk_copy_pacing_pauses_total 9\n"},
 		{"fastblk_node_capacity_available_bytes", `fastblk_node_capacity_available_bytes 100`},
 		{"fastblk_node_filesystem_free_bytes", `fastblk_node_filesystem_free_bytes 150`},
 		{"fastblk_healthy", "fastblk_healthy 1\n"},
@@ -91,6 +97,10 @@ func TestCollectorReportsVolumes(t *testing.T) {
 	}
 	unlimited := attached
 	unlimited.PidsHeadroom = nil
+	unlimited.CopyPacing.Bounded = false
+	if n := testutil.CollectAndCount(NewCollector(fixedStatus(unlimited), Startup{}), "fastblk_copy_pacing_allowed_bytes_per_second"); n != 0 {
+		t.Errorf("copy allowance gauges while copies are not bounded = %d, want 0", n)
+	}
 	if n := testutil.CollectAndCount(NewCollector(fixedStatus(unlimited), Startup{}), "fastblk_node_pids_headroom"); n != 0 {
 		t.Errorf("pids headroom gauges without a pids limit = %d, want 0", n)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
 )
 
 // The data stream (ReadData) carries its own messages, not protobuf: a
@@ -93,6 +94,9 @@ type Frame struct {
 	Data   []byte   // data
 	Bytes  int64    // end: data bytes sent
 	Digest [32]byte // end
+	// buf is where the codec decodes a frame of data, used again by
+	// the next frame decoded into the same Frame (Data is a slice of it).
+	buf []byte
 }
 
 var errShort = errors.New("message too short")
@@ -151,8 +155,11 @@ func cutString(b []byte) (string, []byte, error) {
 }
 
 // MarshalBinary encodes f.
-func (f *Frame) MarshalBinary() ([]byte, error) {
-	b := []byte{byte(f.Type)}
+func (f *Frame) MarshalBinary() ([]byte, error) { return f.appendTo(nil) }
+
+// appendTo appends f's encoding to b.
+func (f *Frame) appendTo(b []byte) ([]byte, error) {
+	b = append(b, byte(f.Type))
 	switch f.Type {
 	case FrameWait:
 		return b, nil
@@ -176,6 +183,18 @@ func (f *Frame) MarshalBinary() ([]byte, error) {
 // UnmarshalBinary decodes f from b, which must be exactly one frame. Data
 // is a copy: b may be reused.
 func (f *Frame) UnmarshalBinary(b []byte) error {
+	if err := f.decode(b); err != nil {
+		return err
+	}
+	if f.Data != nil {
+		f.Data = append([]byte(nil), f.Data...)
+	}
+	return nil
+}
+
+// decode decodes f from b, which must be exactly one frame; Data is a
+// slice of b. f.buf is kept.
+func (f *Frame) decode(b []byte) error {
 	if len(b) == 0 {
 		return fmt.Errorf("frame: %w", errShort)
 	}
@@ -185,7 +204,7 @@ func (f *Frame) UnmarshalBinary(b []byte) error {
 		if len(b) != 1 {
 			return fmt.Errorf("frame %q of %d bytes, want 1", b[0], len(b))
 		}
-		*f = Frame{Type: FrameWait}
+		*f = Frame{Type: FrameWait, buf: f.buf}
 		return nil
 	case FrameHeader:
 		want = 1 + 8 + 8
@@ -199,7 +218,7 @@ func (f *Frame) UnmarshalBinary(b []byte) error {
 	if len(b) < want || (FrameType(b[0]) != FrameData && len(b) != want) {
 		return fmt.Errorf("frame %q of %d bytes, want %d", b[0], len(b), want)
 	}
-	*f = Frame{Type: FrameType(b[0])}
+	*f = Frame{Type: FrameType(b[0]), buf: f.buf}
 	n := int64(binary.BigEndian.Uint64(b[1:9]))
 	if n < 0 {
 		return fmt.Errorf("frame %q: negative field", b[0])
@@ -215,7 +234,7 @@ func (f *Frame) UnmarshalBinary(b []byte) error {
 		if len(data) == 0 || len(data) > MaxChunk {
 			return fmt.Errorf("data frame of %d bytes, want 1 to %d", len(data), MaxChunk)
 		}
-		f.Offset, f.CRC, f.Data = n, binary.BigEndian.Uint32(b[9:13]), append([]byte(nil), data...)
+		f.Offset, f.CRC, f.Data = n, binary.BigEndian.Uint32(b[9:13]), data
 	case FrameEnd:
 		f.Bytes = n
 		copy(f.Digest[:], b[9:])
@@ -223,29 +242,52 @@ func (f *Frame) UnmarshalBinary(b []byte) error {
 	return nil
 }
 
-// codec is gRPC's codec for the stream's messages.
+// codec is gRPC's codec for the stream's messages. It works on gRPC's
+// buffers (encoding.CodecV2) so that a frame of data is copied once on each
+// side, into memory used again rather than a new megabyte each time (whose
+// pages the kernel must fault in and zero): on sending, a buffer of gRPC's
+// pool, which gRPC gives back once it has written it; on receiving, the
+// Frame's own buffer, which the next frame decoded into it reuses.
 type codec struct{}
 
 func (codec) Name() string { return xferCodec }
 
-func (codec) Marshal(v any) ([]byte, error) {
+func (codec) Marshal(v any) (mem.BufferSlice, error) {
 	switch m := v.(type) {
 	case *ReadRequest:
-		return m.MarshalBinary()
+		b, err := m.MarshalBinary()
+		return mem.BufferSlice{mem.SliceBuffer(b)}, err
 	case *Frame:
-		return m.MarshalBinary()
+		pool := mem.DefaultBufferPool()
+		buf := pool.Get(13 + len(m.Data) + len(m.Digest))
+		b, err := m.appendTo((*buf)[:0])
+		if err != nil {
+			pool.Put(buf)
+			return nil, err
+		}
+		*buf = b
+		return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 	}
 	return nil, fmt.Errorf("%s codec: cannot encode %T", xferCodec, v)
 }
 
-func (codec) Unmarshal(b []byte, v any) error {
+func (codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch m := v.(type) {
 	case *ReadRequest:
-		return m.UnmarshalBinary(b)
+		return m.UnmarshalBinary(data.Materialize())
 	case *Frame:
-		return m.UnmarshalBinary(b)
+		n := data.Len()
+		if n > maxFrame {
+			return fmt.Errorf("frame of %d bytes, more than %d", n, maxFrame)
+		}
+		if cap(m.buf) < n {
+			m.buf = make([]byte, n)
+		}
+		b := m.buf[:n]
+		data.CopyTo(b)
+		return m.decode(b)
 	}
 	return fmt.Errorf("%s codec: cannot decode %T", xferCodec, v)
 }
 
-func init() { encoding.RegisterCodec(codec{}) }
+func init() { encoding.RegisterCodecV2(codec{}) }

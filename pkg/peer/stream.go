@@ -52,9 +52,8 @@ func (d digest) sum() (s [32]byte) {
 	return s
 }
 
-// send streams the data of f (size bytes) through emit at most rate data
-// bytes per second (0: no limit).
-func send(ctx context.Context, f *os.File, size, rate int64, emit func(*Frame) error) error {
+// send streams the data of f (size bytes) through emit, paced by pace.
+func send(ctx context.Context, f *os.File, size int64, pace Pacer, emit func(*Frame) error) error {
 	alloc, err := filecopy.AllocatedBytes(f)
 	if err != nil {
 		return err
@@ -66,7 +65,7 @@ func send(ctx context.Context, f *os.File, size, rate int64, emit func(*Frame) e
 	if err := emit(&Frame{Type: FrameHeader, Size: size, Alloc: min(alloc, size)}); err != nil {
 		return err
 	}
-	d, p := newDigest(), pacer{rate: rate, start: time.Now()}
+	d := newDigest()
 	var sent int64
 	buf := make([]byte, MaxChunk)
 	for _, e := range extents {
@@ -75,7 +74,14 @@ func send(ctx context.Context, f *os.File, size, rate int64, emit func(*Frame) e
 			if _, err := f.ReadAt(buf[:n], off); err != nil {
 				return fmt.Errorf("read at %d: %w", off, err)
 			}
-			for _, r := range nonZeroRuns(buf[:n]) {
+			runs := nonZeroRuns(buf[:n])
+			if len(runs) == 0 {
+				// Nothing to send, but a pause holds the reads too.
+				if err := pace.Wait(ctx, 0); err != nil {
+					return err
+				}
+			}
+			for _, r := range runs {
 				data := buf[r[0]:r[1]]
 				at := off + int64(r[0])
 				d.add(at, data)
@@ -83,7 +89,7 @@ func send(ctx context.Context, f *os.File, size, rate int64, emit func(*Frame) e
 					return err
 				}
 				sent += int64(len(data))
-				if err := p.wait(ctx, len(data)); err != nil {
+				if err := pace.Wait(ctx, len(data)); err != nil {
 					return err
 				}
 			}
@@ -112,6 +118,22 @@ func nonZeroRuns(b []byte) [][2]int {
 	return runs
 }
 
+// Pacer paces the data a node sends in a stream: Wait is told the data
+// bytes of each frame just sent (0 for a chunk of zeros left out) and
+// returns when the stream may go on; Close is called when the stream ends.
+type Pacer interface {
+	Wait(ctx context.Context, n int) error
+	Close()
+}
+
+// SourcePacer is implemented by Handlers that pace the streams they serve
+// themselves: by what a stream costs their node as well as by the rate
+// the request asks (rate, 0 for none). Other Handlers' streams are held
+// to that rate alone.
+type SourcePacer interface {
+	PaceSource(req *ReadRequest, rate int64) Pacer
+}
+
 // pacer holds a sender to a rate of bytes per second.
 type pacer struct {
 	rate  int64
@@ -119,8 +141,10 @@ type pacer struct {
 	sent  int64
 }
 
-// wait records n bytes sent and sleeps until the rate allows them.
-func (p *pacer) wait(ctx context.Context, n int) error {
+func (p *pacer) Close() {}
+
+// Wait records n bytes sent and sleeps until the rate allows them.
+func (p *pacer) Wait(ctx context.Context, n int) error {
 	p.sent += int64(n)
 	if p.rate <= 0 {
 		return ctx.Err()
@@ -182,8 +206,8 @@ func receive(next func(*Frame) error, sink Sink) (Received, error) {
 	}
 	d := newDigest()
 	var next0 int64 // the first offset the next frame may have
+	var f Frame     // one for all: each frame's data is decoded into its buffer
 	for {
-		var f Frame
 		if err := next(&f); err != nil {
 			if errors.Is(err, io.EOF) {
 				return got, corrupt("stream ended after %d bytes without its end frame", got.Bytes)
@@ -277,7 +301,9 @@ func readData(srv any, ss grpc.ServerStream) error {
 	sent := make(chan error, 1)
 	go func() {
 		err := safely(ctx, "send", req.ID, func() error {
-			return send(sendCtx, f, size, rate, func(fr *Frame) error { return ss.SendMsg(fr) })
+			pace := svc.pacer(req, rate)
+			defer pace.Close()
+			return send(sendCtx, f, size, pace, func(fr *Frame) error { return ss.SendMsg(fr) })
 		})
 		svc.finish(ctx, req, f, err)
 		sent <- err
@@ -296,6 +322,15 @@ func readData(srv any, ss grpc.ServerStream) error {
 	klog.InfoS("data stream cut at its deadline", "volumeID", req.ID, "peer", caller.Node, "size", size, "deadline", limit)
 	return status.Errorf(codes.DeadlineExceeded, "stream of %s %s (%d bytes) to node %s: longer than its deadline %v (its size at the least rate, %d bytes/s, and %v)",
 		req.Kind, req.ID, size, caller.Node, limit, svc.lim.MinRate, streamSlack)
+}
+
+// pacer is how the stream of req is paced: by the Handler if it paces
+// streams (SourcePacer), else by the rate alone.
+func (svc *service) pacer(req *ReadRequest, rate int64) Pacer {
+	if sp, ok := svc.Handler.(SourcePacer); ok {
+		return sp.PaceSource(req, rate)
+	}
+	return &pacer{rate: rate, start: time.Now()}
 }
 
 // open lets the Handler open the source req names, sending a wait frame

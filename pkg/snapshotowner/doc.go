@@ -8,4 +8,15 @@
 //
 // Each node's plugin labels the contents whose handle is its own, so the
 // label always names the node that holds the snapshot.
+//
+// Group snapshots need the same and more (group.go): the snapshot-controller
+// labels neither the VolumeGroupSnapshotContents nor the contents of
+// their members, and a csi-snapshotter in --node-deployment mode reads
+// VolumeGroupSnapshotClasses through the same label selector as the
+// contents (external-snapshotter v8.6.0), so it sees a class only while
+// the class is labelled with its node. The plugins therefore label a
+// group's content, and its members' contents, with the node that holds
+// them, and hand each class from node to node: a node that has a group to
+// make labels the class with itself when the node it names has finished
+// its own.
 package snapshotowner

@@ -47,16 +47,28 @@ func label(t *testing.T, api *dynamicfake.FakeDynamicClient, name string) (strin
 	return v, ok
 }
 
+// member is the content the snapshot-controller makes for a member of
+// the group snapshot group.
+func member(name, volumeHandle, group string) *unstructured.Unstructured {
+	u := vsc(name, "fastblk.csi.io", "", volumeHandle, nil)
+	u.SetAnnotations(map[string]string{GroupMember: group})
+	return u
+}
+
 // TestOnceLabelsThisNodesHandMadeContents: of the contents without the
 // label, only the hand-made ones (snapshotHandle) of this driver whose
-// handle this node holds get managed-by: <node>; another node's, another
-// driver's, a dynamic one and an already labelled one are left alone; a
-// content deleted before its patch is skipped; a second pass labels
-// nothing. Before, nothing labelled them and the suite's pre-provisioned
-// snapshot specs never became ready.
+// handle this node holds, and the members of this node's group snapshots,
+// get managed-by: <node>; another node's, another driver's, a dynamic
+// one, another node's group's member and an already labelled one are
+// left alone; a content deleted before its patch is skipped; a second
+// pass labels nothing. Before, nothing labelled them: the suite's
+// pre-provisioned snapshot specs never became ready, and a deleted
+// group's members kept their finalizer.
 func TestOnceLabelsThisNodesHandMadeContents(t *testing.T) {
 	api := fakeAPI(
 		vsc("mine", "fastblk.csi.io", "s1-n1", "", nil),
+		member("my-member", "v1-n1", "g1-n1"),
+		member("their-member", "v2-n2", "g2-n2"),
 		vsc("other-node", "fastblk.csi.io", "s2-n2", "", nil),
 		vsc("other-driver", "other.csi.io", "s1-n1", "", nil),
 		vsc("dynamic", "fastblk.csi.io", "", "v1-n1", nil),
@@ -71,10 +83,10 @@ func TestOnceLabelsThisNodesHandMadeContents(t *testing.T) {
 		}
 		return strings.HasSuffix(h, "-n1")
 	}
-	l := &Labeler{API: api, Driver: "fastblk.csi.io", Node: "n1", Holds: holds}
+	l := &Labeler{API: api, Driver: "fastblk.csi.io", Node: "n1", Holds: holds, HoldsGroup: holds}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	contents, _, err := l.watch(ctx)
+	contents, err := watchAll(ctx, api, kubeapi.VolumeSnapshotContents, unlabelled, make(chan struct{}, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,16 +94,18 @@ func TestOnceLabelsThisNodesHandMadeContents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(got, []string{"mine"}) {
-		t.Errorf("labelled %q, want [mine]", got)
+	if slices.Sort(got); !slices.Equal(got, []string{"mine", "my-member"}) {
+		t.Errorf("labelled %q, want [mine my-member]", got)
 	}
-	if v, _ := label(t, api, "mine"); v != "n1" {
-		t.Errorf("mine's %s = %v, want n1", ManagedBy, v)
+	for _, n := range []string{"mine", "my-member"} {
+		if v, _ := label(t, api, n); v != "n1" {
+			t.Errorf("%s's %s = %v, want n1", n, ManagedBy, v)
+		}
 	}
 	if v, _ := label(t, api, "labelled"); v != "n9" {
 		t.Errorf("an already labelled content was relabelled %v", v)
 	}
-	for _, n := range []string{"other-node", "other-driver", "dynamic"} {
+	for _, n := range []string{"other-node", "other-driver", "dynamic", "their-member"} {
 		if _, has := label(t, api, n); has {
 			t.Errorf("%s was labelled", n)
 		}

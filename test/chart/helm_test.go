@@ -5,7 +5,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"testing"
 
 	"github.com/fastblk/csi-fastblk/internal/testgate"
@@ -17,14 +16,17 @@ const (
 	kubeVersion = "1.34.0"
 )
 
-// repoRoot is the repository root, found from this file's location.
+// packageDir is this package's directory, where go test starts its tests
+// (make test builds with -trimpath, so runtime.Caller names no directory).
+var packageDir, packageDirErr = os.Getwd()
+
+// repoRoot is the repository root, two levels above this package.
 func repoRoot(t *testing.T) string {
 	t.Helper()
-	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		t.Fatal("locate test source")
+	if packageDirErr != nil {
+		t.Fatalf("locate the test package: %v", packageDirErr)
 	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	return filepath.Clean(filepath.Join(packageDir, "..", ".."))
 }
 
 // helmPath finds the pinned helm: $HELM, then the cache that

@@ -69,8 +69,9 @@ func TestSnapshotClassOnlyWhereItWorks(t *testing.T) {
 }
 
 // TestSnapshotCRDsAreUpstream checks crds/ holds exactly the upstream CRDs,
-// byte for byte, with their licence: the snapshot.storage.k8s.io ones of the
-// external-snapshotter release the chart's csi-snapshotter image names, and
+// byte for byte, with their licence: the snapshot.storage.k8s.io and
+// groupsnapshot.storage.k8s.io ones of the external-snapshotter release the
+// chart's csi-snapshotter image names, and
 // the cbt.storage.k8s.io one of the external-snapshot-metadata release its
 // csi-snapshot-metadata image names (hack/chart/snapshot-crds.sh fetches
 // both as Go modules).
@@ -88,6 +89,11 @@ func TestSnapshotCRDsAreUpstream(t *testing.T) {
 	if err != nil || len(want) != 3 {
 		t.Fatalf("upstream %s: %d snapshot CRDs (%v), want 3", upstream, len(want), err)
 	}
+	groups, err := filepath.Glob(filepath.Join(upstream, "groupsnapshot.storage.k8s.io_*.yaml"))
+	if err != nil || len(groups) != 3 {
+		t.Fatalf("upstream %s: %d group snapshot CRDs (%v), want 3", upstream, len(groups), err)
+	}
+	want = append(want, groups...)
 	cbtCRDs, err := filepath.Glob(filepath.Join(cbt, "cbt.storage.k8s.io_*.yaml"))
 	if err != nil || len(cbtCRDs) != 1 {
 		t.Fatalf("upstream %s: %d cbt CRDs (%v), want 1", cbt, len(cbtCRDs), err)

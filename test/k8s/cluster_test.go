@@ -205,9 +205,11 @@ func (c *cluster) nodeMounts(t *testing.T, node string) string {
 }
 
 // pod is a busybox pod in testNS running script with the PVC claim at
-// /data (or, with block, as the device /dev/xvda).
+// /data (or, with block, as the device /dev/xvda), and the claim extra, if
+// any, at /log.
 type pod struct {
 	name, claim, script, node string
+	extra                     string
 	prefer                    string // a node the scheduler should prefer
 	block                     bool
 	fsGroup                   int
@@ -243,12 +245,18 @@ spec:
     imagePullPolicy: Never
     command: ["sh", "-c", %q]
 `, busybox, p.script)
-	if p.block {
+	switch {
+	case p.block:
 		b.WriteString("    volumeDevices: [{name: v, devicePath: /dev/xvda}]\n")
-	} else {
+	case p.extra != "":
+		b.WriteString("    volumeMounts: [{name: v, mountPath: /data}, {name: x, mountPath: /log}]\n")
+	default:
 		b.WriteString("    volumeMounts: [{name: v, mountPath: /data}]\n")
 	}
-	fmt.Fprintf(&b, "  volumes: [{name: v, persistentVolumeClaim: {claimName: %s}}]\n", p.claim)
+	fmt.Fprintf(&b, "  volumes:\n  - {name: v, persistentVolumeClaim: {claimName: %s}}\n", p.claim)
+	if p.extra != "" {
+		fmt.Fprintf(&b, "  - {name: x, persistentVolumeClaim: {claimName: %s}}\n", p.extra)
+	}
 	return b.String()
 }
 

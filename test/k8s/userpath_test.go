@@ -42,6 +42,9 @@ var snapshotCRDs = []string{
 	"volumesnapshotclasses.snapshot.storage.k8s.io",
 	"volumesnapshotcontents.snapshot.storage.k8s.io",
 	"volumesnapshots.snapshot.storage.k8s.io",
+	"volumegroupsnapshotclasses.groupsnapshot.storage.k8s.io",
+	"volumegroupsnapshotcontents.groupsnapshot.storage.k8s.io",
+	"volumegroupsnapshots.groupsnapshot.storage.k8s.io",
 }
 
 // pluginNamespace creates the plugin's namespace, labelled to admit
@@ -249,6 +252,9 @@ func TestHelmInstall(t *testing.T) {
 		}
 		if got := c.jsonpath(t, "{.driver}", "get", "volumesnapshotclass", "fastblk"); got != driver {
 			t.Errorf("VolumeSnapshotClass fastblk: driver %q, want %s", got, driver)
+		}
+		if got := c.jsonpath(t, "{.driver}", "get", "volumegroupsnapshotclass", "fastblk"); got != driver {
+			t.Errorf("VolumeGroupSnapshotClass fastblk: driver %q, want %s", got, driver)
 		}
 	})
 

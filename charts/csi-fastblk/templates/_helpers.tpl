@@ -277,6 +277,26 @@ installed by the chart or declared present. */}}
 {{- if and .Values.snapshotClass.create .Values.snapshotter.enabled (include "csi-fastblk.snapshotAPI" .) (or $c.install $c.distributedInCluster) -}}true{{- end -}}
 {{- end -}}
 
+{{/* groupSnapshotAPI is "true" when the cluster serves
+groupsnapshot.storage.k8s.io/v1 (the chart's CRDs on a fresh install; Helm
+installs crds/ only then, so an upgraded release gets group snapshots once
+the CRDs are applied by hand). Without it the csi-snapshotter's and the
+snapshot-controller's group flag stays off: with the flag on and no CRDs,
+the csi-snapshotter (v8.6.0) waits for its group informers for ever and
+handles no snapshot at all. */}}
+{{- define "csi-fastblk.groupSnapshotAPI" -}}
+{{- if and .Values.snapshotter.enabled (.Capabilities.APIVersions.Has "groupsnapshot.storage.k8s.io/v1") -}}true{{- end -}}
+{{- end -}}
+
+{{/* groupSnapshotClass is "true" when the VolumeGroupSnapshotClass can
+work: as the VolumeSnapshotClass (snapshotClass), with the group API. (A
+release upgraded with --reuse-values from a chart without
+groupSnapshotClass has no such value: no class.) */}}
+{{- define "csi-fastblk.groupSnapshotClass" -}}
+{{- $c := .Values.snapshotController -}}
+{{- if and (dig "create" false (.Values.groupSnapshotClass | default dict)) (include "csi-fastblk.groupSnapshotAPI" .) (or $c.install $c.distributedInCluster) -}}true{{- end -}}
+{{- end -}}
+
 {{/* sidecarProbe renders the port and liveness probe of a sidecar's
 --http-endpoint. Call with (list portName port path). */}}
 {{- define "csi-fastblk.sidecarProbe" -}}

@@ -81,6 +81,9 @@ func sparseCopy(ctx context.Context, out, in int) error {
 	if err := unix.Ftruncate(out, st.Size); err != nil {
 		return fmt.Errorf("size copy: %w", err)
 	}
+	if e, ok := pacerOf(ctx).(Expecter); ok {
+		e.Expect(st.Blocks * 512) // the data runs take at most its blocks
+	}
 	for off := int64(0); off < st.Size; {
 		data, err := unix.Seek(in, off, unix.SEEK_DATA)
 		if errors.Is(err, unix.ENXIO) {
@@ -101,18 +104,30 @@ func sparseCopy(ctx context.Context, out, in int) error {
 	return nil
 }
 
-// copyChunk bounds one copy_file_range call, so cancellation is noticed.
-const copyChunk = 64 << 20
+// copyChunk bounds one copy_file_range call, so cancellation is noticed;
+// pacedChunk bounds it under a Pacer, so that the pace is smooth.
+const (
+	copyChunk  = 64 << 20
+	pacedChunk = 1 << 20
+)
 
 // copyRun copies bytes [from, to) with copy_file_range, falling back to
 // read/write (which skips zero blocks) where the kernel refuses it.
 func copyRun(ctx context.Context, out, in int, from, to int64) error {
+	pace, chunk := pacingOf(ctx, out), int64(copyChunk)
+	if pace != nil {
+		chunk = pacedChunk
+	}
 	for from < to {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("copy: %w", err)
 		}
+		n := int(min(to-from, chunk))
+		if err := pace.before(ctx, n); err != nil {
+			return err
+		}
 		roff, woff := from, from
-		n, err := unix.CopyFileRange(in, &roff, out, &woff, int(min(to-from, copyChunk)), 0)
+		n, err := unix.CopyFileRange(in, &roff, out, &woff, n, 0)
 		if err != nil && cloneUnsupported(err) {
 			return rwCopy(ctx, out, in, from, to)
 		}
@@ -122,6 +137,7 @@ func copyRun(ctx context.Context, out, in int, from, to int64) error {
 		if n == 0 {
 			return fmt.Errorf("copy range at %d: source ended early: %w", from, unix.EIO)
 		}
+		pace.wrote(from, n)
 		from += int64(n)
 	}
 	return nil
@@ -130,12 +146,17 @@ func copyRun(ctx context.Context, out, in int, from, to int64) error {
 // rwCopy copies [from, to) with pread/pwrite, leaving all-zero blocks as
 // holes in out.
 func rwCopy(ctx context.Context, out, in int, from, to int64) error {
-	buf := make([]byte, 1<<20)
+	pace := pacingOf(ctx, out)
+	buf := make([]byte, pacedChunk)
 	for from < to {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("copy: %w", err)
 		}
-		n, err := unix.Pread(in, buf[:min(to-from, int64(len(buf)))], from)
+		n := int(min(to-from, int64(len(buf))))
+		if err := pace.before(ctx, n); err != nil {
+			return err
+		}
+		n, err := unix.Pread(in, buf[:n], from)
 		if err != nil {
 			return fmt.Errorf("read at %d: %w", from, err)
 		}
@@ -145,6 +166,7 @@ func rwCopy(ctx context.Context, out, in int, from, to int64) error {
 		if err := writeNonZero(out, buf[:n], from); err != nil {
 			return err
 		}
+		pace.wrote(from, n)
 		from += int64(n)
 	}
 	return nil

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -205,4 +206,122 @@ func TestDataExtents(t *testing.T) {
 	if n, err := AllocatedBytes(f); err != nil || n != testfs.Allocated(t, file) {
 		t.Errorf("AllocatedBytes = %d, %v", n, err)
 	}
+}
+
+// countingPacer counts what a copy asks of it, and fails the Wait after
+// failAfter bytes when that is set.
+type countingPacer struct {
+	expect, moved, waits, largest int64
+	failAfter                     int64
+}
+
+func (p *countingPacer) Expect(n int64) { p.expect = n }
+
+func (p *countingPacer) Wait(_ context.Context, n int) error {
+	if p.failAfter > 0 && p.moved >= p.failAfter {
+		return context.Canceled
+	}
+	p.moved += int64(n)
+	p.waits++
+	p.largest = max(p.largest, int64(n))
+	return nil
+}
+
+// TestCopyFilePaced: a copy made under a Pacer (WithPacer) tells it the
+// source's allocated bytes first, then asks it before every chunk of at
+// most pacedChunk bytes, for the data runs only (holes stay holes); a
+// Pacer that refuses stops the copy with its error.
+func TestCopyFilePaced(t *testing.T) {
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src")
+	if err := os.WriteFile(src, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(src, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	testfs.WriteAt(t, src, 0, 3<<20+4096, 1)
+	testfs.WriteAt(t, src, 40<<20, 2<<20, 2)
+	p := &countingPacer{}
+	dst := filepath.Join(dir, "dst")
+	if err := CopyFile(WithPacer(context.Background(), p), dst, src, 64<<20); err != nil {
+		t.Fatal(err)
+	}
+	testfs.SamePrefix(t, src, dst)
+	alloc := testfs.Allocated(t, src)
+	if p.expect != alloc || p.moved < 5<<20+4096 || p.moved > alloc || p.largest > pacedChunk || p.waits < 6 {
+		t.Errorf("pacer: expected %d (allocated %d), told of %d bytes in %d waits of at most %d; want the data runs in chunks of at most %d",
+			p.expect, alloc, p.moved, p.waits, p.largest, pacedChunk)
+	}
+	if a := testfs.Allocated(t, dst); a > alloc {
+		t.Errorf("the copy allocates %d bytes, the source %d: holes were filled", a, alloc)
+	}
+
+	refuse := &countingPacer{failAfter: 2 << 20}
+	err := CopyFile(WithPacer(context.Background(), refuse), filepath.Join(dir, "dst2"), src, 64<<20)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("copy under a Pacer that refuses: %v, want its error", err)
+	}
+}
+
+// TestCopyFilePacedWritesBehind: a paced copy's writes go to the disk as
+// it goes, not in one burst at its sync: what it wrote more than
+// writeBehindLag ago is written back and out of the page cache when it
+// returns (on ext4, where the pages of an unpaced copy stay, dirty).
+func TestCopyFilePacedWritesBehind(t *testing.T) {
+	dir := testfs.MountImage(t, 160<<20, "mkfs.ext4", "-q", "-F")
+	src := filepath.Join(dir, "src")
+	if err := os.WriteFile(src, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	testfs.WriteAt(t, src, 0, 32<<20, 3)
+	for _, paced := range []bool{false, true} {
+		dst := filepath.Join(dir, fmt.Sprint("dst-", paced))
+		ctx := context.Background()
+		if paced {
+			ctx = WithPacer(ctx, &countingPacer{})
+		}
+		if err := CopyFile(ctx, dst, src, 32<<20); err != nil {
+			t.Fatal(err)
+		}
+		resident := residentBytes(t, dst)
+		if paced && resident > writeBehindLag+pacedChunk {
+			t.Errorf("paced copy: %d bytes of it still in the page cache, want at most %d", resident, writeBehindLag+pacedChunk)
+		}
+		if !paced && resident < 24<<20 {
+			t.Logf("unpaced copy: only %d bytes of it in the page cache (expected most of 32 MiB)", resident)
+		}
+		testfs.SamePrefix(t, src, dst)
+	}
+}
+
+// residentBytes is how much of file is in the page cache (mincore).
+func residentBytes(t *testing.T, file string) int64 {
+	t.Helper()
+	f, err := os.Open(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	page := os.Getpagesize()
+	vec := make([]byte, (len(m)+page-1)/page)
+	if _, _, errno := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&m[0])), uintptr(len(m)), uintptr(unsafe.Pointer(&vec[0]))); errno != 0 {
+		t.Fatal(errno)
+	}
+	var n int64
+	for _, v := range vec {
+		if v&1 != 0 {
+			n += int64(page)
+		}
+	}
+	return n
 }

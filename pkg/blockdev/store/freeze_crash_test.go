@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,7 +40,7 @@ type liveVolume struct {
 // mountVolume creates a volume of size bytes in s, attaches it, makes ext4
 // on it (initialised at once, so no background writer runs later) and
 // mounts it. Everything is undone in t.Cleanup.
-func mountVolume(t *testing.T, s *Store, name string, size int64) liveVolume {
+func mountVolume(t testing.TB, s *Store, name string, size int64) liveVolume {
 	t.Helper()
 	testgate.RequireLoop(t)
 	testgate.RequireTool(t, "mkfs.ext4")
@@ -104,21 +105,7 @@ func TestCrashWhileFrozen(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	child := exec.Command(os.Args[0], "-test.run=^TestCrashWhileFrozen$", "-test.v")
-	child.Env = append(os.Environ(), crashChildEnv+"="+strings.Join([]string{data, lv.v.ID, lv.mnt, lv.dev}, "\n"))
-	child.Stderr = os.Stderr
-	out, err := child.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		child.Process.Kill()
-		child.Wait()
-		unfreeze(lv.mnt) // never leave the host with a frozen mount
-	})
+	child, out := startChild(t, "TestCrashWhileFrozen", crashChildEnv, []string{data, lv.v.ID, lv.mnt, lv.dev}, lv.mnt)
 	waitLine(t, out, "frozen")
 	if err := child.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -145,6 +132,32 @@ func TestCrashWhileFrozen(t *testing.T) {
 	if _, err := os.Stat(s.dataFile(blockdev.SnapshotID("snap"))); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("half-made snapshot file: %v, want it removed", err)
 	}
+}
+
+// startChild runs this test binary's test (whose child part reads the
+// variable env, holding args one a line) as the process a crash test
+// kills, and returns it with its stdout. Cleanup kills it if need be and
+// thaws the mounts, never leaving the host with a frozen filesystem.
+func startChild(t *testing.T, test, env string, args []string, mounts ...string) (*exec.Cmd, io.Reader) {
+	t.Helper()
+	child := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
+	child.Env = append(os.Environ(), env+"="+strings.Join(args, "\n"))
+	child.Stderr = os.Stderr
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		child.Process.Kill()
+		child.Wait()
+		for _, mnt := range mounts {
+			unfreeze(mnt)
+		}
+	})
+	return child, out
 }
 
 // frozenChild is the process TestCrashWhileFrozen kills: it starts a

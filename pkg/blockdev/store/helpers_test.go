@@ -8,7 +8,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 )
 
-func openStore(t *testing.T, dir string) *Store {
+func openStore(t testing.TB, dir string) *Store {
 	t.Helper()
 	s, err := Open(Config{Dir: dir})
 	if err != nil {
@@ -18,7 +18,7 @@ func openStore(t *testing.T, dir string) *Store {
 	return s
 }
 
-func mustCreate(t *testing.T, s *Store, spec VolumeSpec) blockdev.Volume {
+func mustCreate(t testing.TB, s *Store, spec VolumeSpec) blockdev.Volume {
 	t.Helper()
 	v, err := s.CreateVolume(context.Background(), spec)
 	if err != nil {

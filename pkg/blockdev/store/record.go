@@ -44,9 +44,10 @@ const (
 // with its data file. The Store has never written another state, so any
 // other one is corruption, and the record is quarantined.
 type record struct {
-	State    string             `json:"state"`
-	Volume   *blockdev.Volume   `json:"volume,omitempty"`
-	Snapshot *blockdev.Snapshot `json:"snapshot,omitempty"`
+	State    string                  `json:"state"`
+	Volume   *blockdev.Volume        `json:"volume,omitempty"`
+	Snapshot *blockdev.Snapshot      `json:"snapshot,omitempty"`
+	Group    *blockdev.GroupSnapshot `json:"group,omitempty"`
 }
 
 // errCorrupt marks a record that was read but does not decode into the
@@ -77,6 +78,7 @@ func (s *Store) readRecords() (map[string]record, error) {
 		return nil, fmt.Errorf("read %s: %w", dir, err)
 	}
 	recs := make(map[string]record)
+	var halfGroups []blockdev.GroupSnapshot
 	for _, e := range ents {
 		name := e.Name()
 		if id, _, ok := strings.Cut(name, metaSuffix+corruptMark); ok && blockdev.ValidID(id) {
@@ -94,13 +96,21 @@ func (s *Store) readRecords() (map[string]record, error) {
 			}
 			continue
 		}
-		if r.State == stateCreating {
+		switch {
+		case r.State == stateCreating && r.Group != nil:
+			halfGroups = append(halfGroups, *r.Group) // once every member is read
+		case r.State == stateCreating:
 			if err := s.removeObject(id); err != nil {
 				return nil, err
 			}
-			continue
+		default:
+			recs[id] = r
 		}
-		recs[id] = r
+	}
+	for _, g := range halfGroups {
+		if err := s.removeHalfGroup(g, recs); err != nil {
+			return nil, err
+		}
 	}
 	return recs, atomicfile.SyncDir(dir)
 }
@@ -145,11 +155,14 @@ func (r record) validate(id string) error {
 	if r.State != stateReady && r.State != stateCreating {
 		return fmt.Errorf("unknown state %q", r.State)
 	}
-	switch {
-	case blockdev.IsVolumeID(id) && r.Volume != nil && r.Snapshot == nil:
+	switch kinds := btoi(r.Volume != nil) + btoi(r.Snapshot != nil) + btoi(r.Group != nil); {
+	case kinds != 1:
+	case blockdev.IsVolumeID(id) && r.Volume != nil:
 		return validateVolume(*r.Volume, id)
-	case blockdev.IsSnapshotID(id) && r.Snapshot != nil && r.Volume == nil:
+	case blockdev.IsSnapshotID(id) && r.Snapshot != nil:
 		return validateSnapshot(*r.Snapshot, id)
+	case blockdev.IsGroupSnapshotID(id) && r.Group != nil:
+		return validateGroup(*r.Group, id)
 	}
 	return fmt.Errorf("does not describe %s", id)
 }
@@ -236,7 +249,44 @@ func validateSnapshot(sn blockdev.Snapshot, id string) error {
 	if !blockdev.IsVolumeID(sn.SourceVolumeID) {
 		return fmt.Errorf("snapshot %s: source volume %q is not a volume ID", id, sn.SourceVolumeID)
 	}
+	if sn.GroupID != "" && sn.Name != memberName(sn.GroupID, sn.SourceVolumeID) {
+		return fmt.Errorf("snapshot %s: group %q is not the group its name %q says", id, sn.GroupID, sn.Name)
+	}
 	return nil
+}
+
+// validateGroup returns why g is not a complete record of the group
+// snapshot id, or nil: its name derives its ID, and it has members, each
+// a volume named once, with the snapshot ID its name derives.
+func validateGroup(g blockdev.GroupSnapshot, id string) error {
+	if g.ID != id {
+		return fmt.Errorf("group snapshot %s: recorded as %q", id, g.ID)
+	}
+	if err := blockdev.CheckName(g.Name); err != nil {
+		return fmt.Errorf("group snapshot %s: %w", id, err)
+	}
+	if blockdev.GroupSnapshotID(g.Name) != id {
+		return fmt.Errorf("group snapshot %s: name %q derives %s", id, g.Name, blockdev.GroupSnapshotID(g.Name))
+	}
+	if len(g.Members) == 0 {
+		return fmt.Errorf("group snapshot %s: no members", id)
+	}
+	for i, m := range g.Members {
+		if !blockdev.IsVolumeID(m.VolumeID) || (i > 0 && m.VolumeID <= g.Members[i-1].VolumeID) {
+			return fmt.Errorf("group snapshot %s: member volume %q not a volume ID in order", id, m.VolumeID)
+		}
+		if m.SnapshotID != blockdev.SnapshotID(memberName(id, m.VolumeID)) {
+			return fmt.Errorf("group snapshot %s: member snapshot %q of %s is not the one its name derives", id, m.SnapshotID, m.VolumeID)
+		}
+	}
+	return nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // checkObject checks what volumes and snapshots share: the recorded ID is

@@ -91,37 +91,128 @@ func (s *Store) reserveCopy(id, src string) error {
 // takeSnapshot copies the volume file while it is held, cutting its
 // device's change record meanwhile, then records the snapshot's changes
 // and the snapshot, and starts the volume's next record. Nothing is left
-// behind on error, and the cut goes back to the device.
+// behind on error, and the cut goes back to the device. Its steps are
+// snapshotTake's, which a group snapshot runs for all its members at once
+// (group.go).
 func (s *Store) takeSnapshot(ctx context.Context, snap blockdev.Snapshot, hold Hold, cut *ChangeCut) error {
-	file, src := s.dataFile(snap.ID), s.dataFile(snap.SourceVolumeID)
-	var c heldCut
-	err := copyHeld(ctx, file, src, snap.SizeBytes, c.wrap(hold, cut), true)
+	t := s.newTake(snap, hold, cut)
+	err := t.copyLive(ctx)
+	if err == nil {
+		err = t.holdSource(ctx)
+	}
+	if err == nil {
+		err = t.catchUp(ctx)
+	}
+	if rerr := t.releaseSource(); err == nil {
+		err = rerr
+	}
 	var sc snapshotChanges
 	if err == nil {
-		sc, err = s.snapshotChanges(snap, hold != nil, c)
-	}
-	if err == nil {
-		err = s.writeChanges(snap.ID, sc)
-	}
-	if err == nil {
-		err = s.writeRecord(snap.ID, record{State: stateReady, Snapshot: &snap})
+		sc, err = s.commitTake(t)
 	}
 	if err != nil {
-		atomicfile.Remove(s.changesPath(snap.ID))
-		atomicfile.Remove(file)
 		err = classify(fmt.Errorf("create snapshot %s: %w", snap.ID, err))
-		return errors.Join(err, s.putBack(snap.SourceVolumeID, cut, &c))
+		return errors.Join(err, s.abortTake(t))
 	}
-	// The volume's record starts afresh from this snapshot: trusted
-	// while no device serves the volume, and on disk untrusted while one
-	// does (its tracker holds the record in memory). Should this fail, the
-	// old record still holds (it names the previous snapshot), and the
-	// device's must again cover everything since that one.
-	next := volumeChanges{Version: changesVersion, Base: snap.ID, BaseToken: sc.Token, Trusted: hold == nil}
-	if err := s.writeChanges(snap.SourceVolumeID, next); err != nil {
-		_ = s.putBack(snap.SourceVolumeID, cut, &c) // the snapshot stands
+	s.restartChanges(t, sc)
+	return nil
+}
+
+// snapshotTake is one snapshot in the making, in the steps of copyHeld:
+// a live copy (copyLive), the source held (holdSource), its device's
+// record cut and the copy made exact while it is held (catchUp), the
+// source released (releaseSource), then the copy made durable and
+// recorded (commitTake), or removed (abortTake).
+type snapshotTake struct {
+	snap      blockdev.Snapshot
+	file, src string
+	hold      Hold
+	cut       *ChangeCut
+	c         heldCut
+	release   func() error // set while the source is held
+}
+
+func (s *Store) newTake(snap blockdev.Snapshot, hold Hold, cut *ChangeCut) *snapshotTake {
+	return &snapshotTake{snap: snap, file: s.dataFile(snap.ID), src: s.dataFile(snap.SourceVolumeID), hold: hold, cut: cut}
+}
+
+// copyLive copies the source while it is live (filecopy.CopyFile).
+func (t *snapshotTake) copyLive(ctx context.Context) error {
+	return filecopy.CopyFile(ctx, t.file, t.src, t.snap.SizeBytes)
+}
+
+// holdSource holds the source (nothing for a source not in use).
+func (t *snapshotTake) holdSource(ctx context.Context) error {
+	if t.hold == nil {
+		return nil
+	}
+	release, err := t.hold(ctx)
+	if err != nil {
+		return fmt.Errorf("hold source: %w", err)
+	}
+	t.release = release
+	return nil
+}
+
+// catchUp cuts the held source's change record and makes the copy exact
+// (filecopy.ResyncFile); a source not held needs neither.
+func (t *snapshotTake) catchUp(ctx context.Context) error {
+	if t.release == nil {
+		return nil
+	}
+	t.c.take(t.cut)
+	return filecopy.ResyncFile(ctx, t.file, t.src)
+}
+
+// releaseSource lets the held source's writes through again.
+func (t *snapshotTake) releaseSource() error {
+	if t.release == nil {
+		return nil
+	}
+	release := t.release
+	t.release = nil
+	if err := release(); err != nil {
+		return fmt.Errorf("release source: %w", err)
 	}
 	return nil
+}
+
+// commitTake makes the copy durable and writes the snapshot's change
+// record, then its record.
+func (s *Store) commitTake(t *snapshotTake) (snapshotChanges, error) {
+	if err := filecopy.SyncFile(t.file); err != nil {
+		return snapshotChanges{}, err
+	}
+	sc, err := s.snapshotChanges(t.snap, t.hold != nil, t.c)
+	if err == nil {
+		err = s.writeChanges(t.snap.ID, sc)
+	}
+	if err == nil {
+		err = s.writeRecord(t.snap.ID, record{State: stateReady, Snapshot: &t.snap})
+	}
+	return sc, err
+}
+
+// abortTake removes what the take made and gives its cut back to the
+// device, or keeps it in the volume's record (putBack); an error says
+// that the cut is in no record.
+func (s *Store) abortTake(t *snapshotTake) error {
+	atomicfile.Remove(s.changesPath(t.snap.ID))
+	atomicfile.Remove(t.file)
+	return s.putBack(t.snap.SourceVolumeID, t.cut, &t.c)
+}
+
+// restartChanges starts the source volume's record afresh from the
+// snapshot t took, whose change record is sc: trusted while no device
+// serves the volume, and on disk untrusted while one does (its tracker
+// holds the record in memory). Should this fail, the old record still
+// holds (it names the previous snapshot), and the device's must again
+// cover everything since that one.
+func (s *Store) restartChanges(t *snapshotTake, sc snapshotChanges) {
+	next := volumeChanges{Version: changesVersion, Base: t.snap.ID, BaseToken: sc.Token, Trusted: t.hold == nil}
+	if err := s.writeChanges(t.snap.SourceVolumeID, next); err != nil {
+		_ = s.putBack(t.snap.SourceVolumeID, t.cut, &t.c) // the snapshot stands
+	}
 }
 
 // heldCut is the cut of a device's change record taken while the volume is
@@ -132,22 +223,15 @@ type heldCut struct {
 	done    bool
 }
 
-// wrap returns hold, cutting the device's record (cut) once the volume is
-// held. A cut that fails (the device is not tracked) leaves c not done:
-// the snapshot's record is then untrusted.
-func (c *heldCut) wrap(hold Hold, cut *ChangeCut) Hold {
-	if hold == nil || cut == nil {
-		return hold
+// take cuts the device's record (cut, nil when the backend does not
+// track) while the volume is held. A cut that fails (the device is not
+// tracked) leaves c not done: the snapshot's record is then untrusted.
+func (c *heldCut) take(cut *ChangeCut) {
+	if cut == nil {
+		return
 	}
-	return func(ctx context.Context) (func() error, error) {
-		release, err := hold(ctx)
-		if err != nil {
-			return nil, err
-		}
-		if exts, trusted, err := cut.Cut(); err == nil {
-			c.exts, c.trusted, c.done = exts, trusted, true
-		}
-		return release, nil
+	if exts, trusted, err := cut.Cut(); err == nil {
+		c.exts, c.trusted, c.done = exts, trusted, true
 	}
 }
 

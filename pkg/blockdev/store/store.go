@@ -72,7 +72,7 @@ type Hold func(ctx context.Context) (release func() error, err error)
 //
 //	<dir>/volumes/<id>.img    sparse volume files
 //	<dir>/snapshots/<id>.img  snapshot files (reflinks or sparse copies)
-//	<dir>/meta/<id>.json      one record per object, replaced atomically
+//	<dir>/meta/<id>.json      one record per object (and group snapshot), replaced atomically
 //	<dir>/changes/<id>.json   changed-block records (changes.go)
 //	<dir>/lock                flocked by the process serving the directory
 //	<dir>/owner               the owner token its devices carry (package owner)
@@ -96,6 +96,7 @@ type Store struct {
 	mu        sync.Mutex
 	volumes   map[string]blockdev.Volume
 	snapshots map[string]blockdev.Snapshot
+	groups    map[string]blockdev.GroupSnapshot
 	busy      map[string]chan struct{} // closed when the ID's operation ends
 	reserved  map[string]int64         // bytes promised to creates in flight
 	// quarantined maps the IDs whose record could not be loaded to the
@@ -153,6 +154,7 @@ func Open(cfg Config) (*Store, error) {
 		cfg:              cfg,
 		volumes:          make(map[string]blockdev.Volume),
 		snapshots:        make(map[string]blockdev.Snapshot),
+		groups:           make(map[string]blockdev.GroupSnapshot),
 		busy:             make(map[string]chan struct{}),
 		reserved:         make(map[string]int64),
 		quarantined:      make(map[string]string),
@@ -180,10 +182,13 @@ func (s *Store) load() error {
 		return err
 	}
 	for id, r := range recs {
-		if r.Volume != nil {
+		switch {
+		case r.Volume != nil:
 			s.volumes[id] = *r.Volume
-		} else {
+		case r.Snapshot != nil:
 			s.snapshots[id] = *r.Snapshot
+		default:
+			s.groups[id] = *r.Group
 		}
 	}
 	return s.removeStrayChanges()
