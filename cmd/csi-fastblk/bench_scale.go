@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -369,101 +368,6 @@ func (c scaleConfig) backingFile(name string) (string, error) {
 		return "", err
 	}
 	return file, os.Truncate(file, c.size)
-}
-
-// fioResult is what runFio measured over every job.
-type fioResult struct {
-	iops  float64
-	total uint64 // I/Os completed
-	// With latProbe: the probe's IOPS and its completion latency
-	// percentiles (50, 99, 99.9) and mean in microseconds; iops and
-	// total are then the other devices'.
-	probeIOPS float64
-	lat       [3]float64
-	latMean   float64
-}
-
-// latPercentiles are the keys of fio's clat_ns percentiles the LAT line
-// reports (fio's default list has all three).
-var latPercentiles = [3]string{"50.000000", "99.000000", "99.900000"}
-
-// fill writes every device once, so that reads hit real blocks and writes
-// overwrite, in both modes alike.
-func (c scaleConfig) fill(ctx context.Context, devs []string) error {
-	args := []string{"--ioengine=io_uring", "--direct=1", "--rw=write", "--bs=1M", "--iodepth=4", "--output-format=terse"}
-	for i, d := range devs {
-		args = append(args, fmt.Sprintf("--name=fill%d", i), "--filename="+d)
-	}
-	if out, err := exec.CommandContext(ctx, c.fio, args...).CombinedOutput(); err != nil {
-		return fmt.Errorf("fio fill: %w: %s", err, out)
-	}
-	return nil
-}
-
-// runFio runs the measured workload on every device at once.
-func (c scaleConfig) runFio(ctx context.Context, devs []string) (fioResult, error) {
-	args := []string{"--ioengine=io_uring", "--direct=1", "--rw=" + c.rw, "--bs=" + c.bs, "--iodepth=" + strconv.Itoa(c.iodepth),
-		"--numjobs=" + strconv.Itoa(c.jobs), "--time_based", "--runtime=" + strconv.Itoa(c.runtime), "--ramp_time=2",
-		"--norandommap", "--randrepeat=0", "--group_reporting", "--output-format=json"}
-	for i, d := range devs {
-		args = append(args, fmt.Sprintf("--name=v%d", i), "--filename="+d)
-		if c.latProbe && i == 0 {
-			// A group of its own, at depth 1: fio reports it apart.
-			args = append(args, "--iodepth=1", "--numjobs=1")
-			if c.probeRW != "" {
-				args = append(args, "--rw="+c.probeRW)
-			}
-		}
-		if c.latProbe && i == 1 {
-			args = append(args, "--new_group")
-		}
-	}
-	out, err := exec.CommandContext(ctx, c.fio, args...).Output()
-	if err != nil {
-		return fioResult{}, fmt.Errorf("fio: %w", err)
-	}
-	type side struct {
-		IOPS     float64 `json:"iops"`
-		TotalIOs uint64  `json:"total_ios"`
-		Clat     struct {
-			Mean       float64            `json:"mean"`
-			Percentile map[string]float64 `json:"percentile"`
-		} `json:"clat_ns"`
-	}
-	var res struct {
-		Jobs []struct{ Read, Write side } `json:"jobs"`
-	}
-	if i := strings.IndexByte(string(out), '{'); i > 0 {
-		out = out[i:] // fio may print notes before the JSON
-	}
-	if err := json.Unmarshal(out, &res); err != nil {
-		return fioResult{}, fmt.Errorf("fio output: %w", err)
-	}
-	var r fioResult
-	jobs := res.Jobs
-	if c.latProbe {
-		if len(jobs) == 0 {
-			return r, fmt.Errorf("fio output: no jobs")
-		}
-		p := jobs[0].Read
-		if jobs[0].Write.TotalIOs > p.TotalIOs {
-			p = jobs[0].Write
-		}
-		r.probeIOPS, r.latMean = p.IOPS, p.Clat.Mean/1e3
-		for i, k := range latPercentiles {
-			ns, ok := p.Clat.Percentile[k]
-			if !ok {
-				return r, fmt.Errorf("fio output: no %s percentile", k)
-			}
-			r.lat[i] = ns / 1e3
-		}
-		jobs = jobs[1:]
-	}
-	for _, j := range jobs {
-		r.iops += j.Read.IOPS + j.Write.IOPS
-		r.total += j.Read.TotalIOs + j.Write.TotalIOs
-	}
-	return r, nil
 }
 
 // describe prints the run's figures: a SCALE line, or with latProbe a LAT

@@ -83,11 +83,12 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		c.devices.FailUnservedAfter = d
 		return err
 	})
-	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads, each serving the queues of many devices (0 = one per CPU the plugin may use, at most its CPU limit)")
+	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads: with --ublk-thread-policy shared, how many serve every device (0 = one per CPU the plugin may use, at most its CPU limit); with device, the most started before devices share (0 = 256, fewer under a pids limit)")
+	fs.StringVar(&c.devices.ThreadPolicy, "ublk-thread-policy", "", "how devices get ublk server threads: device (the default: each device a thread of its own, as each loop device has its worker) or shared (a few threads serve every device)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
 	fs.IntVar(&c.devices.PollInFlight, "ublk-poll-inflight", 0, "benchmarks only: most requests in service with which a ublk server thread still polls before sleeping (0 = default)")
 	fs.IntVar(&c.devices.DiskSlots, "ublk-disk-slots", 0, "benchmarks only: most reads and writes each ublk server thread keeps in flight on the backing disk (0 = no bound, -1 = its share of the disk's request slots)")
-	fs.Func("ublk-iowq-workers", "benchmarks only: cap on each ublk server thread's io-wq workers (0 = the kernel's cap plus the depth of the deepest queue it serves)", func(v string) error {
+	fs.Func("ublk-iowq-workers", "benchmarks only: cap on each ublk server thread's io-wq workers (0 = 4 with --ublk-thread-policy device; shared: the kernel's cap plus the depth of the deepest queue it serves)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		c.devices.IOWQWorkers = uint32(n)
 		return err

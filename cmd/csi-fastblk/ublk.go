@@ -89,7 +89,7 @@ func ublkServe(ctx context.Context, args []string) error {
 	}
 	defer os.RemoveAll(stateDir)
 	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: a.queue,
-		Threads: a.threads, Thread: a.thread})
+		Threads: a.threads, ThreadPolicy: ublk.ThreadPolicy(a.policy), Thread: a.thread})
 	if err != nil {
 		return err
 	}
@@ -116,12 +116,12 @@ func ublkServe(ctx context.Context, args []string) error {
 
 // ublkServeArgs are the flags of `csi-fastblk ublk serve`.
 type ublkServeArgs struct {
-	file, size, zeroCopy, batchIO, nowait, cpuProfile string
-	queues, depth, threads                            int
-	maxIO                                             uint
-	null                                              bool
-	queue                                             ublk.QueueOptions
-	thread                                            ublk.ThreadConfig
+	file, size, zeroCopy, batchIO, nowait, cpuProfile, policy string
+	queues, depth, threads                                    int
+	maxIO                                                     uint
+	null                                                      bool
+	queue                                                     ublk.QueueOptions
+	thread                                                    ublk.ThreadConfig
 }
 
 // ublkServeFlags declares the flags of `csi-fastblk ublk serve`.
@@ -136,12 +136,13 @@ func ublkServeFlags(fs *flag.FlagSet) *ublkServeArgs {
 	fs.StringVar(&a.size, "size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
 	fs.UintVar(&a.maxIO, "max-io", 0, "copy mode: largest request in bytes, a multiple of 4096 (0 = tuning policy)")
 	fs.StringVar(&a.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
-	fs.IntVar(&a.threads, "threads", 0, "server threads shared by the device's queues (0 = one per CPU)")
+	fs.IntVar(&a.threads, "threads", 0, "server threads shared by the device's queues (0 = one per CPU); with --thread-policy device, the pool's bound")
+	fs.StringVar(&a.policy, "thread-policy", "", "how the device gets server threads: shared or device (default: the plugin's)")
 	fs.BoolVar(&a.queue.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&a.queue.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
 	fs.DurationVar(&a.queue.Poll, "poll", time.Millisecond, "longest a server thread polls for completions after a busy round before sleeping (0: never)")
 	fs.StringVar(&a.nowait, "nowait-writes", "off", "keep the backing file's mtime current from the server thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: off (the plugin's default), auto (where the filesystem refuses NOWAIT writes over a stale mtime) or on")
-	fs.Func("iowq-workers", "cap on each server thread's io-wq workers (0: the kernel's cap plus the depth of the deepest queue it serves, so that a stalled backing file holds only its own queue's)", func(v string) error {
+	fs.Func("iowq-workers", "cap on each server thread's io-wq workers (0: 4 with --thread-policy device; shared: the kernel's cap plus the depth of the deepest queue it serves, so that a stalled backing file holds only its own queue's)", func(v string) error {
 		n, err := strconv.ParseUint(v, 10, 32)
 		a.thread.IOWQWorkers = uint32(n)
 		return err

@@ -88,14 +88,17 @@ for b in $only; do
 		--only 'randwrite-qd32-j1 randwrite-qd32-j2' --reps "$reps" --runtime "$runtime" ;;
 	scale)
 		# shellcheck disable=SC2086 # flags, split on purpose
-		section "Many volumes at once (VM)" hack/vm/bench-scale.sh --volumes '8 16 64' ${BENCH_SCALE_ARGS:-} \
+		section "Many volumes at once (VM)" hack/vm/bench-scale.sh --volumes '8 16 64' --variants 'ours shared=--ublk-thread-policy=shared' ${BENCH_SCALE_ARGS:-} \
 			--reps "$reps" --runtime "$runtime"
 		;;
 	noisy)
 		ref=()
 		[[ -z ${BENCH_REFERENCE:-} ]] || ref=(--reference "$BENCH_REFERENCE")
+		# Both thread policies, interleaved: the default (a thread per
+		# device) and shared threads.
 		# shellcheck disable=SC2086 # flags, split on purpose
-		section "Noisy neighbours (VM)" hack/vm/bench-scale.sh --noisy ${BENCH_NOISY_ARGS:-} "${ref[@]}" --reps "$reps" --runtime "$runtime"
+		section "Noisy neighbours (VM)" hack/vm/bench-scale.sh --noisy --variants 'ours shared=--ublk-thread-policy=shared' \
+			${BENCH_NOISY_ARGS:-} "${ref[@]}" --reps "$reps" --runtime "$runtime"
 		[[ -n ${BENCH_REFERENCE:-} ]] || printf '%s\n\n' "No reference server was given (BENCH_REFERENCE): the table has no ref rows." >>"$tmp/report" &&
 			cp "$tmp/report" "$out"
 		;;

@@ -13,7 +13,8 @@
 #                               [--volumes 'N...'] [--rw 'randread randwrite']
 #                               [--variants 'LABEL[=FLAGS]...'] [--no-loop]
 #                               [--disks 'disk ram'] [--reference DIR]
-#   --variants  the plugin set-ups to measure (default shared): LABEL=FLAGS
+#   --variants  the plugin set-ups to measure (default ours: the plugin's
+#               defaults): LABEL=FLAGS
 #               runs the plugin with
 #               serve FLAGS joined by '+' (hidden benchmark flags such as
 #               --ublk-ablate=reap-one, which needs a binary built with
@@ -24,9 +25,13 @@
 #   --no-loop   leave out the kernel loop devices
 #   --disks     where the VM's data disk lives, one VM run and table each:
 #               disk, a raw file on the host's disk (cache=none: the disk,
-#               not the CPU, is the limit, as on a node), or ram, a file on
-#               /dev/shm (the guest is CPU-bound); default disk, and
-#               'disk ram' with --noisy
+#               not the CPU, is the limit, as on a node), ram, a file on
+#               /dev/shm (the guest is CPU-bound), or ramcap, that file
+#               capped by qemu at 15000 IOPS (a fast disk with headroom that
+#               every machine reproduces); default disk, and 'disk ramcap'
+#               with --noisy
+#   --ramcap N  the ramcap disk's cap in IOPS (default 15000); pick one that
+#               loop's busy neighbours reach with CPU to spare (loop_x <= 4)
 #   --lat       also the latency probe: 4k at iodepth 1 on one device, alone and
 #               with 15 others busy at iodepth 4 (p50/p99/p99.9), for each
 #               design, loop, and the backing files themselves ("file")
@@ -54,6 +59,9 @@ set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
+# RAMCAP_IOPS caps the ramcap disk (--ramcap): a fast disk every machine
+# reproduces, as long as the guest's CPUs can drive more than the cap.
+RAMCAP_IOPS=15000
 kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 volumes="16 64" rws="randread randwrite" variants="" loop=1 lat=0 noscale=0 smp=2 profile=0 noisy=0 disks="" reference=""
 while (($#)); do
 	case "$1" in
@@ -71,13 +79,14 @@ while (($#)); do
 	--smp) smp=${2:?}; shift 2 ;;
 	--profile) profile=1; shift ;;
 	--reference) reference=$(realpath "${2:?}"); shift 2 ;;
+	--ramcap) RAMCAP_IOPS=${2:?}; shift 2 ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
 [[ $runtime =~ ^[0-9]+$ && $reps =~ ^[0-9]+$ ]] || die "--runtime and --reps take whole numbers"
-((noisy)) && disks=${disks:-disk ram}
+((noisy)) && disks=${disks:-disk ramcap}
 disks=${disks:-disk}
-for d in $disks; do [[ $d == disk || $d == ram ]] || die "--disks: want disk or ram, not $d"; done
+for d in $disks; do [[ $d == disk || $d == ram || $d == ramcap ]] || die "--disks: want disk, ram or ramcap, not $d"; done
 if [[ -n $reference ]]; then
 	for f in ublk ublk.loop; do
 		[[ -x $reference/$f ]] || die "--reference $reference: no executable $f"
@@ -179,9 +188,13 @@ lattable() {
 
 # noisytable LOG prints, per design, the quiet volume's median mean and p99
 # latency (us) alone (busy 0) and beside its busy neighbours, the
-# neighbours' aggregate IOPS, and each as a ratio of loop's in the same run;
+# neighbours' aggregate IOPS, and each as a ratio of loop's in the same run,
+# with the spread (lowest-highest) of the mean and the IOPS over the runs;
 # with a reference server (ref), also the neighbours' IOPS, the server's
-# CPU and the guest's CPU per I/O as ratios of its.
+# CPU and the guest's CPU per I/O as ratios of its. Every row ends with
+# loop_x, loop's own quiet mean beside its busy neighbours as a multiple of
+# its mean alone: the regime. Where it is over 4 the baseline starves too,
+# and the table is no evidence of isolation (issue 54).
 noisytable() {
 	awk "$AWK_MEDIAN"'
 	/^LAT / && $4 != "failed" {
@@ -194,11 +207,24 @@ noisytable() {
 		for (f in kv) if (f ~ /_us$/ || f ~ /_per_io$/ || f == "iops") fig[key, f] = fig[key, f] " " kv[f]
 	}
 	function ratio(a, b) { return (b > 0) ? sprintf("%.2f", a / b) : "-" }
+	function spread(list,   v, k, lo, hi, i) {
+		k = split(list, v, " ")
+		if (k < 2) return "-"
+		lo = hi = v[1] + 0
+		for (i = 2; i <= k; i++) { if (v[i] + 0 < lo) lo = v[i] + 0; if (v[i] + 0 > hi) hi = v[i] + 0 }
+		return (hi >= 1000) ? sprintf("%.0f-%.0f", lo, hi) : sprintf("%.1f-%.1f", lo, hi)
+	}
 	END {
 		if (nl == 0) exit
 		printf "\n  noisy neighbours: quiet volume 4k randread iodepth 1, alone (busy 0) and beside busy volumes at 4k randwrite iodepth 32\n"
+		printf "  (fio: a process per volume; the quiet one its own process, started once its neighbours ran)\n"
 		hasref = ("ref" SUBSEP 0) in n
-		printf "  %-14s %5s %4s %9s %9s %11s %9s %9s %10s %10s %10s %9s %11s%s\n", "design", "busy", "runs", "mean_us", "p99_us", "neigh_iops", "mean/loop", "p99/loop", "iops/loop", "server_us", "cpu_us/io", "ctxsw/io", "guest_us/io",
+		maxb = 0
+		for (c = 1; c <= nb; c++) if (busy[c] > maxb) maxb = busy[c]
+		la = ("loop" SUBSEP 0, "mean_us") in fig ? median(fig["loop" SUBSEP 0, "mean_us"]) : 0
+		lb = ("loop" SUBSEP maxb, "mean_us") in fig ? median(fig["loop" SUBSEP maxb, "mean_us"]) : 0
+		loopx = ratio(lb, la)
+		printf "  %-14s %5s %4s %9s %13s %9s %11s %11s %9s %9s %10s %10s %10s %9s %11s %6s%s\n", "design", "busy", "runs", "mean_us", "(spread)", "p99_us", "neigh_iops", "(spread)", "mean/loop", "p99/loop", "iops/loop", "server_us", "cpu_us/io", "ctxsw/io", "guest_us/io", "loop_x",
 			hasref ? sprintf(" %9s %9s %9s", "iops/ref", "cpu/ref", "guest/ref") : ""
 		for (b = 1; b <= nl; b++) for (c = 1; c <= nb; c++) {
 			key = labels[b] SUBSEP busy[c]; lk = "loop" SUBSEP busy[c]
@@ -219,17 +245,35 @@ noisytable() {
 				rg = ((rk, "guest_cpu_us_per_io") in fig) ? median(fig[rk, "guest_cpu_us_per_io"]) : 0
 				vsref = sprintf(" %9s %9s %9s", (busy[c] > 0) ? ratio(io, ri) : "-", (cpu != "-") ? ratio(cpu, rc) : "-", (gc != "-") ? ratio(gc, rg) : "-")
 			}
-			printf "  %-14s %5d %4d %9.1f %9.1f %11.0f %9s %9s %10s %10s %10s %9s %11s%s\n", labels[b], busy[c], n[key], m, p99, io,
-				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv, cpu, cs, gc, vsref
+			printf "  %-14s %5d %4d %9.1f %13s %9.1f %11.0f %11s %9s %9s %10s %10s %10s %9s %11s %6s%s\n", labels[b], busy[c], n[key], m, "(" spread(fig[key, "mean_us"]) ")", p99, io,
+				(busy[c] > 0) ? "(" spread(fig[key, "iops"]) ")" : "-",
+				ratio(m, lm), ratio(p99, lp), (busy[c] > 0) ? ratio(io, li) : "-", sv, cpu, cs, gc, loopx, vsref
 		}
+		if (loopx == "-") printf "  (no loop runs: no regime)\n"
+		else if (loopx + 0 > 4) printf "  loop_x %s: loop\047s quiet volume starves beside its neighbours too; this table is no evidence of isolation\n", loopx
+		else printf "  loop_x %s: the disk has headroom (loop\047s quiet volume within 4x of its alone mean): the regime of issue 54\n", loopx
 	}' "$1"
 }
 
-# disk_dir REGIME is where run.sh makes the VM's data disk.
+# disk_dir REGIME is where run.sh makes the VM's data disk, and disk_opts
+# its extra qemu -drive options.
 disk_dir() {
 	case $1 in
 	disk) echo "$VM_CACHE/disks" ;;
-	ram) echo "/dev/shm/csi-fastblk-vm-disks" ;;
+	ram | ramcap) echo "/dev/shm/csi-fastblk-vm-disks" ;;
+	esac
+}
+disk_opts() {
+	case $1 in
+	ramcap) echo "throttling.iops-total=$RAMCAP_IOPS" ;;
+	esac
+}
+# disk_name REGIME says what the table's data disk is.
+disk_name() {
+	case $1 in
+	disk) echo "the host's disk, cache=none" ;;
+	ram) echo "host RAM (CPU-bound)" ;;
+	ramcap) echo "host RAM capped by qemu at $RAMCAP_IOPS IOPS (throttling.iops-total)" ;;
 	esac
 }
 
@@ -237,7 +281,7 @@ declare -A status=()
 for d in $disks; do
 	for k in "${kernels[@]}"; do
 		set +e
-		VM_DISK_DIR=$(disk_dir "$d") "$VM_DIR/run.sh" --kernel "$k" --disk-size 16G --smp "$smp" --timeout "$timeout" \
+		VM_DISK_DIR=$(disk_dir "$d") VM_DISK_OPTS=$(disk_opts "$d") "$VM_DIR/run.sh" --kernel "$k" --disk-size 16G --smp "$smp" --timeout "$timeout" \
 			--log "$logdir/bench-scale-$k-$d.log" -- "$guest"
 		status[$k-$d]=$?
 		set -e
@@ -253,7 +297,7 @@ for d in $disks; do
 	for k in "${kernels[@]}"; do
 		log="$logdir/bench-scale-$k-$d.log"
 		((status[$k-$d] == 0)) || failed=1
-		echo "-- kernel $(cat "$(kernel_dir "$k")/release"), data disk: $( [[ $d == disk ]] && echo "the host's disk (I/O-bound)" || echo "host RAM (CPU-bound)")$( ((status[$k-$d] == 0)) || echo " (VM run FAILED, exit ${status[$k-$d]})")"
+		echo "-- kernel $(cat "$(kernel_dir "$k")/release"), data disk: $(disk_name "$d")$( ((status[$k-$d] == 0)) || echo " (VM run FAILED, exit ${status[$k-$d]})")"
 		grep -a -E '^bench-scale: ' "$log" | sed 's/^/  /' | head -20 || true
 		((noscale)) || table "$log"
 		if ((noisy)); then noisytable "$log"; else lattable "$log"; fi

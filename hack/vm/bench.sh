@@ -15,7 +15,7 @@
 #   --size SIZE     backing file size (default 2G)
 #   --only          workloads to run (default all: randread-qd32-j1
 #                   randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m
-#                   write-1m randread-qd1-lat)
+#                   write-1m randread-qd1-lat randwrite-qd1-lat)
 #   --ublk-args     extra flags for csi-fastblk ublk serve (e.g. '--zero-copy off')
 #   --compare ARGS  also measure a second ublk device ("ublk2") served with
 #                   ARGS on top, in the same rotation: an A/B of server options
@@ -59,7 +59,7 @@ if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
 	"$VM_DIR/initramfs.sh"
 fi
 
-nwl=$(wc -w <<<"${only:-a b c d e f g}")
+nwl=$(wc -w <<<"${only:-a b c d e f g h}")
 # Each fio run takes runtime + 2 s ramp + a few seconds of start-up under TCG.
 ndev=2
 [[ -z $compare ]] || ndev=3

@@ -28,7 +28,9 @@
 #   --quiet            do not stream the console, only the log file
 # Environment: VM_DISK_DIR, where a fresh /data disk is made (default
 #   $VM_CACHE/disks, on the host's disk; the benchmarks put it on /dev/shm
-#   to take the host's disk out of the figures).
+#   to take the host's disk out of the figures); VM_DISK_OPTS, more qemu
+#   -drive options of the /data disk (the benchmarks' throttled disk:
+#   throttling.iops-total=15000).
 # Example: hack/vm/run.sh --kernel 7.3 -- /opt/fastblk/vm/run-steps.sh '00-*'
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
@@ -105,7 +107,7 @@ main() {
 		timeout -k 10 "$TIMEOUT" qemu-system-x86_64 \
 			-accel tcg,thread=multi -cpu max -smp "$SMP" -m "$MEM" \
 			-kernel "$kdir/vmlinuz" -initrd "$initrd" -append "$cmdline" \
-			-drive "if=virtio,format=raw,cache=none,aio=io_uring,file=$disk" \
+			-drive "if=virtio,format=raw,cache=none,aio=io_uring,file=$disk${VM_DISK_OPTS:+,$VM_DISK_OPTS}" \
 			-drive "if=virtio,format=raw,readonly=on,file=$tools" \
 			-nodefaults -nographic -serial stdio -net none -no-reboot </dev/null 2>&1 |
 			sed -u -e 's/\r//g' -e 's/\x1b\[[0-9;?]*[a-zA-Z]//g' -e 's/\x1bc//g' |

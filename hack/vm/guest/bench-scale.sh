@@ -1,8 +1,8 @@
 #!/bin/sh
 # bench-scale.sh (guest side of hack/vm/bench-scale.sh): many volumes busy at
 # once. For each volume count, csi-fastblk volumes created, staged and
-# published over CSI (block mode) with the plugin's shared server threads
-# ("shared"), and as many kernel loop devices with direct I/O ("loop"), each
+# published over CSI (block mode) with the plugin's default server threads
+# ("ours"), and as many kernel loop devices with direct I/O ("loop"), each
 # on files of the same size on /data; fio 4k random at a small depth on every
 # device at once. The anchor is one device at
 # BENCH_SCALE_ANCHOR (jobs x depth). Prints one line per run:
@@ -15,7 +15,7 @@
 # BENCH_SCALE_VARIANTS (plugin set-ups to measure instead: space-separated
 # LABEL or LABEL=FLAGS, FLAGS being serve flags (or NAME=VALUE for its
 # environment, or params=K=V,K=V for the StorageClass parameters of the
-# volumes) joined by '+', e.g. "shared ring1k=--ublk-thread-tags=1024
+# volumes) joined by '+', e.g. "ours shared=--ublk-thread-policy=shared
 # each=--ublk-ablate=submit-each q1=params=queues=1,queueDepth=64"),
 # BENCH_SCALE_LOOP (0: leave out the kernel loop devices), BENCH_SCALE_REF
 # (1: also the reference ublk server in /opt/ref, "ref", see
@@ -127,7 +127,7 @@ profile() {
 	rm -f /tmp/perf.data
 }
 
-variants=${BENCH_SCALE_VARIANTS:-shared}
+variants=${BENCH_SCALE_VARIANTS:-ours}
 labels=""
 for v in $variants; do labels="$labels ${v%%=*}"; done
 [ "${BENCH_SCALE_REF:-0}" = 1 ] && labels="$labels ref"
@@ -138,7 +138,7 @@ LAT_BUSY=${BENCH_SCALE_LAT_BUSY:-15}
 # flags_of LABEL prints the serve flags of a variant.
 flags_of() {
 	case $1 in
-	shared) return 0 ;;
+	ours) return 0 ;;
 	esac
 	for v in $variants; do
 		[ "${v%%=*}" = "$1" ] && [ "$v" != "$1" ] && echo "${v#*=}" | tr '+' ' '

@@ -5,7 +5,8 @@
 # one line per run for the host to tabulate:
 #   BENCH <workload> <ublk|ublk2|loop> <rep> <value> <unit>
 # Workloads: randread/randwrite 4k at iodepth 32 with 1 and 2 jobs (IOPS),
-# 1M sequential read/write (MiB/s), 4k randread at iodepth 1 (mean latency, us).
+# 1M sequential read/write (MiB/s), 4k randread and randwrite at iodepth 1
+# (mean latency, us).
 #
 # Environment: BENCH_SIZE (backing file, default 2G), BENCH_RUNTIME (seconds per
 # run, default 10), BENCH_REPS (default 3), BENCH_SEQ_DEPTH (default 16),
@@ -28,7 +29,7 @@ REPS=${BENCH_REPS:-3}
 SEQ_DEPTH=${BENCH_SEQ_DEPTH:-16}
 FILE=$FASTBLK_DATA/bench.img
 FIO=/usr/bin/fio
-WORKLOADS=${BENCH_ONLY:-"randread-qd32-j1 randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m write-1m randread-qd1-lat"}
+WORKLOADS=${BENCH_ONLY:-"randread-qd32-j1 randread-qd32-j2 randwrite-qd32-j1 randwrite-qd32-j2 read-1m write-1m randread-qd1-lat randwrite-qd1-lat"}
 UBLK_DEV="" UBLK_PID="" UBLK2_DEV="" UBLK2_PID="" LOOP_DEV=""
 
 cleanup() {
@@ -109,17 +110,19 @@ run_fio() {
 	read-1m) rw=read bs=1M qd=$SEQ_DEPTH nj=1 ;;
 	write-1m) rw=write bs=1M qd=$SEQ_DEPTH nj=1 ;;
 	randread-qd1-lat) rw=randread bs=4k qd=1 nj=1 ;;
+	randwrite-qd1-lat) rw=randwrite bs=4k qd=1 nj=1 ;;
 	*) echo "bench: unknown workload $1" >&2; return 1 ;;
 	esac
-	# Terse v3 fields: read bw 7 (KiB/s), iops 8, lat mean 40 (us); write bw 48, iops 49.
+	# Terse v3 fields: read bw 7 (KiB/s), iops 8, lat mean 40 (us); write bw 48, iops 49, lat mean 81.
 	$FIO --name=b --filename="$2" --direct=1 --ioengine=io_uring --time_based \
 		--runtime="$RUNTIME" --ramp_time=2 --group_reporting --randrepeat=0 \
 		--rw="$rw" --bs="$bs" --iodepth="$qd" --numjobs="$nj" \
 		--output-format=terse --terse-version=3 | awk -F';' -v rw="$rw" -v qd="$qd" '
-		NF > 50 { r_bw = $7; r_iops = $8; r_lat = $40; w_bw = $48; w_iops = $49; ok = 1 }
+		NF > 90 { r_bw = $7; r_iops = $8; r_lat = $40; w_bw = $48; w_iops = $49; w_lat = $81; ok = 1 }
 		END {
 			if (!ok) exit 1
 			if (rw == "randread" && qd == 1) printf "%.1f us\n", r_lat
+			else if (rw == "randwrite" && qd == 1) printf "%.1f us\n", w_lat
 			else if (rw == "randread") printf "%d IOPS\n", r_iops
 			else if (rw == "randwrite") printf "%d IOPS\n", w_iops
 			else if (rw == "read") printf "%.0f MiB/s\n", r_bw / 1024

@@ -49,6 +49,10 @@ type Config struct {
 	// device's queues; 0 means one per CPU the plugin may use, at most
 	// its cgroup's CPU limit (rounded up).
 	Threads int
+	// ThreadPolicy (ublk only) is "shared" (Threads threads serve every
+	// device) or "device" (each device its own thread, up to Threads,
+	// 0 meaning ublk.DefaultDeviceThreads); "" means the default.
+	ThreadPolicy string
 	// Benchmark knobs (ublk only; zero: the product's defaults):
 	// ThreadTags sizes each server thread (ublk.ThreadConfig.Tags),
 	// ZeroCopy is "auto", "on" or "off", PollInFlight is the most requests

@@ -67,6 +67,7 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		ZeroCopy:     zc,
 		NowaitWrites: nowait,
 		Threads:      cfg.Threads,
+		ThreadPolicy: ublk.ThreadPolicy(cfg.ThreadPolicy),
 		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers,
 			DiskSlots: cfg.DiskSlots},
 		Queue:             ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},

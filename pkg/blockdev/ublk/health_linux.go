@@ -52,7 +52,7 @@ func (s *Server) Health() error {
 			}
 		}
 	}
-	if p := s.Threads(); p != nil && p.Live() == 0 {
+	if p := s.Threads(); p != nil && p.Len() > 0 && p.Live() == 0 {
 		errs = append(errs, fmt.Errorf("all %d server threads failed: %w", p.Len(), ErrNoThread))
 	}
 	return errors.Join(errs...)

@@ -1,6 +1,7 @@
 package ublk
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/cbt"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/cgroup"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
@@ -53,6 +55,10 @@ type ServerConfig struct {
 	// (0 = one per CPU the process may use, at most its cgroup's CPU
 	// limit rounded up: cpuLimit).
 	Threads int
+	// ThreadPolicy is how devices get server threads ("" = the default,
+	// ThreadsPerDevice or ThreadsShared). With ThreadsPerDevice, Threads
+	// bounds the pool (0 = DefaultDeviceThreads).
+	ThreadPolicy ThreadPolicy
 	// Thread sizes each server thread (zero: defaults).
 	Thread ThreadConfig
 	// Report, when set, is told what happens in the background with no
@@ -67,6 +73,39 @@ type ServerConfig struct {
 	// (unserved_linux.go). 0 holds its I/O until a process re-adopts it.
 	FailUnservedAfter time.Duration
 }
+
+// ThreadPolicy is how a Server gives devices server threads.
+type ThreadPolicy string
+
+const (
+	// ThreadsShared serves every device's queues on a fixed set of
+	// threads, one per CPU (ServerConfig.Threads).
+	ThreadsShared ThreadPolicy = "shared"
+	// ThreadsPerDevice gives each device a thread of its own, up to
+	// ServerConfig.Threads (then devices share): the kernel's scheduler
+	// then keeps a quiet device's requests from waiting behind a busy
+	// one's, as it does for loop devices' workers.
+	ThreadsPerDevice ThreadPolicy = "device"
+	// DefaultThreadPolicy is the policy of a ServerConfig that names none.
+	DefaultThreadPolicy = ThreadsPerDevice
+	// DefaultDeviceThreads bounds a per-device pool by default; the
+	// process's pids limit may stop it earlier (roomForThread).
+	DefaultDeviceThreads = 256
+)
+
+// roomForThread says whether a per-device pool may start another thread
+// with headroom tasks left under the process's pids limit (-1: no limit;
+// an error reading it: yes, as without a limit). A thread is a task and
+// may start PerDeviceIOWQWorkers io-wq workers, tasks of the process too;
+// pidsReserve stays for the Go runtime's own threads and the mkfs and
+// mount children. Without room devices share threads: served all the
+// same, with less isolation.
+func roomForThread(headroom int64, err error) bool {
+	return err != nil || headroom < 0 || headroom >= pidsReserve+1+dataplane.PerDeviceIOWQWorkers
+}
+
+// pidsReserve is the tasks a per-device pool leaves under the pids limit.
+const pidsReserve = 16
 
 // AttachSpec asks for a volume's device.
 type AttachSpec struct {
@@ -182,6 +221,9 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if cfg.BatchIO == "" {
 		cfg.BatchIO = ModeOff
 	}
+	if cfg.ThreadPolicy == "" {
+		cfg.ThreadPolicy = DefaultThreadPolicy
+	}
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("create ublk state dir: %w", err)
 	}
@@ -199,11 +241,23 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	}
 	s := &Server{cfg: cfg, ctl: ctl, features: f, owner: cfg.Owner, devs: map[string]*served{}}
 	s.healCtx, s.healCancel = context.WithCancel(context.Background())
-	n := cfg.Threads
-	if n <= 0 {
-		n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
+	switch cfg.ThreadPolicy {
+	case ThreadsPerDevice:
+		s.threads, err = dataplane.NewDeviceThreads(cmp.Or(cfg.Threads, DefaultDeviceThreads), cfg.Thread)
+		if err == nil {
+			pid := os.Getpid()
+			s.threads.LimitGrowth(func() bool { return roomForThread(cgroup.PidsHeadroom(pid)) })
+		}
+	case ThreadsShared:
+		n := cfg.Threads
+		if n <= 0 {
+			n = cpuThreads(usableCPUs(), cpuLimit(os.DirFS("/")))
+		}
+		s.threads, err = dataplane.NewThreads(n, cfg.Thread)
+	default:
+		err = fmt.Errorf("ublk thread policy %q: want %q or %q: %w", cfg.ThreadPolicy, ThreadsShared, ThreadsPerDevice, errInvalid)
 	}
-	if s.threads, err = dataplane.NewThreads(n, cfg.Thread); err != nil {
+	if err != nil {
 		ctl.Close()
 		return nil, nil, err
 	}

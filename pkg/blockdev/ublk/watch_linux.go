@@ -9,9 +9,7 @@ import (
 // watchAll watches every thread of the pool for a failure.
 func (s *Server) watchAll() {
 	if p := s.Threads(); p != nil {
-		for _, t := range p.Threads() {
-			go s.watch(t)
-		}
+		p.Watch(s.watch)
 	}
 }
 

@@ -26,7 +26,9 @@ func TestJobOffersBeforeSleeping(t *testing.T) {
 	var stop atomic.Bool
 	j := &job{cfg: &cfg, stop: &stop}
 	start := time.Now()
-	time.AfterFunc(60*time.Millisecond, func() { stop.Store(true) })
+	// Long enough for two offers on a loaded machine too: at 60 ms a
+	// fresh machine's make test (load 25 on 2 CPUs) once ran one I/O.
+	time.AfterFunc(300*time.Millisecond, func() { stop.Store(true) })
 	if err := j.run(); err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ func (Ablation) unbounded() bool      { return false }
 func (Ablation) noFixedFiles() bool   { return false }
 func (Ablation) noFixedBuffers() bool { return false }
 func (Ablation) handOff() bool        { return false }
+func (Ablation) noOffer() bool        { return false }
 
 // TracksChanges says whether devices get a change record: always.
 func (Ablation) TracksChanges() bool { return true }

@@ -67,6 +67,10 @@ type Ablation struct {
 	// delta compares files. It measures what tracking costs the data
 	// path, side by side with the default.
 	NoChangeTracking bool
+	// NoOffer never offers the thread to the Go scheduler before a
+	// sleeping wait (threadLoop.offer): the runtime's monitor then
+	// takes the thread's P in the middle of its waits instead.
+	NoOffer bool
 }
 
 // ablations names each switch, as ParseAblation takes and String gives.
@@ -86,6 +90,7 @@ var ablations = []struct {
 	{"no-fixed-buffers", func(a *Ablation) *bool { return &a.NoFixedBuffers }},
 	{"hand-off", func(a *Ablation) *bool { return &a.HandOff }},
 	{"no-change-tracking", func(a *Ablation) *bool { return &a.NoChangeTracking }},
+	{"no-offer", func(a *Ablation) *bool { return &a.NoOffer }},
 }
 
 // ParseAblation parses a comma-separated list of ablation names ("" is
@@ -143,6 +148,7 @@ func (a Ablation) unbounded() bool      { return a.Unbounded }
 func (a Ablation) noFixedFiles() bool   { return a.NoFixedFiles }
 func (a Ablation) noFixedBuffers() bool { return a.NoFixedBuffers }
 func (a Ablation) handOff() bool        { return a.HandOff }
+func (a Ablation) noOffer() bool        { return a.NoOffer }
 
 // TracksChanges says whether devices get a change record (package ublk
 // asks it when it makes one).

@@ -7,16 +7,51 @@ import (
 	"sync"
 )
 
-// Threads is a server's fixed set of server threads, one per CPU it may
-// use: every device's queues are spread over them (SpreadQueues), so the
-// number of threads does not grow with the number of devices. A thread
-// that failed keeps its place until Replace starts another in it.
+// Threads is a server's set of server threads. A shared pool
+// (NewThreads) is fixed, one thread per CPU the server may use: every
+// device's queues are spread over them (SpreadQueues), so the number of
+// threads does not grow with the number of devices. A per-device pool
+// (NewDeviceThreads) gives each device a thread of its own, up to a bound,
+// as the kernel's loop driver gives each device its worker. A thread that
+// failed keeps its place until Replace starts another in it.
 type Threads struct {
 	// mu serialises Pick, so two devices see each other's load, and
-	// guards threads (Replace swaps one) and closed.
+	// guards threads (Replace swaps one, a per-device pool grows) and
+	// closed.
 	mu      sync.Mutex
 	threads []*Thread
 	closed  bool // Close began: Replace starts no thread
+	// max is a per-device pool's bound (0: a shared pool), cfg the
+	// configuration of the threads it starts.
+	max int
+	cfg ThreadConfig
+	// watch is called, in a goroutine of its own, with every thread the
+	// pool has or starts later (Watch).
+	watch func(*Thread)
+	// room says whether a per-device pool may start another thread
+	// (LimitGrowth; nil: up to max).
+	room func() bool
+}
+
+// LimitGrowth makes a per-device pool ask room before it starts a thread
+// beside its existing ones: while room says no, new devices share the
+// least loaded thread. The pool's first thread needs no room.
+func (p *Threads) LimitGrowth(room func() bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.room = room
+}
+
+// Watch calls fn, each time in a goroutine of its own, with every thread
+// of the pool, the ones a per-device pool starts later included (a thread
+// that Replace starts is its caller's to watch).
+func (p *Threads) Watch(fn func(*Thread)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.watch = fn
+	for _, t := range p.threads {
+		go fn(t)
+	}
 }
 
 // NewThreads starts n server threads of cfg. It chooses each thread's CPU
@@ -47,6 +82,52 @@ func NewThreads(n int, cfg ThreadConfig) (*Threads, error) {
 	}
 	return p, nil
 }
+
+// NewDeviceThreads starts a per-device pool: each device's queues get a
+// thread of their own (one whose devices all left, or a new one) until the
+// pool holds max threads; then a device's queues share the least loaded
+// thread. Every thread serves all the queues of its devices, so that the
+// threads stay as many as the devices, not their queues. cfg.Tags sizes
+// each thread (0: room for a few devices, perDeviceTags). The pool keeps a
+// P of the Go runtime for each of its threads (reserveProcs), and lets at
+// most half the CPUs' worth of them poll at once (PollSlots).
+func NewDeviceThreads(max int, cfg ThreadConfig) (*Threads, error) {
+	if max <= 0 || max > MaxDeviceThreads {
+		return nil, fmt.Errorf("server threads: at most %d per device pool, not %d: %w", MaxDeviceThreads, max, errInvalid)
+	}
+	if cfg.Pin || cfg.Near {
+		return nil, fmt.Errorf("server threads: a per-device pool floats: %w", errInvalid)
+	}
+	if cfg.Tags <= 0 {
+		cfg.Tags = perDeviceTags
+	}
+	if cfg.IOWQWorkers == 0 {
+		// The thread's io-wq serves one device: a stalled backing
+		// file holds only that device's writes, so the cap need not
+		// grow with the queues, and a few workers keep allocating
+		// writes from queueing on one inode's lock.
+		cfg.IOWQWorkers = PerDeviceIOWQWorkers
+	}
+	if cfg.Pollers == nil {
+		// Half the CPUs at most poll, so that polling for a few
+		// quiet devices never takes every CPU from the busy ones.
+		cfg.Pollers = NewPollSlots(len(AllowedCPUs()) / 2)
+	}
+	cfg.CPU = -1
+	return &Threads{max: max, cfg: cfg}, nil
+}
+
+const (
+	// MaxDeviceThreads bounds a per-device pool: past it devices share.
+	MaxDeviceThreads = 1024
+	// PerDeviceIOWQWorkers caps the io-wq workers of each thread of a
+	// per-device pool (ThreadConfig.IOWQWorkers 0).
+	PerDeviceIOWQWorkers = 4
+	// perDeviceTags sizes a per-device pool's threads: room for the
+	// queues of a few devices at the automatic depth, once the pool is
+	// full and devices share, in rings a fraction of a shared thread's.
+	perDeviceTags = 1024
+)
 
 // Len is the number of threads.
 func (p *Threads) Len() int {
@@ -117,7 +198,7 @@ func (p *Threads) Pick(queues int, depth uint16) ([]*Thread, error) {
 func (p *Threads) Near() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.threads[0].cfg.Near
+	return p.max == 0 && p.threads[0].cfg.Near
 }
 
 // PickNear is Pick for queues the kernel maps to CPUs (near[q] for queue
@@ -126,6 +207,9 @@ func (p *Threads) Near() bool {
 func (p *Threads) PickNear(near [][]int, depth uint16) ([]*Thread, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.max > 0 {
+		return p.pickDevice(len(near), depth)
+	}
 	loads := make([]int, len(p.threads))
 	cpus := make([]int, len(p.threads))
 	for i, t := range p.threads {
@@ -151,6 +235,60 @@ func (p *Threads) PickNear(near [][]int, depth uint16) ([]*Thread, error) {
 			return nil, err
 		}
 		out[q] = p.threads[i]
+	}
+	return out, nil
+}
+
+// pickDevice chooses the thread of a per-device pool for all of a
+// device's queues: an idle live thread, else a new one while the pool is
+// under its bound, else the least loaded live thread with room.
+func (p *Threads) pickDevice(queues int, depth uint16) ([]*Thread, error) {
+	if p.closed {
+		return nil, fmt.Errorf("pick server thread: %w", ErrPoolClosed)
+	}
+	need := queues * QueueCost(depth)
+	var best *Thread
+	for _, t := range p.threads {
+		if t.Err() != nil {
+			continue
+		}
+		l := t.load()
+		if l+need > t.cfg.Tags {
+			continue
+		}
+		if best == nil || l < best.load() {
+			best = t
+		}
+	}
+	if (best == nil || best.load() > 0) && len(p.threads) < p.max && (best == nil || p.room == nil || p.room()) {
+		cfg := p.cfg
+		cfg.Tags = max(cfg.Tags, need)
+		t, err := NewThread(len(p.threads), cfg)
+		switch {
+		case err == nil:
+			p.threads = append(p.threads, t)
+			reserveProcs(len(p.threads))
+			if p.watch != nil {
+				go p.watch(t)
+			}
+			best = t
+		case best == nil:
+			return nil, err
+		}
+		// A thread that cannot start (the pids limit reached since the
+		// room was read) leaves the device to share best.
+	}
+	if best == nil {
+		return nil, fmt.Errorf("%d queues of depth %d: no server thread has room for %d more tags: %w",
+			queues, depth, need, ErrThreadFull)
+	}
+	out := make([]*Thread, queues)
+	for q := range out {
+		if err := best.reserve(depth); err != nil {
+			UnreserveAll(out[:q], depth)
+			return nil, err
+		}
+		out[q] = best
 	}
 	return out, nil
 }

@@ -79,6 +79,9 @@ type ThreadConfig struct {
 	// still poll (Options.Poll) before a sleeping wait; 0 means
 	// pollMaxInFlight. A benchmark knob.
 	PollInFlight int
+	// Pollers, when set, bounds how many threads of a pool poll at once
+	// (PollSlots); nil: no bound.
+	Pollers *PollSlots
 	// DiskSlots is the most reads and writes the thread keeps in flight
 	// on the backing disk (admission_linux.go): 0 (the default) no
 	// bound, negative its share of the disk's slots (QueueConfig.DiskSlots

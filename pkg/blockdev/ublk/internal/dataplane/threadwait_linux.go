@@ -40,23 +40,11 @@ func (s *threadLoop) next(busy bool) (int, error) {
 	}
 	poll := int64(s.poll)
 	start := monoNow()
-	if poll > 0 && busy && s.gapNs <= poll && s.serving <= cmp.Or(s.pollMax, pollMaxInFlight) {
-		if _, err := s.ring.Submit(); err != nil {
-			return 0, fmt.Errorf("submit: %w", err)
-		}
-		// Reap enters the kernel only when it flags completions
-		// waiting as task work, so the checks cost no system calls.
-		until := start + min(poll, 2*s.gapNs)
-		for {
-			n, err := s.reap()
-			if n > 0 || err != nil {
-				s.noteGap(start, poll)
-				return n, err
-			}
-			if monoNow() > until || s.t.closing.Load() || s.t.hasMail.Load() {
-				break
-			}
-			yield()
+	if poll > 0 && busy && s.gapNs <= poll && s.serving <= cmp.Or(s.pollMax, pollMaxInFlight) && s.t.cfg.Pollers.take() {
+		n, err := s.pollRing(start, poll)
+		s.t.cfg.Pollers.give()
+		if n > 0 || err != nil {
+			return n, err
 		}
 	}
 	if err := s.offer(start); err != nil {
@@ -67,6 +55,29 @@ func (s *threadLoop) next(busy bool) (int, error) {
 		s.noteGap(start, poll)
 	}
 	return n, err
+}
+
+// pollRing submits the round's SQEs and polls the ring for the next batch of
+// CQEs for twice the thread's usual wait, at most for the poll window,
+// yielding the CPU between checks; it returns 0 if none came.
+func (s *threadLoop) pollRing(start, window int64) (int, error) {
+	if _, err := s.ring.Submit(); err != nil {
+		return 0, fmt.Errorf("submit: %w", err)
+	}
+	// Reap enters the kernel only when it flags completions waiting as
+	// task work, so the checks cost no system calls.
+	until := start + min(window, 2*s.gapNs)
+	for {
+		n, err := s.reap()
+		if n > 0 || err != nil {
+			s.noteGap(start, window)
+			return n, err
+		}
+		if monoNow() > until || s.t.closing.Load() || s.t.hasMail.Load() {
+			return 0, nil
+		}
+		yield()
+	}
 }
 
 // nextBacklog submits the round's SQEs and adds what the ring holds now to
@@ -90,7 +101,7 @@ func (s *threadLoop) nextBacklog() (int, error) {
 // its P away in the middle of a wait. A thread that never sleeps, its
 // rounds leaving a backlog, offers too.
 func (s *threadLoop) offer(now int64) error {
-	if !uring.OfferDue(time.Duration(now - s.offeredAt)) {
+	if s.ab.noOffer() || !uring.OfferDue(time.Duration(now-s.offeredAt)) {
 		return nil
 	}
 	// The round's I/O goes to the kernel first: the offer hands the P to
