@@ -66,7 +66,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
 	fs.IntVar(&c.devices.Tuning.QueueDepth, "queue-depth", 0, "default ublk queue depth (0 = from the node's CPUs and memory)")
 	fs.Func("max-io-size", "default largest ublk request in copy mode, in bytes or with Ki/Mi, a multiple of 4Ki up to 1Mi "+
-		"(default 128Ki; each queue slot has a buffer this big, within a 16 MiB budget per volume; zero copy always takes 1Mi)",
+		"(default 1Mi with user copy, 128Ki in copy mode, where each queue slot has a buffer this big within a 16 MiB budget per volume; zero copy always takes 1Mi)",
 		func(s string) (err error) {
 			c.devices.Tuning.MaxIOBytes, err = driver.ParseMaxIOSize(s)
 			return err
@@ -96,6 +96,7 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.devices.NearQueues, "ublk-near-queues", false, "benchmarks only: pin ublk server threads one per CPU and place each device queue on the thread of a CPU the kernel maps to it")
 	fs.BoolVar(&c.devices.PinThreads, "ublk-pin-threads", false, "benchmarks only: pin ublk server thread i to the i-th CPU the plugin may use")
 	fs.StringVar(&c.devices.ZeroCopy, "ublk-zero-copy", "auto", "benchmarks only: ublk zero copy on new devices: auto (where the kernel offers it), on or off")
+	fs.StringVar(&c.devices.UserCopy, "ublk-user-copy", "auto", "benchmarks only: new ublk devices without zero copy copy through the char device (USER_COPY, Linux 6.5+): auto (where the kernel offers it), on or off")
 	// Off by default: beside busy neighbours on the host's disk the
 	// kernel's hand-off of the writes to io-wq gave them 9-29% more IOPS
 	// at less CPU per I/O on 7.3, and a lone volume's writes were even

@@ -54,6 +54,10 @@ func ublkServe(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ucMode, err := ublk.ParseMode("--user-copy", a.userCopy)
+	if err != nil {
+		return err
+	}
 	if a.maxIO > ublk.ZeroCopyMaxIOBytes {
 		return fmt.Errorf("ublk serve: --max-io %d: at most %d", a.maxIO, ublk.ZeroCopyMaxIOBytes)
 	}
@@ -88,7 +92,7 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	defer os.RemoveAll(stateDir)
-	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: a.queue,
+	srv, _, err := ublk.NewServer(ctx, ublk.ServerConfig{StateDir: stateDir, ZeroCopy: mode, UserCopy: ucMode, BatchIO: batchMode, NowaitWrites: nowaitMode, Queue: a.queue,
 		Threads: a.threads, ThreadPolicy: ublk.ThreadPolicy(a.policy), Thread: a.thread})
 	if err != nil {
 		return err
@@ -100,8 +104,8 @@ func ublkServe(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Printf("device %s\n", s.Path)
-	fmt.Printf("tuning queues=%d depth=%d max_io=%d zero_copy=%v nowait_writes=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
-		s.Tuning.MaxIOBytes, s.Tuning.ZeroCopy, s.NowaitWrites, ublk.FormatFlags(s.Flags))
+	fmt.Printf("tuning queues=%d depth=%d max_io=%d copy=%s nowait_writes=%v flags=%s\n", s.Tuning.Queues, s.Tuning.Depth,
+		s.Tuning.MaxIOBytes, s.Tuning.CopyMode(), s.NowaitWrites, ublk.FormatFlags(s.Flags))
 	<-ctx.Done()
 	if total, _, ok := srv.Stats(id); ok {
 		fmt.Printf("queues (all): %+v\n", total)
@@ -116,12 +120,12 @@ func ublkServe(ctx context.Context, args []string) error {
 
 // ublkServeArgs are the flags of `csi-fastblk ublk serve`.
 type ublkServeArgs struct {
-	file, size, zeroCopy, batchIO, nowait, cpuProfile, policy string
-	queues, depth, threads                                    int
-	maxIO                                                     uint
-	null                                                      bool
-	queue                                                     ublk.QueueOptions
-	thread                                                    ublk.ThreadConfig
+	file, size, zeroCopy, userCopy, batchIO, nowait, cpuProfile, policy string
+	queues, depth, threads                                              int
+	maxIO                                                               uint
+	null                                                                bool
+	queue                                                               ublk.QueueOptions
+	thread                                                              ublk.ThreadConfig
 }
 
 // ublkServeFlags declares the flags of `csi-fastblk ublk serve`.
@@ -131,6 +135,7 @@ func ublkServeFlags(fs *flag.FlagSet) *ublkServeArgs {
 	fs.IntVar(&a.queues, "queues", 0, "hardware queues (0 = tuning policy)")
 	fs.IntVar(&a.depth, "depth", 0, "queue depth, a power of two (0 = tuning policy)")
 	fs.StringVar(&a.zeroCopy, "zero-copy", "auto", "zero copy: auto, on or off")
+	fs.StringVar(&a.userCopy, "user-copy", "auto", "without zero copy, copy through /dev/ublkcN (USER_COPY, Linux 6.5+) instead of the kernel's copy mode: auto, on or off")
 	fs.StringVar(&a.batchIO, "batch-io", "off", "fetch and commit requests in batches (UBLK_F_BATCH_IO, Linux 7.0+): auto (where offered), on or off")
 	fs.BoolVar(&a.null, "null", false, "serve a null device (benchmarks only; no data is kept)")
 	fs.StringVar(&a.size, "size", "", "device size for --null (e.g. 4G), or to serve less than the whole file")
@@ -140,6 +145,11 @@ func ublkServeFlags(fs *flag.FlagSet) *ublkServeArgs {
 	fs.StringVar(&a.policy, "thread-policy", "", "how the device gets server threads: shared or device (default: the plugin's)")
 	fs.BoolVar(&a.queue.FixedBuffers, "fixed-buffers", true, "copy mode: register (and so pin) the head of every tag buffer at start")
 	fs.DurationVar(&a.queue.IdleReclaim, "idle-reclaim", ublk.DefaultIdleReclaim, "copy mode: give back buffer pages past the registered heads after this long idle (0: never)")
+	fs.Func("copy-inline", "user copy: largest request the server thread copies itself; larger ones are copied by io-wq (0: 64 KiB)", func(v string) error {
+		n, err := strconv.ParseUint(v, 10, 32)
+		a.queue.CopyInlineBytes = uint32(n)
+		return err
+	})
 	fs.DurationVar(&a.queue.Poll, "poll", time.Millisecond, "longest a server thread polls for completions after a busy round before sleeping (0: never)")
 	fs.StringVar(&a.nowait, "nowait-writes", "off", "keep the backing file's mtime current from the server thread (once per clock tick) and send writes with RWF_NOWAIT, instead of io_uring's hand-off to io-wq of the writes that would update it: off (the plugin's default), auto (where the filesystem refuses NOWAIT writes over a stale mtime) or on")
 	fs.Func("iowq-workers", "cap on each server thread's io-wq workers (0: 4 with --thread-policy device; shared: the kernel's cap plus the depth of the deepest queue it serves, so that a stalled backing file holds only its own queue's)", func(v string) error {

@@ -10,6 +10,7 @@
 # Usage: hack/vm/bench.sh [--kernel 6.12|7.3] [--runtime S] [--reps N]
 #                         [--size SIZE] [--only 'WORKLOAD...'] [--ublk-args 'ARGS']
 #                         [--compare 'ARGS'] [--sparse [--prealloc 'MODES']]
+#                         [--seq-depth N] [--profile]
 #   --runtime S     seconds per fio run (default 10, plus 2 s ramp)
 #   --reps N        repetitions, alternating ublk/loop order (default 3)
 #   --size SIZE     backing file size (default 2G)
@@ -27,13 +28,19 @@
 #                   falloc (fallocate mode 0: what the StorageClass parameter
 #                   preallocation=falloc leaves) and/or zero (zeros written
 #                   over the file: what preallocation=full leaves)
+#   --seq-depth N   iodepth of read-1m and write-1m (default 16)
+#   --profile       after the repetitions, one more run of each workload on
+#                   each device under perf (whole guest, cpu-clock, call
+#                   graphs; an unstripped binary and an initramfs with perf
+#                   are built): its figure and the report's top entries are
+#                   printed per kernel, and are not in the medians
 # Environment: BENCH_VM_SKIP_BUILD=1 reuses the last images; BENCH_VM_LOGDIR
 #   (default bin/vm).
 set -euo pipefail
 # shellcheck source=hack/vm/lib.sh
 source "$(dirname "$0")/lib.sh"
 
-kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args="" compare="" sparse=0 prealloc=""
+kernels=("${VM_KERNELS[@]}") runtime=10 reps=3 size=2G only="" ublk_args="" compare="" sparse=0 prealloc="" seqdepth="" profile=0
 while (($#)); do
 	case "$1" in
 	--kernel) kernel_dir "${2:?}" >/dev/null; kernels=("$2"); shift 2 ;;
@@ -45,18 +52,24 @@ while (($#)); do
 	--compare) compare=${2:?}; shift 2 ;;
 	--sparse) sparse=1; shift ;;
 	--prealloc) prealloc=${2:?}; shift 2 ;;
+	--seq-depth) seqdepth=${2:?}; shift 2 ;;
+	--profile) profile=1; shift ;;
 	*) sed -n '/^# Usage:/,/^# Environment:/s/^# \{0,1\}//p' "$0" >&2; exit 2 ;;
 	esac
 done
-[[ $runtime =~ ^[0-9]+$ && $reps =~ ^[0-9]+$ ]] || die "--runtime and --reps take whole numbers"
+[[ $runtime =~ ^[0-9]+$ && $reps =~ ^[0-9]+$ && $seqdepth =~ ^[0-9]*$ ]] || die "--runtime, --reps and --seq-depth take whole numbers"
 [[ -z $prealloc || $sparse == 1 ]] || die "--prealloc needs --sparse"
 for m in $prealloc; do [[ $m == falloc || $m == zero ]] || die "--prealloc: unknown mode $m (falloc, zero)"; done
 logdir=${BENCH_VM_LOGDIR:-$REPO_ROOT/bin/vm}
 mkdir -p "$logdir"
 
 if [[ ${BENCH_VM_SKIP_BUILD:-0} != 1 ]]; then
+	if ((profile)); then
+		# Symbols for perf: make static strips them.
+		(cd "$REPO_ROOT" && CGO_ENABLED=0 go build -trimpath -tags ablation -o bin/csi-fastblk-static ./cmd/csi-fastblk)
+	fi
 	"$VM_DIR/kernels.sh"
-	"$VM_DIR/initramfs.sh"
+	VM_PERF=$profile "$VM_DIR/initramfs.sh"
 fi
 
 nwl=$(wc -w <<<"${only:-a b c d e f g h}")
@@ -65,7 +78,7 @@ ndev=2
 [[ -z $compare ]] || ndev=3
 nmodes=$(wc -w <<<"$prealloc")
 ndev=$((ndev + 2 * nmodes))
-timeout=$((nwl * ndev * reps * (runtime + 8) + 600))
+timeout=$((nwl * ndev * (reps + profile) * (runtime + 8) + 600))
 # Writing zeros over the whole file before each of those runs takes longer.
 [[ $prealloc != *zero* ]] || timeout=$((timeout + nwl * 2 * reps * 60))
 guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SIZE=$size"
@@ -74,6 +87,8 @@ guest="BENCH_RUNTIME=$runtime BENCH_REPS=$reps BENCH_SIZE=$size"
 [[ -z $compare ]] || guest+=" BENCH_UBLK2_ARGS='$compare'"
 ((sparse == 0)) || guest+=" BENCH_SPARSE=1"
 [[ -z $prealloc ]] || guest+=" BENCH_PREALLOC='$prealloc'"
+[[ -z $seqdepth ]] || guest+=" BENCH_SEQ_DEPTH=$seqdepth"
+((profile == 0)) || guest+=" BENCH_PROFILE=1"
 guest+=" /opt/fastblk/vm/bench.sh"
 
 # table LOG prints, per workload and per device other than loop (ublk, and
@@ -139,5 +154,6 @@ for k in "${kernels[@]}"; do
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
 	grep -a -E '^bench: (ublk2? device|loop device|sparse|preallocated|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
 	table "$log"
+	grep -a -E '^(PROFILED|PROFILE) ' "$log" | sed 's/^/  /' || true
 done
 exit "$failed"

@@ -39,6 +39,7 @@ const (
 	BatchIO     = "batch"       // UBLK_F_BATCH_IO
 	UpdateSize  = "updatesize"  // UBLK_F_UPDATE_SIZE
 	Quiesce     = "quiesce"     // UBLK_F_QUIESCE
+	UserCopy    = "usercopy"    // UBLK_F_USER_COPY
 )
 
 // Build tags: test binaries built with them have code the plugin's binary

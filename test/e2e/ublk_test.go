@@ -86,15 +86,15 @@ func TestFioVerifyRawBlock(t *testing.T) {
 }
 
 // TestMaxIOSize proves the maxIOSize parameter reaches the kernel: the
-// device takes 256 KiB requests in copy mode (1 MiB with zero copy, which
-// ignores it), /metrics reports the same, and 1 MiB sequential I/O split
-// into such requests verifies.
+// device takes 256 KiB requests in copy mode and with user copy (1 MiB
+// with zero copy, which ignores it), /metrics reports the same, and 1 MiB
+// sequential I/O split into such requests verifies.
 func TestMaxIOSize(t *testing.T) {
 	p := newPlugin(t)
 	v := p.provision("maxio", 128<<20, blockCap(), map[string]string{"queues": "1", "queueDepth": "16", "maxIOSize": "256Ki"})
 	kb := maxHWSectorsKB(t, p.devLink(v))
 	if kb != 256 && kb != 1024 {
-		t.Fatalf("%s max_hw_sectors_kb = %d, want 256 (copy mode) or 1024 (zero copy)", p.devLink(v), kb)
+		t.Fatalf("%s max_hw_sectors_kb = %d, want 256 (copy mode, user copy) or 1024 (zero copy)", p.devLink(v), kb)
 	}
 	labels := fmt.Sprintf(`{name="maxio",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, v.storeID())
 	if m := p.metric("fastblk_volume_max_io_bytes" + labels); m != float64(kb<<10) {
@@ -104,9 +104,15 @@ func TestMaxIOSize(t *testing.T) {
 		"--direct=1", "--ioengine=libaio", "--iodepth=8", "--verify=crc32c", "--verify_fatal=1", "--do_verify=1"))
 }
 
+// TestFioVerifyFilesystem verifies fio's writes through ext4 on a volume
+// of the default configuration, which takes 1 MiB requests on every kernel
+// the VM boots (user copy on 6.12, zero copy on 7.3).
 func TestFioVerifyFilesystem(t *testing.T) {
 	p := newPlugin(t)
 	v := p.provision("fs", 256<<20, mountCap("ext4"), nil)
+	if kb := maxHWSectorsKB(t, p.devLink(v)); kb != 1024 {
+		t.Errorf("%s max_hw_sectors_kb = %d, want 1024: a default volume takes 1 MiB requests", p.devLink(v), kb)
+	}
 	runFio(t, fioVerify(filepath.Join(v.target, "fio.dat"), "96M", false))
 }
 

@@ -21,7 +21,10 @@
 # the file made fresh again before each write run: "falloc" allocates it with
 # fallocate mode 0 as the StorageClass parameter preallocation=falloc does,
 # unwritten extents; "zero" writes zeros over it, written extents, as
-# preallocation=full leaves it).
+# preallocation=full leaves it), BENCH_PROFILE=1 (after the repetitions, one
+# more run of each workload on each device under perf: the whole guest,
+# cpu-clock, call graphs; its figure as a PROFILED line and the report's top
+# entries as PROFILE lines, see profile).
 . /opt/fastblk/vm/lib.sh
 SIZE=${BENCH_SIZE:-2G}
 RUNTIME=${BENCH_RUNTIME:-10}
@@ -150,6 +153,31 @@ prealloc() {
 	esac
 }
 
+# profile WORKLOAD DEVICE-NAME DEV runs the workload once on DEV under perf
+# (the whole guest; cpu-clock, as the VM has no PMU; call graphs) and prints
+# its figure as a PROFILED line and the report as PROFILE lines: the sample
+# count, by command and DSO, by symbol (self), and by symbol with callees
+# (children).
+profile() {
+	# perf samples the run's measured window (after fio's 2 s ramp).
+	(sleep 2 && exec /usr/bin/perf record -q -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$RUNTIME" 2>/tmp/perf.err) &
+	_perf=$!
+	v=$(run_fio "$1" "$3") || v="FAIL -"
+	if ! wait $_perf; then
+		echo "bench: profile $1 $2: $(tail -3 /tmp/perf.err)"
+		return 0
+	fi
+	echo "PROFILED $1 $2 $v"
+	echo "PROFILE $1 $2 samples $(/usr/bin/perf report -i /tmp/perf.data --stdio 2>/dev/null | sed -n 's/^# Samples: \([^ ]*\).*/\1/p' | head -n1)"
+	for _view in "dso:--no-children --sort comm,dso --percent-limit 1" "self:--no-children --sort sym --percent-limit 0.7" \
+		"children:--children --sort sym --percent-limit 5"; do
+		# shellcheck disable=SC2086
+		/usr/bin/perf report -i /tmp/perf.data --stdio -g none ${_view#*:} 2>/dev/null | grep -v -e '^#' -e '^ *$' |
+			sed "s/^ */PROFILE $1 $2 ${_view%%:*} /"
+	done
+	rm -f /tmp/perf.data
+}
+
 main() {
 	if [ "${BENCH_SPARSE:-0}" = 1 ]; then
 		sparse || { echo "bench: sparse file failed"; exit 1; }
@@ -199,6 +227,18 @@ main() {
 		done
 		rep=$((rep + 1))
 	done
+	if [ "${BENCH_PROFILE:-0}" = 1 ]; then
+		for wl in $WORKLOADS; do
+			for d in $devs; do
+				case $d in
+				ublk | ublk+*) dev=$UBLK_DEV ;;
+				ublk2) dev=$UBLK2_DEV ;;
+				*) dev=$LOOP_DEV ;;
+				esac
+				live "$dev" && profile "$wl" "$d" "$dev"
+			done
+		done
+	fi
 	[ -z "$UBLK_PID" ] || kill -0 "$UBLK_PID" || { echo "bench: ublk server died"; exit 1; }
 	# The memory one attached volume costs, after every workload ran.
 	[ -z "$UBLK_PID" ] || echo "bench: ublk server memory after the runs: $(grep -E '^VmRSS' "/proc/$UBLK_PID/status" | tr -s ' \t' ' ')"

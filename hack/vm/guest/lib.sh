@@ -10,12 +10,12 @@ FASTBLK_DATA=${FASTBLK_DATA:-/data}
 # (internal/testgate): a test that would skip, or leave out part of its
 # coverage, for lack of one of these fails instead. Every kernel the VM
 # boots has root, ublk, loop devices, the tools of the image (e2fsprogs,
-# xfsprogs), two CPUs and provided-buffer rings; 7.3 has every ublk feature
+# xfsprogs), two CPUs, provided-buffer rings and USER_COPY; 7.3 has every ublk feature
 # the plugin uses (AUTO_BUF_REG zero copy, BATCH_IO, UPDATE_SIZE, QUIESCE;
 # TestRequiredFeatures asserts them). A kernel not listed requires the
 # common set only. The test binaries are built with the failpoints, test
 # hooks and ablation switches (hack/vm/initramfs.sh, TEST_TAGS).
-_require=root,ublk,loop,tools,smp,bufring,failpoint,ablation
+_require=root,ublk,loop,tools,smp,bufring,usercopy,failpoint,ablation
 case "$(uname -r)" in
 7.3.*) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-$_require,zerocopy,batch,updatesize,quiesce} ;;
 *) FASTBLK_REQUIRE=${FASTBLK_REQUIRE:-$_require} ;;

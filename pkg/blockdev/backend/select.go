@@ -68,6 +68,9 @@ type Config struct {
 	// a CPU blk-mq maps to it (ublk.ThreadConfig.Near).
 	NearQueues  bool
 	IOWQWorkers uint32
+	// UserCopy is "auto", "on" or "off" ("" = auto): new devices without
+	// zero copy copy through /dev/ublkcN (ublk.ServerConfig.UserCopy).
+	UserCopy string
 	// NowaitWrites is "auto", "on" or "off" ("" = auto): new devices keep
 	// their backing file's mtime current and send writes with RWF_NOWAIT
 	// (ublk.ServerConfig.NowaitWrites).

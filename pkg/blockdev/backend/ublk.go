@@ -49,6 +49,13 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 			return nil, ublkErr("ublk backend", err)
 		}
 	}
+	var uc ublk.Mode // "": auto
+	if cfg.UserCopy != "" {
+		var err error
+		if uc, err = ublk.ParseMode("ublk user copy", cfg.UserCopy); err != nil {
+			return nil, ublkErr("ublk backend", err)
+		}
+	}
 	var nowait ublk.Mode // "": auto
 	if cfg.NowaitWrites != "" {
 		var err error
@@ -65,6 +72,7 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		Owner:        cfg.Owner,
 		BatchIO:      batch,
 		ZeroCopy:     zc,
+		UserCopy:     uc,
 		NowaitWrites: nowait,
 		Threads:      cfg.Threads,
 		ThreadPolicy: ublk.ThreadPolicy(cfg.ThreadPolicy),

@@ -62,12 +62,12 @@ func (s *Server) Attach(ctx context.Context, spec AttachSpec) (Served, error) {
 }
 
 func (s *Server) create(ctx context.Context, spec AttachSpec, file *os.File, size int64, dio uint32) (*served, error) {
-	flags, err := addFlags(s.features, s.cfg.ZeroCopy, s.cfg.BatchIO)
+	flags, err := addFlags(s.features, s.cfg.ZeroCopy, s.cfg.BatchIO, s.cfg.UserCopy)
 	if err != nil {
 		return nil, err
 	}
 	tun, err := ChooseTuning(TuningInput{CPUs: s.cfg.CPUs, Queues: spec.Queues, Depth: spec.Depth, MaxIOBytes: spec.MaxIOBytes,
-		ZeroCopy: zeroCopy(flags), MemoryBudget: s.cfg.MemoryBudget})
+		ZeroCopy: zeroCopy(flags), UserCopy: userCopy(flags), MemoryBudget: s.cfg.MemoryBudget})
 	if err != nil {
 		return nil, err
 	}

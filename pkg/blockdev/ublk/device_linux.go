@@ -28,7 +28,10 @@ const nodeWait = 10 * time.Second
 type DeviceConfig struct {
 	Target    Target
 	SizeBytes int64
-	Tuning    Tuning
+	// Tuning is the device's geometry; a re-adopted device takes its
+	// queues, depth and request size from the kernel, and only its
+	// PoolBytes from here.
+	Tuning Tuning
 	// Flags are the ADD_DEV flags (see AddFlags).
 	Flags    uint64
 	ReadOnly bool
@@ -243,7 +246,7 @@ func (d *Device) startQueues(cfg DeviceConfig) error {
 		}
 		queue, err := dataplane.StartQueue(dataplane.QueueConfig{
 			DevID: d.ID(), QID: q, Depth: d.info.QueueDepth, CharFD: d.char,
-			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
+			Flags: d.info.Flags, MaxIOBytes: d.info.MaxIOBufBytes, PoolBytes: int(cfg.Tuning.PoolBytes) / int(d.info.NrHWQueues), Target: cfg.Target, Options: cfg.Queue, Limiter: cfg.Limiter,
 			Mtime: d.mtime, Gate: d.gate, Thread: threads[q], Reserved: true, DiskSlots: slots, Changes: changes,
 		})
 		if err != nil {

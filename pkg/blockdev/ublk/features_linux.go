@@ -98,8 +98,8 @@ func HaveUblk() (uint64, error) {
 	return probe.f, err
 }
 
-// Mode switches an optional mechanism: ServerConfig.ZeroCopy, BatchIO and
-// NowaitWrites.
+// Mode switches an optional mechanism: ServerConfig.ZeroCopy, UserCopy,
+// BatchIO and NowaitWrites.
 type Mode string
 
 // Modes.
@@ -123,9 +123,11 @@ func ParseMode(name, s string) (Mode, error) {
 // addFlags chooses the ADD_DEV flags from the driver's features: user
 // recovery with reissue (a file backend tolerates the same write twice),
 // QUIESCE and UPDATE_SIZE where offered, no partition scan where the driver
-// lets us say so, AUTO_BUF_REG zero copy per zc and BATCH_IO per batch.
-// Pure function.
-func addFlags(features uint64, zc, batch Mode) (uint64, error) {
+// lets us say so, AUTO_BUF_REG zero copy per zc, BATCH_IO per batch, and
+// USER_COPY per uc for a device without zero copy (the server copies
+// through /dev/ublkcN instead of the kernel at FETCH and COMMIT; it does
+// not go with batch i/o, which then wins in auto mode). Pure function.
+func addFlags(features uint64, zc, batch, uc Mode) (uint64, error) {
 	want := FlagCmdIoctlEncode | FlagUserRecovery | FlagUserRecoveryReissue
 	if features&FlagUserRecovery == 0 {
 		return 0, fmt.Errorf("ublk: driver lacks USER_RECOVERY: %w", errors.ErrUnsupported)
@@ -151,8 +153,21 @@ func addFlags(features uint64, zc, batch Mode) (uint64, error) {
 			want |= features & m.flag
 		}
 	}
+	switch {
+	case uc == ModeOff || zeroCopy(want):
+	case features&FlagUserCopy == 0 && uc == ModeOn:
+		return 0, fmt.Errorf("ublk: user copy needs USER_COPY (Linux 6.5+): %w", errors.ErrUnsupported)
+	case want&FlagBatchIO != 0 && uc == ModeOn:
+		return 0, fmt.Errorf("ublk: user copy does not go with batch i/o: %w", errors.ErrUnsupported)
+	case want&FlagBatchIO == 0:
+		want |= features & FlagUserCopy
+	}
 	return want, nil
 }
+
+// userCopy reports whether negotiated flags mean the server copies through
+// /dev/ublkcN (USER_COPY without zero copy).
+func userCopy(flags uint64) bool { return flags&FlagUserCopy != 0 && !zeroCopy(flags) }
 
 // zeroCopy reports whether negotiated flags mean buffer-less queues.
 func zeroCopy(flags uint64) bool { return flags&(FlagAutoBufReg|FlagSupportZeroCopy) != 0 }

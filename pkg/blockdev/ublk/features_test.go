@@ -20,19 +20,26 @@ func TestAddFlags(t *testing.T) {
 		features uint64
 		mode     Mode
 		batch    Mode
+		uc       Mode
 		want     uint64
 		wantErr  bool
 	}{
-		{"6.12 auto copies per tag", k612, ModeAuto, ModeAuto, base, false},
-		{"6.12 zero copy on refused", k612, ModeOn, ModeAuto, 0, true},
-		{"6.12 batch on refused", k612, ModeAuto, ModeOn, 0, true},
-		{"7.3 auto zero copy in batches", k73, ModeAuto, ModeAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagAutoBufReg | FlagBatchIO, false},
-		{"7.3 off copies per tag", k73, ModeOff, ModeOff, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan, false},
-		{"no recovery refused", FlagCmdIoctlEncode, ModeAuto, ModeAuto, 0, true},
+		{"6.12 auto copies through the char device", k612, ModeAuto, ModeAuto, ModeAuto, base | FlagUserCopy, false},
+		{"6.12 user copy off copies per tag", k612, ModeAuto, ModeAuto, ModeOff, base, false},
+		{"6.12 zero copy on refused", k612, ModeOn, ModeAuto, ModeAuto, 0, true},
+		{"6.12 batch on refused", k612, ModeAuto, ModeOn, ModeAuto, 0, true},
+		{"7.3 auto zero copy in batches", k73, ModeAuto, ModeAuto, ModeAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagAutoBufReg | FlagBatchIO, false},
+		{"7.3 user copy on yields to zero copy", k73, ModeAuto, ModeOff, ModeOn, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagAutoBufReg, false},
+		{"7.3 zero copy off copies through the char device", k73, ModeOff, ModeOff, ModeAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagUserCopy, false},
+		{"7.3 batch in auto wins over user copy", k73, ModeOff, ModeAuto, ModeAuto, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan | FlagBatchIO, false},
+		{"7.3 batch with user copy on refused", k73, ModeOff, ModeOn, ModeOn, 0, true},
+		{"7.3 all off copies per tag", k73, ModeOff, ModeOff, ModeOff, base | FlagUpdateSize | FlagQuiesce | FlagNoAutoPartScan, false},
+		{"user copy on without USER_COPY refused", base, ModeAuto, ModeAuto, ModeOn, 0, true},
+		{"no recovery refused", FlagCmdIoctlEncode, ModeAuto, ModeAuto, ModeAuto, 0, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := addFlags(c.features, c.mode, c.batch)
+			got, err := addFlags(c.features, c.mode, c.batch, c.uc)
 			if c.wantErr {
 				if !errors.Is(err, errors.ErrUnsupported) {
 					t.Fatalf("err = %v, want ErrUnsupported", err)

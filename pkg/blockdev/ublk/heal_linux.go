@@ -110,8 +110,14 @@ func healState(spec AttachSpec, owner uint64, mine []string, devs []kernelDevice
 	case fi.Size() < size:
 		return disagree("backing file %s has %d bytes, device %d has %d", spec.File, fi.Size(), id, size)
 	}
-	t := Tuning{Queues: int(info.NrHWQueues), Depth: int(info.QueueDepth), MaxIOBytes: info.MaxIOBufBytes, ZeroCopy: zeroCopy(info.Flags)}
-	if !t.ZeroCopy {
+	t := Tuning{Queues: int(info.NrHWQueues), Depth: int(info.QueueDepth), MaxIOBytes: info.MaxIOBufBytes,
+		ZeroCopy: zeroCopy(info.Flags), UserCopy: userCopy(info.Flags)}
+	switch {
+	case t.UserCopy:
+		// The plugin's servers keep the default budget.
+		t.PoolBytes = userCopyPool(t, DefaultMemoryBudget)
+		t.BufferBytes = userCopyTagBytes(t) + t.PoolBytes
+	case !t.ZeroCopy:
 		t.BufferBytes = int64(t.Queues) * int64(t.Depth) * int64(t.MaxIOBytes)
 	}
 	st := State{VolumeID: spec.VolumeID, DevID: info.DevID, File: spec.File, SizeBytes: size, ReadOnly: spec.ReadOnly,

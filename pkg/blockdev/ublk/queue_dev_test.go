@@ -3,6 +3,7 @@ package ublk
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -53,22 +54,31 @@ type queueCase struct {
 	flags  uint64
 	queues uint16
 	fixed  bool
-	nowait bool // QueueOptions.NowaitWrites
+	nowait bool   // QueueOptions.NowaitWrites
+	inline uint32 // QueueOptions.CopyInlineBytes
 }
 
 func queueCases(t *testing.T, c *Control) []queueCase {
-	cases := []queueCase{{"copy/1q", 0, 1, false, false}, {"copy/2q", 0, 2, false, false},
-		{"copy-fixed/2q", 0, 2, true, false}, {"copy-nowait/2q", 0, 2, true, true}}
+	cases := []queueCase{{"copy/1q", 0, 1, false, false, 0}, {"copy/2q", 0, 2, false, false, 0},
+		{"copy-fixed/2q", 0, 2, true, false, 0}, {"copy-nowait/2q", 0, 2, true, true, 0}}
+	if features(t, c)&FlagUserCopy != 0 {
+		cases = append(cases, queueCase{"usercopy/1q", FlagUserCopy, 1, false, false, 0},
+			queueCase{"usercopy-fixed/2q", FlagUserCopy, 2, true, false, 0},
+			queueCase{"usercopy-nowait/2q", FlagUserCopy, 2, true, true, 0},
+			queueCase{"usercopy-inline/2q", FlagUserCopy, 2, true, false, math.MaxUint32})
+	} else {
+		testgate.Without(t, testgate.UserCopy, "kernel has no USER_COPY (features %#x): user copy not tested", features(t, c))
+	}
 	if features(t, c)&FlagAutoBufReg != 0 {
-		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1, false, false},
-			queueCase{"autobuf/2q", FlagAutoBufReg, 2, false, false}, queueCase{"autobuf-nowait/2q", FlagAutoBufReg, 2, false, true})
+		cases = append(cases, queueCase{"autobuf/1q", FlagAutoBufReg, 1, false, false, 0},
+			queueCase{"autobuf/2q", FlagAutoBufReg, 2, false, false, 0}, queueCase{"autobuf-nowait/2q", FlagAutoBufReg, 2, false, true, 0})
 	} else {
 		testgate.Without(t, testgate.ZeroCopy, "kernel has no AUTO_BUF_REG (features %#x): zero copy not tested", features(t, c))
 	}
 	if features(t, c)&FlagBatchIO != 0 {
-		cases = append(cases, queueCase{"batch-copy/2q", FlagBatchIO, 2, true, false},
-			queueCase{"batch-autobuf/1q", FlagBatchIO | FlagAutoBufReg, 1, false, false},
-			queueCase{"batch-autobuf-nowait/2q", FlagBatchIO | FlagAutoBufReg, 2, false, true})
+		cases = append(cases, queueCase{"batch-copy/2q", FlagBatchIO, 2, true, false, 0},
+			queueCase{"batch-autobuf/1q", FlagBatchIO | FlagAutoBufReg, 1, false, false, 0},
+			queueCase{"batch-autobuf-nowait/2q", FlagBatchIO | FlagAutoBufReg, 2, false, true, 0})
 	} else {
 		testgate.Without(t, testgate.BatchIO, "kernel has no BATCH_IO (features %#x): batch mode not tested", features(t, c))
 	}
@@ -116,7 +126,7 @@ func TestQueueDataPath(t *testing.T) {
 			const size = 64 << 20
 			f, path := backingFile(t, size)
 			d := addTestDev(t, c, qc.queues, 64, 512<<10, qc.flags, size)
-			opts := QueueOptions{FixedBuffers: qc.fixed, NowaitWrites: qc.nowait}
+			opts := QueueOptions{FixedBuffers: qc.fixed, NowaitWrites: qc.nowait, CopyInlineBytes: qc.inline}
 			var tc ThreadConfig
 			if qc.nowait {
 				// The writes NOWAIT refuses (the backing file is
@@ -151,12 +161,18 @@ func TestQueueDataPath(t *testing.T) {
 			if !qc.nowait && total.NowaitRefused+total.NowaitPauses+total.MtimeUpdates != 0 {
 				t.Fatalf("NOWAIT refusals or mtime updates counted with NowaitWrites off: %+v", total)
 			}
+			// The 1 MiB and 2 MiB I/O of checkReadWrite arrives in
+			// requests larger than DefaultCopyInlineBytes.
+			if offload := qc.flags&FlagUserCopy != 0 && qc.inline == 0; offload != (total.CopyOffloads > 0) {
+				t.Fatalf("%d requests copied by io-wq, want some: %v (flags %s, inline up to %d)",
+					total.CopyOffloads, offload, FormatFlags(d.info.Flags), qc.inline)
+			}
 			if qc.nowait && total.MtimeUpdates == 0 {
 				t.Fatalf("NowaitWrites on, but no queue updated the backing file's mtime before its writes: %+v", total)
 			}
-			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d commits %d nowait refused %d pauses %d mtime updates %d",
+			t.Logf("stats: reads %d writes %d flushes %d discards %d zeroes %d errors %d commits %d nowait refused %d pauses %d mtime updates %d copy offloads %d",
 				total.Reads, total.Writes, total.Flushes, total.Discards, total.WriteZeroes, total.Errors, total.Commits,
-				total.NowaitRefused, total.NowaitPauses, total.MtimeUpdates)
+				total.NowaitRefused, total.NowaitPauses, total.MtimeUpdates, total.CopyOffloads)
 		})
 	}
 }

@@ -308,7 +308,7 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 		file.Close()
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)
 	}
-	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: st.target(file), DMAAlign: dio, Owner: s.owner,
+	dev, err := RecoverDevice(ctx, s.ctl, st.DevID, DeviceConfig{Target: st.target(file), Tuning: st.Tuning, DMAAlign: dio, Owner: s.owner,
 		Queue: s.queueOptions(st.NowaitWrites), Limiter: lim, Threads: s.Threads(), Changes: changes})
 	if err != nil {
 		if errors.Is(err, errQueuesLive) {

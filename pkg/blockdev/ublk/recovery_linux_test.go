@@ -14,28 +14,40 @@ import (
 )
 
 // TestServerReadopt closes a server (devices stay, quiesced) and checks a
-// new one re-adopts the device with its data and serves I/O again, per tag
-// and, where the kernel has it, in batch mode, which the device keeps
-// although the new server would create devices without it.
+// new one re-adopts the device with its data and serves I/O again: per tag
+// in the default copy mode; in the kernel's copy mode at 128 KiB, as every
+// server before user copy made devices on kernels without zero copy (an
+// upgrade must take them over as they are); with user copy, which the
+// device keeps although the new server is told not to use it; and, where
+// the kernel has it, in batch mode, which the device keeps although the
+// new server would create devices without it.
 func TestServerReadopt(t *testing.T) {
 	needUblk(t)
-	modes := map[string]Mode{"per-tag": ModeOff}
-	if features(t, openTestCtl(t))&FlagBatchIO != 0 {
-		modes["batch"] = ModeOn
+	f := features(t, openTestCtl(t))
+	modes := map[string]ServerConfig{"per-tag": {BatchIO: ModeOff},
+		"copy mode before user copy": {BatchIO: ModeOff, ZeroCopy: ModeOff, UserCopy: ModeOff}}
+	if f&FlagUserCopy != 0 {
+		modes["user copy"] = ServerConfig{BatchIO: ModeOff, ZeroCopy: ModeOff, UserCopy: ModeOn}
+	} else {
+		testgate.Without(t, testgate.UserCopy, "kernel has no USER_COPY: re-adoption with user copy not tested")
+	}
+	if f&FlagBatchIO != 0 {
+		modes["batch"] = ServerConfig{BatchIO: ModeOn}
 	} else {
 		testgate.Without(t, testgate.BatchIO, "kernel has no BATCH_IO: re-adoption in batch mode not tested")
 	}
-	for name, batch := range modes {
-		t.Run(name, func(t *testing.T) { testReadopt(t, batch) })
+	for name, cfg := range modes {
+		t.Run(name, func(t *testing.T) { testReadopt(t, cfg) })
 	}
 }
 
-func testReadopt(t *testing.T, batch Mode) {
+func testReadopt(t *testing.T, cfg ServerConfig) {
 	dir := scratchDir(t)
 	state := filepath.Join(dir, "state")
 	file := sparseFile(t, dir, "vol.img", 64<<20)
 	ctx := context.Background()
-	s, errs, err := NewServer(ctx, ServerConfig{StateDir: state, BatchIO: batch})
+	cfg.StateDir = state
+	s, errs, err := NewServer(ctx, cfg)
 	if err != nil || len(errs) != 0 {
 		t.Fatalf("start: %v, %v", err, errs)
 	}
@@ -44,8 +56,14 @@ func testReadopt(t *testing.T, batch Mode) {
 		t.Fatal(err)
 	}
 	batched := d.Flags&FlagBatchIO != 0
-	if batched != (batch == ModeOn) {
-		t.Fatalf("device flags %s with batch i/o %s", FormatFlags(d.Flags), batch)
+	if batched != (cfg.BatchIO == ModeOn) {
+		t.Fatalf("device flags %s with batch i/o %s", FormatFlags(d.Flags), cfg.BatchIO)
+	}
+	switch {
+	case cfg.UserCopy == ModeOff && (d.Tuning.CopyMode() != "copy" || d.Tuning.MaxIOBytes != DefaultMaxIOBytes):
+		t.Fatalf("user copy off: device %s with %d-byte requests, want the kernel's copy mode at %d", d.Tuning.CopyMode(), d.Tuning.MaxIOBytes, DefaultMaxIOBytes)
+	case cfg.UserCopy == ModeOn && (d.Tuning.CopyMode() != "user-copy" || d.Flags&FlagUserCopy == 0):
+		t.Fatalf("user copy on: device %s, flags %s", d.Tuning.CopyMode(), FormatFlags(d.Flags))
 	}
 	writeRead(t, d.Path, 0, 0x11, true)
 	if err := s.Close(); err != nil {
@@ -60,11 +78,17 @@ func testReadopt(t *testing.T, batch Mode) {
 
 	// The restarted plugin is told the opposite of the recorded NOWAIT
 	// choice: an explicit on or off applies to re-adopted devices too.
+	// It is told the opposite of user copy too, which applies to new
+	// devices only.
 	flip := ModeOn
 	if d.NowaitWrites {
 		flip = ModeOff
 	}
-	s2, errs, err := NewServer(ctx, ServerConfig{StateDir: state, NowaitWrites: flip})
+	uc := ModeAuto
+	if cfg.UserCopy == ModeOn {
+		uc = ModeOff
+	}
+	s2, errs, err := NewServer(ctx, ServerConfig{StateDir: state, NowaitWrites: flip, UserCopy: uc})
 	if err != nil || len(errs) != 0 {
 		t.Fatalf("restart: %v, %v", err, errs)
 	}
@@ -78,8 +102,12 @@ func testReadopt(t *testing.T, batch Mode) {
 	if len(list) != 1 || list[0].Path != d.Path {
 		t.Fatalf("re-adopted %+v, want %s", list, d.Path)
 	}
-	if list[0].Flags&FlagBatchIO != 0 != batched {
-		t.Errorf("re-adopted with flags %s, created with %s", FormatFlags(list[0].Flags), FormatFlags(d.Flags))
+	if list[0].Flags != d.Flags || list[0].Tuning != d.Tuning {
+		t.Errorf("re-adopted with flags %s and %+v, created with %s and %+v", FormatFlags(list[0].Flags), list[0].Tuning,
+			FormatFlags(d.Flags), d.Tuning)
+	}
+	if kb := maxSectorsKB(t, d.Path); kb != int(d.Tuning.MaxIOBytes>>10) {
+		t.Errorf("re-adopted device takes %d KiB requests, its record says %d", kb, d.Tuning.MaxIOBytes>>10)
 	}
 	if list[0].NowaitWrites == d.NowaitWrites {
 		t.Errorf("re-adopted with --nowait-writes %s: NowaitWrites %v, want %v", flip, list[0].NowaitWrites, !d.NowaitWrites)

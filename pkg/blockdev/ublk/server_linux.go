@@ -32,6 +32,12 @@ type ServerConfig struct {
 	Owner uint64
 	// ZeroCopy chooses between zero copy and copy mode ("" = auto).
 	ZeroCopy Mode
+	// UserCopy chooses, for a new device without zero copy, between
+	// USER_COPY (Linux 6.5+: the server copies each request's data
+	// through /dev/ublkcN, large requests off its threads, and takes 1
+	// MiB requests) and the kernel's copy mode ("" = auto). A re-adopted
+	// device keeps the mode it was created with.
+	UserCopy Mode
 	// BatchIO chooses between batch commands (UBLK_F_BATCH_IO, Linux
 	// 7.0+: requests fetched and committed in batches) and one command per
 	// request ("" = off: it measured no faster, see the data plane's
@@ -213,7 +219,7 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if cfg.CPUs <= 0 {
 		cfg.CPUs = runtime.NumCPU()
 	}
-	for _, m := range []*Mode{&cfg.ZeroCopy, &cfg.NowaitWrites} {
+	for _, m := range []*Mode{&cfg.ZeroCopy, &cfg.UserCopy, &cfg.NowaitWrites} {
 		if *m == "" {
 			*m = ModeAuto
 		}

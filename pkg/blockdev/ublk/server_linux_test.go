@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -100,6 +102,21 @@ func writeRead(t *testing.T, dev string, off int64, seed byte, write bool) {
 	if n, err := unix.Pread(fd, got, off); err != nil || n != len(got) || !slices.Equal(got, want) {
 		t.Fatalf("read back %s: %d, %v, equal %v", dev, n, err, slices.Equal(got, want))
 	}
+}
+
+// maxSectorsKB reads the largest request the kernel sends block device dev
+// (/dev/ublkbN), in KiB: its queue's max_hw_sectors_kb.
+func maxSectorsKB(t *testing.T, dev string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/sys/block", filepath.Base(dev), "queue/max_hw_sectors_kb"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatalf("max_hw_sectors_kb of %s: %v", dev, err)
+	}
+	return kb
 }
 
 func TestControlFeatures(t *testing.T) {

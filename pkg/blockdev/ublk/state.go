@@ -116,8 +116,8 @@ func (st State) validate() error {
 		return fmt.Errorf("queue depth %d is not a power of two in 1..%d", t.Depth, maxQueueDepth)
 	case t.MaxIOBytes == 0 || t.MaxIOBytes%4096 != 0 || t.MaxIOBytes > ZeroCopyMaxIOBytes:
 		return fmt.Errorf("max i/o bytes %d is not a positive multiple of 4096 up to %d", t.MaxIOBytes, ZeroCopyMaxIOBytes)
-	case t.BufferBytes < 0:
-		return fmt.Errorf("buffer bytes %d below 0", t.BufferBytes)
+	case t.BufferBytes < 0 || t.PoolBytes < 0:
+		return fmt.Errorf("buffer bytes %d or pool bytes %d below 0", t.BufferBytes, t.PoolBytes)
 	case st.Flags&FlagUserRecovery == 0:
 		return fmt.Errorf("flags %#x lack USER_RECOVERY", st.Flags)
 	case st.Owner>>63 != 1:

@@ -42,6 +42,55 @@ func validState(dir, id string) State {
 		Flags:  FlagUserRecovery | FlagCmdIoctlEncode, Owner: OwnerToken(dir)}
 }
 
+// TestStateBeforeUserCopy reads a state file as the servers before user
+// copy wrote it for a copy-mode device on 6.12 (no userCopy, no poolBytes):
+// it must load as that device, copying as copy mode with its 128 KiB
+// requests, so that an upgraded plugin re-adopts it as it is.
+func TestStateBeforeUserCopy(t *testing.T) {
+	dir := t.TempDir()
+	old := `{
+  "volumeID": "pvc-1",
+  "devID": 0,
+  "file": "/var/lib/csi-fastblk/volumes/pvc-1.img",
+  "sizeBytes": 1073741824,
+  "tuning": {
+    "queues": 2,
+    "depth": 64,
+    "maxIOBytes": 131072,
+    "bufferBytes": 16777216
+  },
+  "flags": 90,
+  "owner": 12321170234011377943
+}`
+	if err := os.WriteFile(filepath.Join(dir, "pvc-1.json"), []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sts, err := States(dir)
+	if err != nil || len(sts) != 1 {
+		t.Fatalf("States = %+v, %v", sts, err)
+	}
+	st := sts[0]
+	if st.Tuning.CopyMode() != "copy" || st.Tuning.MaxIOBytes != 128<<10 || st.Tuning.PoolBytes != 0 || userCopy(st.Flags) {
+		t.Fatalf("state before user copy read as %+v, flags %s", st.Tuning, FormatFlags(st.Flags))
+	}
+}
+
+// TestStateUserCopyRoundTrip saves and reads back the state of a
+// user-copy device: its mode and pool survive.
+func TestStateUserCopyRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	st := validState(dir, "uc")
+	st.Tuning = Tuning{Queues: 2, Depth: 64, MaxIOBytes: 1 << 20, UserCopy: true, PoolBytes: 14 << 20, BufferBytes: 16 << 20}
+	st.Flags |= FlagUserCopy
+	if err := saveState(dir, st); err != nil {
+		t.Fatal(err)
+	}
+	got, err := States(dir)
+	if err != nil || len(got) != 1 || got[0] != st || got[0].Tuning.CopyMode() != "user-copy" {
+		t.Fatalf("States = %+v, %v; want [%+v]", got, err, st)
+	}
+}
+
 func TestValidName(t *testing.T) {
 	for _, id := range []string{"", "../x", "a/b", ".hidden", string(make([]byte, 129))} {
 		if err := validName(id); !errors.Is(err, os.ErrInvalid) {

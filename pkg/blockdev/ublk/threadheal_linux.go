@@ -198,7 +198,7 @@ func (s *Server) rehome(ctx context.Context, id string, t *dataplane.Thread) err
 	if err := failAt(fpHealing); err != nil {
 		return fmt.Errorf("re-adopt %s: %w", id, err)
 	}
-	dev, err := RecoverDevice(ctx, s.ctl, old.ID(), DeviceConfig{Target: sv.st.target(sv.file), Owner: s.owner,
+	dev, err := RecoverDevice(ctx, s.ctl, old.ID(), DeviceConfig{Target: sv.st.target(sv.file), Tuning: sv.st.Tuning, Owner: s.owner,
 		Queue: s.queueOptions(sv.st.NowaitWrites), Limiter: sv.lim, Threads: s.threads, Gate: old.gate, Changes: sv.changes})
 	if err != nil {
 		if errors.Is(err, errQueuesLive) {

@@ -5,6 +5,7 @@ import (
 	"math/bits"
 	"os"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/dataplane"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk/internal/uapi"
 )
 
@@ -49,6 +50,9 @@ type TuningInput struct {
 	// ZeroCopy is true when the device will run without per-tag buffers
 	// (AUTO_BUF_REG or SUPPORT_ZERO_COPY negotiated).
 	ZeroCopy bool
+	// UserCopy is true when the server will copy through /dev/ublkcN
+	// (USER_COPY negotiated without zero copy).
+	UserCopy bool
 	// MemoryBudget is the copy-mode buffer budget in bytes; 0 = default.
 	MemoryBudget int64
 	// MaxIOBytes overrides max_io_buf_bytes in copy mode (0 = default):
@@ -61,10 +65,30 @@ type Tuning struct {
 	Queues     int    `json:"queues"`
 	Depth      int    `json:"depth"`
 	MaxIOBytes uint32 `json:"maxIOBytes"`
-	// BufferBytes is what the per-tag buffers cost at most
-	// (Queues × Depth × MaxIOBytes; 0 with zero copy).
+	// BufferBytes is what the buffers cost at most: Queues × Depth ×
+	// MaxIOBytes in copy mode, 0 with zero copy, and with user copy the
+	// tag buffers (Queues × Depth × 16 KiB) and PoolBytes.
 	BufferBytes int64 `json:"bufferBytes"`
 	ZeroCopy    bool  `json:"zeroCopy,omitempty"`
+	UserCopy    bool  `json:"userCopy,omitempty"`
+	// PoolBytes is, with user copy, the memory the device lends its
+	// requests larger than 16 KiB, an equal share per queue (at least
+	// MaxIOBytes each): the memory budget.
+	PoolBytes int64 `json:"poolBytes,omitempty"`
+}
+
+// CopyMode names how the device's data crosses between the kernel and the
+// server: "zero-copy" (the backing I/O uses the request's own pages),
+// "user-copy" (the server copies through /dev/ublkcN) or "copy" (the
+// kernel copies into the server's buffers at FETCH and COMMIT).
+func (t Tuning) CopyMode() string {
+	switch {
+	case t.ZeroCopy:
+		return "zero-copy"
+	case t.UserCopy:
+		return "user-copy"
+	}
+	return "copy"
 }
 
 // ChooseTuning picks the number of queues and the queue depth of a device.
@@ -74,8 +98,9 @@ type Tuning struct {
 //     clamps nr_hw_queues to nr_cpu_ids, so more would be silently lost);
 //     depth must be a power of two in 1..4096 (UBLK_MAX_QUEUE_DEPTH). A
 //     bad value is an error wrapping os.ErrInvalid, never silently fixed.
-//  2. max_io_buf_bytes is 128 KiB in copy mode (unless overridden, a
-//     multiple of 4 KiB up to 1 MiB) and 1 MiB with zero copy.
+//  2. max_io_buf_bytes is 1 MiB with zero copy, and otherwise 1 MiB with
+//     user copy and 128 KiB in copy mode, unless overridden (a multiple of
+//     4 KiB up to 1 MiB).
 //  3. Without overrides: queues = min(CPUs, 4), depth = 64. The queues are
 //     served by the shared server threads (one per CPU, SpreadQueues), so
 //     they cost no threads of their own. A sweep of fixed settings at 1, 2
@@ -85,6 +110,12 @@ type Tuning struct {
 //     (halving, down to 16), then queues; an overridden value never
 //     shrinks. Overrides together may cost at most 256 MiB, else error.
 //  5. Zero copy has no buffers, so the budget does not apply.
+//  6. User copy keeps 16 KiB per tag (the small requests of random I/O),
+//     and larger requests borrow from their queue's share of a pool of
+//     the budget (at least one largest request per queue): a queue may
+//     have as many bytes of large requests in flight as copy mode's tag
+//     buffers hold, in requests of up to 1 MiB. The budget then bounds
+//     the memory, not the request size; the tag buffers come on top.
 //
 // The buffers are mmapped and touched lazily, so the resident cost of a
 // volume doing only 4 KiB I/O is far below BufferBytes.
@@ -99,11 +130,13 @@ func ChooseTuning(in TuningInput) (Tuning, error) {
 	if budget <= 0 {
 		budget = DefaultMemoryBudget
 	}
-	t := Tuning{Queues: in.Queues, Depth: in.Depth, MaxIOBytes: DefaultMaxIOBytes, ZeroCopy: in.ZeroCopy}
+	t := Tuning{Queues: in.Queues, Depth: in.Depth, MaxIOBytes: DefaultMaxIOBytes, ZeroCopy: in.ZeroCopy, UserCopy: in.UserCopy && !in.ZeroCopy}
 	if in.ZeroCopy {
 		t.MaxIOBytes = ZeroCopyMaxIOBytes
 	} else if in.MaxIOBytes != 0 {
 		t.MaxIOBytes = in.MaxIOBytes
+	} else if t.UserCopy {
+		t.MaxIOBytes = ZeroCopyMaxIOBytes
 	}
 	if t.Queues == 0 {
 		t.Queues = DefaultQueues(in.CPUs)
@@ -111,15 +144,41 @@ func ChooseTuning(in TuningInput) (Tuning, error) {
 	if t.Depth == 0 {
 		t.Depth = DefaultDepth
 	}
-	if !in.ZeroCopy {
+	switch {
+	case t.ZeroCopy:
+		return t, nil
+	case t.UserCopy:
+		t.PoolBytes = userCopyPool(t, budget)
+		t.BufferBytes = userCopyTagBytes(t) + t.PoolBytes
+	default:
 		fitBudget(&t, in, budget)
 		t.BufferBytes = int64(t.Queues) * int64(t.Depth) * int64(t.MaxIOBytes)
-		if t.BufferBytes > MaxMemoryBudget {
-			return Tuning{}, fmt.Errorf("tuning: %d queues × depth %d × %d bytes exceeds %d: %w",
-				t.Queues, t.Depth, t.MaxIOBytes, MaxMemoryBudget, os.ErrInvalid)
-		}
+	}
+	if t.BufferBytes > MaxMemoryBudget {
+		return Tuning{}, fmt.Errorf("tuning: %d queues × depth %d with %d-byte requests need %d bytes of buffers, more than %d: %w",
+			t.Queues, t.Depth, t.MaxIOBytes, t.BufferBytes, MaxMemoryBudget, os.ErrInvalid)
 	}
 	return t, nil
+}
+
+// userCopyTagBytes is what the tag buffers of a user-copy device cost:
+// Queues × Depth × 16 KiB (dataplane.UserCopyTagBytes), or MaxIOBytes per
+// tag when that is less.
+func userCopyTagBytes(t Tuning) int64 {
+	return int64(t.Queues) * int64(t.Depth) * int64(min(t.MaxIOBytes, dataplane.UserCopyTagBytes))
+}
+
+// userCopyPool is the pool of a user-copy device: the budget, in whole 16
+// KiB chunks per queue, and at least one request of MaxIOBytes per queue;
+// none when no request outgrows a tag's buffer.
+func userCopyPool(t Tuning, budget int64) int64 {
+	if t.MaxIOBytes <= dataplane.UserCopyTagBytes {
+		return 0
+	}
+	chunk := int64(dataplane.UserCopyTagBytes)
+	share := budget / int64(t.Queues) / chunk * chunk
+	share = max(share, (int64(t.MaxIOBytes)+chunk-1)/chunk*chunk)
+	return share * int64(t.Queues)
 }
 
 func validateOverrides(in TuningInput) error {

@@ -33,6 +33,21 @@ func TestChooseTuning(t *testing.T) {
 		{"depth above kernel max", TuningInput{CPUs: 2, Depth: 8192}, Tuning{}, true},
 		{"overrides above hard cap", TuningInput{CPUs: 8, Queues: 8, Depth: 4096}, Tuning{}, true},
 		{"zero cpus", TuningInput{CPUs: 0}, Tuning{}, true},
+		{"two cpus user copy takes 1 MiB, the pool gets the budget", TuningInput{CPUs: 2, UserCopy: true},
+			Tuning{Queues: 2, Depth: 64, MaxIOBytes: 1 << 20, UserCopy: true, PoolBytes: 16 << 20, BufferBytes: 18 << 20}, false},
+		{"eight cpus user copy keeps depth 64", TuningInput{CPUs: 8, UserCopy: true},
+			Tuning{Queues: 4, Depth: 64, MaxIOBytes: 1 << 20, UserCopy: true, PoolBytes: 16 << 20, BufferBytes: 20 << 20}, false},
+		{"zero copy wins over user copy", TuningInput{CPUs: 2, ZeroCopy: true, UserCopy: true},
+			Tuning{Queues: 2, Depth: 64, MaxIOBytes: 1 << 20, ZeroCopy: true}, false},
+		{"user copy max i/o override", TuningInput{CPUs: 2, UserCopy: true, MaxIOBytes: 256 << 10},
+			Tuning{Queues: 2, Depth: 64, MaxIOBytes: 256 << 10, UserCopy: true, PoolBytes: 16 << 20, BufferBytes: 18 << 20}, false},
+		{"three queues user copy: whole chunks per queue", TuningInput{CPUs: 4, Queues: 3, UserCopy: true},
+			Tuning{Queues: 3, Depth: 64, MaxIOBytes: 1 << 20, UserCopy: true, PoolBytes: 3 * 5456 << 10, BufferBytes: 3*5456<<10 + 3<<20}, false},
+		{"user copy requests within a tag's buffer need no pool", TuningInput{CPUs: 2, UserCopy: true, MaxIOBytes: 8 << 10},
+			Tuning{Queues: 2, Depth: 64, MaxIOBytes: 8 << 10, UserCopy: true, BufferBytes: 1 << 20}, false},
+		{"user copy small budget keeps one request per queue", TuningInput{CPUs: 2, UserCopy: true, MemoryBudget: 2 << 20},
+			Tuning{Queues: 2, Depth: 64, MaxIOBytes: 1 << 20, UserCopy: true, PoolBytes: 2 << 20, BufferBytes: 4 << 20}, false},
+		{"user copy overrides above hard cap", TuningInput{CPUs: 8, Queues: 4, Depth: 4096, UserCopy: true}, Tuning{}, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

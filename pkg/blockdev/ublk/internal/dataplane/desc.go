@@ -142,6 +142,7 @@ const (
 	udRegBuf  = 4 // zero copy: REGISTER_IO_BUF/UNREGISTER_IO_BUF for the tag
 	udFetch   = 5 // batch mode: the multishot FETCH_IO_CMDS (tag unused)
 	udBatch   = 6 // batch mode: PREP_IO_CMDS or COMMIT_IO_CMDS (tag: element array)
+	udCopy    = 7 // USER_COPY: a read or write of the request's data on /dev/ublkcN
 )
 
 func encodeUD(kind uint8, slot, tag uint16) uint64 {
@@ -150,4 +151,11 @@ func encodeUD(kind uint8, slot, tag uint16) uint64 {
 
 func decodeUD(ud uint64) (kind uint8, slot, tag uint16) {
 	return uint8(ud >> 32), uint16(ud >> 16), uint16(ud)
+}
+
+// userCopyPos is the /dev/ublkcN offset of byte off of the data of queue
+// qid's request on tag, for USER_COPY reads and writes (UBLKSRV_IO_BUF_OFFSET
+// + qid << UBLK_QID_OFF + tag << UBLK_TAG_OFF + off).
+func userCopyPos(qid, tag uint16, off uint32) int64 {
+	return uapi.IOBufOffset + int64(qid)<<uapi.QIDOff + int64(tag)<<uapi.TagOff + int64(off)
 }

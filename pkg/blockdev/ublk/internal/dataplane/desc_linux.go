@@ -2,7 +2,8 @@
 // array the kernel shares with us, and taking the address of mmapped I/O
 // buffers for SQEs. It is sound because:
 //
-//   - the descriptor area and the buffers are unix.Mmap'ed, outside the Go
+//   - the descriptor area, the buffers and the USER_COPY pool
+//     (queue_pool_linux.go) are unix.Mmap'ed, outside the Go
 //     heap; the GC never moves or frees them, and they stay mapped until
 //     close, which the server thread calls only after its ring is gone;
 //   - a descriptor is read only after its tag's FETCH/COMMIT completion was
@@ -107,8 +108,13 @@ func mapBuffers(depth uint16, size uint32) (*bufArea, error) {
 
 // addr is the address of tag's buffer plus off, for an SQE or a FETCH.
 func (b *bufArea) addr(tag uint16, off uint32) uint64 {
-	return uint64(uintptr(unsafe.Pointer(&b.mem[int(tag)*b.size]))) + uint64(off)
+	return addrOf(b.mem[int(tag)*b.size:]) + uint64(off)
 }
+
+// addrOf is the address of b's first byte, for an SQE: b is part of a
+// mapping made here (a buffer area or a USER_COPY pool), so it does not
+// move.
+func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
 
 // slice is tag's whole buffer (for registering it with the ring).
 func (b *bufArea) slice(tag uint16) []byte {

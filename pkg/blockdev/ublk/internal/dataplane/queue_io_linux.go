@@ -64,14 +64,14 @@ func (l *queueState) accept(tag uint16) error {
 	t := &l.tags[tag]
 	t.req = l.descs.request(tag)
 	t.plan = planFor(t.req, l.cfg.Target)
-	t.done, t.retries, t.start = 0, 0, monoNow()
+	t.done, t.retries, t.start, t.copied = 0, 0, monoNow(), false
 	l.tally.inFlight++
 	l.touched()
 	l.s.serving++
 	l.noteTailUse(t)
-	if l.bufs != nil && t.plan.act <= actWrite && t.req.len > uint32(l.bufs.size) {
+	if l.bufs != nil && t.plan.act <= actWrite && t.req.len > l.cfg.MaxIOBytes {
 		// The kernel keeps requests within max_io_buf_bytes; a larger
-		// one would overrun the tag's buffer, so refuse it.
+		// one would overrun its buffer, so refuse it.
 		return l.commit(tag, -int32(unix.EIO))
 	}
 	switch t.plan.act {
@@ -89,12 +89,28 @@ func (l *queueState) accept(tag uint16) error {
 // issue queues the backing operation for the unserved part of tag's request.
 func (l *queueState) issue(tag uint16) error {
 	t := &l.tags[tag]
+	off := uint64(t.req.off) + uint64(t.done)
+	n := t.req.len - t.done
+	if l.needsRun(t) && !l.pool.take(t) {
+		l.waitRun(tag)
+		return nil
+	}
+	if l.uc && !t.copied && t.done == 0 && (t.plan.act == actRead || t.plan.act == actWrite) {
+		if !l.copyInline(t) && l.issueLinked(tag, off, n) {
+			l.backingStarted()
+			return nil
+		}
+		if t.plan.act == actWrite {
+			// Small, or no room for the link: copied here.
+			if res := l.copyIn(tag); res != 0 {
+				return l.commit(tag, res)
+			}
+		}
+	}
 	sqe := l.ring.GetSQE()
 	if sqe == nil {
 		return errNoSQE
 	}
-	off := uint64(t.req.off) + uint64(t.done)
-	n := t.req.len - t.done
 	switch t.plan.act {
 	case actRead:
 		l.prepRW(sqe, tag, off, n)
@@ -163,7 +179,7 @@ func (l *queueState) backingEnded() {
 func (l *queueState) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 	t := &l.tags[tag]
 	write := t.plan.act == actWrite
-	fixed := !l.zc && t.done+n <= l.fixed && l.registerHead(tag, t.done+n)
+	fixed := !l.zc && t.runLen == 0 && t.done+n <= l.fixed && l.registerHead(tag, t.done+n)
 	f, slot := l.fileBacking, l.bufBase+tag
 	switch {
 	case l.zc && write:
@@ -173,15 +189,15 @@ func (l *queueState) prepRW(sqe *uring.SQE, tag uint16, off uint64, n uint32) {
 		sqe.PrepRW(uring.IORING_OP_READ_FIXED, f, uint64(t.done), n, off)
 		sqe.BufIndex = slot
 	case fixed && write:
-		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, f, l.bufs.addr(tag, t.done), n, off)
+		sqe.PrepRW(uring.IORING_OP_WRITE_FIXED, f, l.dataAddr(tag, t.done), n, off)
 		sqe.BufIndex = slot
 	case fixed:
-		sqe.PrepRW(uring.IORING_OP_READ_FIXED, f, l.bufs.addr(tag, t.done), n, off)
+		sqe.PrepRW(uring.IORING_OP_READ_FIXED, f, l.dataAddr(tag, t.done), n, off)
 		sqe.BufIndex = slot
 	case write:
-		sqe.PrepRW(uring.IORING_OP_WRITE, f, l.bufs.addr(tag, t.done), n, off)
+		sqe.PrepRW(uring.IORING_OP_WRITE, f, l.dataAddr(tag, t.done), n, off)
 	default:
-		sqe.PrepRW(uring.IORING_OP_READ, f, l.bufs.addr(tag, t.done), n, off)
+		sqe.PrepRW(uring.IORING_OP_READ, f, l.dataAddr(tag, t.done), n, off)
 	}
 	sqe.OpFlags = t.plan.rwFlags
 	if write && t.retries < nowaitTries && l.nowaitOK() {
@@ -199,6 +215,15 @@ func (l *queueState) onBacking(tag uint16, res int32) error {
 	if l.q.hooks.eagain() {
 		res = -int32(unix.EAGAIN)
 	}
+	if t := &l.tags[tag]; t.link > 0 {
+		t.linkRes = res
+		return l.linkCQE(tag)
+	}
+	return l.onBackingResult(tag, res)
+}
+
+// onBackingResult goes on from the result of tag's backing operation.
+func (l *queueState) onBackingResult(tag uint16, res int32) error {
 	t := &l.tags[tag]
 	switch {
 	case res == -int32(unix.EAGAIN) && t.retries < MaxEAGAIN:
@@ -224,6 +249,11 @@ func (l *queueState) onBacking(tag uint16, res int32) error {
 		}
 	}
 	l.backingEnded()
+	if l.uc && t.plan.act == actRead && !t.copied {
+		if res := l.copyOut(tag); res != 0 {
+			return l.commit(tag, res)
+		}
+	}
 	return l.commit(tag, fullResult(t.req))
 }
 
@@ -321,6 +351,9 @@ func (l *queueState) commit(tag uint16, result int32) error {
 	l.tally.inFlight--
 	l.s.serving--
 	l.finishAdmitted(t)
+	if t.runLen > 0 {
+		l.giveRun(t)
+	}
 	l.tally.observe(t.req.op, t.req.len, result < 0, monoNow()-t.start)
 	l.touched()
 	if l.b != nil {

@@ -29,8 +29,12 @@ type QueueConfig struct {
 	// without AUTO_BUF_REG are refused.
 	Flags uint64
 	// MaxIOBytes is the device's max_io_buf_bytes: the size of each
-	// per-tag buffer in copy mode.
+	// per-tag buffer in copy mode, and the largest request.
 	MaxIOBytes uint32
+	// PoolBytes is, with USER_COPY, the memory the queue lends to its
+	// requests larger than a tag's buffer (UserCopyTagBytes), at least
+	// MaxIOBytes (0: MaxIOBytes); see queue_pool_linux.go.
+	PoolBytes int
 	// Target is the backing store: FileTarget or NullTarget.
 	Target Target
 	// Options are the server thread's submission and wait policy.
@@ -97,6 +101,11 @@ type QueueOptions struct {
 	// comments"), so the Server turns it on where a probe finds the
 	// refusal (ServerConfig.NowaitWrites).
 	NowaitWrites bool
+	// CopyInlineBytes is, with USER_COPY, the largest request whose data
+	// the server thread copies itself; larger ones are copied by io-wq
+	// workers, linked to their backing I/O (queue_copy_linux.go). 0
+	// means DefaultCopyInlineBytes.
+	CopyInlineBytes uint32
 }
 
 // ErrQueueStopped is what Wait returns when the end of its server thread
@@ -130,8 +139,10 @@ func (c *QueueConfig) validate() error {
 		return fmt.Errorf("backing file fd %d", c.Target.FD)
 	case c.Target.Kind != TargetFile && c.Target.Kind != TargetNull && c.Target.Kind != TargetFail:
 		return fmt.Errorf("target kind %d", c.Target.Kind)
-	case c.Flags&uapi.FlagAutoBufReg == 0 && c.Flags&(uapi.FlagUserCopy|uapi.FlagSupportZeroCopy) != 0:
-		return fmt.Errorf("flags %#x: USER_COPY and manual zero copy are not supported, use AUTO_BUF_REG or copy mode", c.Flags)
+	case c.Flags&uapi.FlagAutoBufReg == 0 && c.Flags&uapi.FlagSupportZeroCopy != 0:
+		return fmt.Errorf("flags %#x: manual zero copy is not supported, use AUTO_BUF_REG, USER_COPY or copy mode", c.Flags)
+	case c.Flags&uapi.FlagUserCopy != 0 && c.Flags&uapi.FlagBatchIO != 0 && c.Flags&uapi.FlagAutoBufReg == 0:
+		return fmt.Errorf("flags %#x: USER_COPY does not go with BATCH_IO", c.Flags)
 	case c.Flags&uapi.FlagNeedGetData != 0:
 		// PER_IO_DAEMON is fine: newer drivers always report it, and one
 		// thread serving every tag of a queue is a valid per-I/O daemon.
@@ -169,7 +180,7 @@ func (q *Queue) start() error {
 	l := newQueueState(q)
 	var err error
 	if l.descs, err = mapDescs(q.cfg.CharFD, q.cfg.QID, q.cfg.Depth); err == nil && !l.zc {
-		l.bufs, err = mapBuffers(q.cfg.Depth, q.cfg.MaxIOBytes)
+		l.bufs, l.pool, err = mapQueueMemory(&q.cfg, l.uc)
 	}
 	if err == nil {
 		err = q.thread.start(l)

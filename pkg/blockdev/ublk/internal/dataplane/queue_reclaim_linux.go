@@ -78,6 +78,7 @@ func (l *queueState) reclaim() {
 		// (mlockall), whose tails simply stay resident.
 		_ = l.bufs.dropTail(uint16(tag), l.tags[tag].reg)
 	}
+	_ = l.pool.drop()
 	l.tailsUsed = false
 	l.q.stats.reclaims.Add(1)
 }

@@ -34,6 +34,16 @@ type tagState struct {
 	// admitted: the request holds one of its thread's disk slots
 	// (admission_linux.go) until it is committed.
 	admitted bool
+	// USER_COPY (queue_copy_linux.go): copied says the request's data
+	// has crossed between the request and the tag's buffer; link counts
+	// the CQEs a linked copy and backing operation still owe, copyRes
+	// and linkRes hold their results until both came.
+	copied           bool
+	link             uint8
+	copyRes, linkRes int32
+	// run and runLen are the chunks of the queue's pool lent to the
+	// request (runLen 0: none; queue_pool_linux.go).
+	run, runLen int32
 }
 
 // queueState is the serving state of one queue on its server thread. Only
@@ -48,8 +58,10 @@ type queueState struct {
 	ring  *uring.Ring // the thread's ring; nil once it is closed
 	descs *descArea
 	bufs  *bufArea // nil in zero-copy mode
+	pool  *bufPool // USER_COPY: memory for the requests larger than the tag buffers
 	b     *batch   // nil unless UBLK_F_BATCH_IO (queue_batch_linux.go)
 	zc    bool     // AUTO_BUF_REG: request pages are fixed buffer #bufBase+tag
+	uc    bool     // USER_COPY: the server copies the data through /dev/ublkcN
 	fixed uint32   // copy mode: most bytes at the head of each tag buffer registered as fixed
 	tags  []tagState
 	// slot is the queue's number on its thread (in every user_data);
@@ -110,6 +122,7 @@ type queueState struct {
 func newQueueState(q *Queue) *queueState {
 	cfg := &q.cfg
 	l := &queueState{q: q, cfg: cfg, zc: cfg.Flags&uapi.FlagAutoBufReg != 0, tags: make([]tagState, cfg.Depth),
+		uc:      cfg.Flags&(uapi.FlagAutoBufReg|uapi.FlagUserCopy) == uapi.FlagUserCopy,
 		started: make(chan error, 1), mtime: cfg.Mtime}
 	if l.mtime == nil && cfg.Options.NowaitWrites && cfg.Target.Kind == TargetFile {
 		l.mtime, l.ownMtime = NewMtimeToucher(cfg.Target.FD), true
@@ -205,6 +218,7 @@ func (l *queueState) teardown() {
 	l.b.close()
 	l.descs.close()
 	l.bufs.close()
+	l.pool.close()
 }
 
 // touched puts the queue on the thread's list of queues whose counters
@@ -243,6 +257,7 @@ func (l *queueState) fail(err error) {
 		return
 	}
 	l.failed = true
+	l.dropWaiting()
 	if l.cmdErr == nil {
 		l.cmdErr = fmt.Errorf("queue %d of ublk %d: %w", l.cfg.QID, l.cfg.DevID, err)
 	}
@@ -291,7 +306,11 @@ func (l *queueState) prepCmd(op uint32, tag uint16, result int32) error {
 		putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, 0)
 		return nil
 	}
-	putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, l.bufs.addr(tag, 0))
+	var addr uint64 // USER_COPY: the kernel copies nothing, the address must be 0
+	if !l.uc {
+		addr = l.bufs.addr(tag, 0)
+	}
+	putIOCmd(sqe.Cmd(), l.cfg.QID, tag, result, addr)
 	return nil
 }
 

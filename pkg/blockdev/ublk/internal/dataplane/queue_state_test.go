@@ -63,15 +63,23 @@ func hostQueue(t testing.TB, s *threadLoop, depth uint16, kind TargetKind, fixed
 	if err := f.Truncate(1 << 20); err != nil {
 		t.Fatal(err)
 	}
+	return attachHost(t, s, QueueConfig{Depth: depth, CharFD: int(f.Fd()), MaxIOBytes: 64 << 10,
+		Target: Target{Kind: kind, FD: int(f.Fd())}, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}}), f
+}
+
+// attachHost attaches a queue of cfg to s (see hostLoop), its memory
+// mapped as StartQueue maps it, and reaps the FETCHes of its tags.
+func attachHost(t testing.TB, s *threadLoop, cfg QueueConfig) *queueState {
+	t.Helper()
+	depth := cfg.Depth
 	if err := s.t.reserve(depth); err != nil {
 		t.Fatal(err)
 	}
-	q := &Queue{cfg: QueueConfig{Depth: depth, CharFD: int(f.Fd()), MaxIOBytes: 64 << 10,
-		Target: Target{Kind: kind, FD: int(f.Fd())}, Options: QueueOptions{FixedBuffers: len(fixed) > 0 && fixed[0]}},
-		thread: s.t, done: make(chan struct{})}
+	q := &Queue{cfg: cfg, thread: s.t, done: make(chan struct{})}
 	l := newQueueState(q)
 	l.descs = &descArea{mem: make([]byte, int(depth)*uapi.SizeofIODesc), depth: int(depth)}
-	if l.bufs, err = mapBuffers(depth, q.cfg.MaxIOBytes); err != nil {
+	var err error
+	if l.bufs, l.pool, err = mapQueueMemory(&q.cfg, l.uc); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.attach(l); err != nil {
@@ -85,7 +93,7 @@ func hostQueue(t testing.TB, s *threadLoop, depth uint16, kind TargetKind, fixed
 		got += s.ring.Reap(s.cqes)
 	}
 	s.parked = 0 // reaped here, not by onCmd: none is parked
-	return l, f
+	return l
 }
 
 // setDesc writes tag's descriptor as the kernel would.
@@ -109,12 +117,17 @@ func step(t testing.TB, l *queueState, cmds []int32) []int32 {
 		if slot != l.slot {
 			t.Fatalf("completion for slot %d, the queue is in slot %d", slot, l.slot)
 		}
-		if kind == udCmd {
+		var err error
+		switch kind {
+		case udCmd:
 			cmds = append(cmds, c.Res)
-			continue
+		case udCopy:
+			err = l.onCopy(tag, c.Res)
+		default:
+			err = l.onBacking(tag, c.Res)
 		}
-		if err := l.onBacking(tag, c.Res); err != nil {
-			t.Fatalf("onBacking: %v", err)
+		if err != nil {
+			t.Fatalf("completion %d of tag %d: %v", kind, tag, err)
 		}
 	}
 	return cmds
@@ -318,7 +331,8 @@ func TestQueueConfigValidate(t *testing.T) {
 		{"no char fd", func(c *QueueConfig) { c.CharFD = -1 }, false},
 		{"no backing fd", func(c *QueueConfig) { c.Target.FD = -1 }, false},
 		{"no target", func(c *QueueConfig) { c.Target = Target{} }, false},
-		{"user copy", func(c *QueueConfig) { c.Flags = uapi.FlagUserCopy }, false},
+		{"user copy", func(c *QueueConfig) { c.Flags = uapi.FlagUserCopy }, true},
+		{"user copy in batches", func(c *QueueConfig) { c.Flags = uapi.FlagUserCopy | uapi.FlagBatchIO }, false},
 		{"manual zero copy", func(c *QueueConfig) { c.Flags = uapi.FlagSupportZeroCopy }, false},
 		{"batch io", func(c *QueueConfig) { c.Flags = uapi.FlagBatchIO | uapi.FlagAutoBufReg }, true},
 		{"need get data", func(c *QueueConfig) { c.Flags = uapi.FlagNeedGetData }, false},

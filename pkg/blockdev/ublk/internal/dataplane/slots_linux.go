@@ -127,6 +127,7 @@ func freeWhenRingFreed(freed *os.File, held []*queueState) {
 	for _, l := range held {
 		l.b.close()
 		l.bufs.close()
+		l.pool.close()
 	}
 }
 

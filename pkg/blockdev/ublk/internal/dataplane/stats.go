@@ -33,7 +33,7 @@ const NumLatencyBuckets = len(LatencyBuckets) + 1
 
 // QueueStats is a snapshot of one queue's counters. Counters only grow,
 // except InFlight, which is the number of requests the queue holds now.
-// One field per counter (18): they are exported as they are, per volume.
+// One field per counter (20): they are exported as they are, per volume.
 type QueueStats struct {
 	Reads, Writes, Flushes, Discards, WriteZeroes uint64
 	BytesRead, BytesWritten                       uint64
@@ -62,10 +62,15 @@ type QueueStats struct {
 	// DiskWaits counts reads and writes held for a disk slot of their
 	// server thread (admission_linux.go).
 	DiskWaits uint64
+	// CopyOffloads counts, with USER_COPY, the requests whose data io-wq
+	// copied, linked to their backing I/O (queue_copy_linux.go), and
+	// PoolWaits those that waited for memory of the queue's pool
+	// (queue_pool_linux.go).
+	CopyOffloads, PoolWaits uint64
 }
 
 // queueStats is the live, atomically updated form of QueueStats, one
-// atomic per counter (19 with backing). The server thread writes it (the
+// atomic per counter (21 with backing). The server thread writes it (the
 // per-request counters once per round: queueTally); Stats reads it from any
 // goroutine.
 type queueStats struct {
@@ -81,6 +86,7 @@ type queueStats struct {
 	throttled, throttledNs                    atomic.Uint64
 	nowaitRefused, nowaitPauses, mtimeUpdates atomic.Uint64
 	diskWaits                                 atomic.Uint64
+	copyOffloads, poolWaits                   atomic.Uint64
 }
 
 // latencyBucket returns the histogram bucket for a duration in nanoseconds.
@@ -102,6 +108,7 @@ type queueTally struct {
 	reads, writes, flushes, discards, zeroes uint64
 	bytesRead, bytesWritten                  uint64
 	errors, latencyNs, commits, diskWaits    uint64
+	offloaded, poolWaits                     uint64
 	latency                                  [NumLatencyBuckets]uint64
 	inFlight, backing                        int64
 }
@@ -150,6 +157,8 @@ func (t *queueTally) publish(s *queueStats, shown *queueTally) {
 	store(&s.latencyNs, t.latencyNs, &shown.latencyNs)
 	store(&s.commits, t.commits, &shown.commits)
 	store(&s.diskWaits, t.diskWaits, &shown.diskWaits)
+	store(&s.copyOffloads, t.offloaded, &shown.offloaded)
+	store(&s.poolWaits, t.poolWaits, &shown.poolWaits)
 	for i := range t.latency {
 		store(&s.latency[i], t.latency[i], &shown.latency[i])
 	}
@@ -181,6 +190,8 @@ func (s *queueStats) snapshot() QueueStats {
 		NowaitPauses:  s.nowaitPauses.Load(),
 		MtimeUpdates:  s.mtimeUpdates.Load(),
 		DiskWaits:     s.diskWaits.Load(),
+		CopyOffloads:  s.copyOffloads.Load(),
+		PoolWaits:     s.poolWaits.Load(),
 		Commits:       s.commits.Load(),
 		LatencyNs:     s.latencyNs.Load(),
 	}
@@ -208,6 +219,8 @@ func (a QueueStats) Add(b QueueStats) QueueStats {
 	a.NowaitPauses += b.NowaitPauses
 	a.MtimeUpdates += b.MtimeUpdates
 	a.DiskWaits += b.DiskWaits
+	a.CopyOffloads += b.CopyOffloads
+	a.PoolWaits += b.PoolWaits
 	a.Commits += b.Commits
 	a.LatencyNs += b.LatencyNs
 	for i := range a.Latency {

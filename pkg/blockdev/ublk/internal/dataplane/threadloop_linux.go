@@ -347,6 +347,8 @@ func (s *threadLoop) handle(c *uring.CQE) {
 		err = l.onBacking(tag, c.Res)
 	case udFetch:
 		err = l.onFetch(c)
+	case udCopy:
+		err = l.onCopy(tag, c.Res)
 	default:
 		err = fmt.Errorf("cqe with unknown user data %#x", c.UserData)
 	}
