@@ -17,6 +17,7 @@ import (
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/devclass"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/filelock"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/quiesce"
@@ -25,6 +26,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/driver"
 	"github.com/fastblk/csi-fastblk/pkg/kubeapi"
 	"github.com/fastblk/csi-fastblk/pkg/metrics"
+	"github.com/fastblk/csi-fastblk/pkg/nodereport"
 	"github.com/fastblk/csi-fastblk/pkg/snapshotowner"
 )
 
@@ -38,6 +40,8 @@ type serveConfig struct {
 	exposeStatus   bool
 	reconcileRetry time.Duration
 	labelContents  bool
+	kubeReport     bool
+	classes        classFlags
 	labelGroups    bool
 	driver         driver.Config
 	peer           peerConfig
@@ -60,8 +64,13 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 			c.store.ReserveBytes, c.store.ReserveRatio, err = driver.ParseReserve(s)
 			return err
 		})
+	fs.Var(&c.classes, "device-class", "a device class of this node, a data directory of its own that StorageClasses choose with the parameter "+
+		driver.ParamDeviceClass+": name=NAME,path=PATH[,reserve=SIZE|N%][,over-provision-ratio=R] (repeat for more; --data-dir is the class "+
+		"\"default\"). The path must exist and, on the root filesystem (that of / or of --registration-dir), have a reserve; a class that fails "+
+		"its checks is not served, and the others are")
 	fs.Int64Var(&c.driver.MaxVolumesPerNode, "max-volumes-per-node", 64, "volumes in use by pods on this node at once, reported to the kubelet as its attach limit for the scheduler (0 = no limit)")
-	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk when /dev/ublk-control exists and works, else loop, saying why), ublk or loop")
+	fs.StringVar(&c.backend, "backend", "auto", "device backend: auto (ublk where it works, loading ublk_drv where the kernel has it but did not load it; "+
+		"else loop, saying why), ublk or loop")
 	fs.StringVar(&c.devices.DevDir, "dev-dir", "/dev/fastblk", "directory for stable device links <dev-dir>/<volume-id>")
 	fs.IntVar(&c.devices.Tuning.Queues, "queues", 0, "default ublk queues per device (0 = from the node's CPUs)")
 	fs.IntVar(&c.devices.Tuning.QueueDepth, "queue-depth", 0, "default ublk queue depth (0 = from the node's CPUs and memory)")
@@ -152,6 +161,10 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 	fs.BoolVar(&c.labelGroups, "label-group-snapshots", false,
 		"give the VolumeGroupSnapshotContents of this node's volumes, and their VolumeGroupSnapshotClasses in turn, the label "+
 			snapshotowner.ManagedBy+" with this node's ID, so that a csi-snapshotter in --node-deployment mode makes and deletes its group snapshots; needs the API server")
+	fs.BoolVar(&c.kubeReport, "kube-report", false,
+		"tell the cluster what this node serves: label its Node "+nodereport.BackendLabel("<driver>")+"=ublk|loop, annotate it with "+
+			nodereport.ReasonAnnotation("<driver>")+" and post a Warning event when it serves loop for want of ublk, and post events on the "+
+			"StorageClasses (and their pending claims) it gives no capacity, saying why; needs the API server (--node-id must be the node's name)")
 	fs.DurationVar(&c.reconcileRetry, "reconcile-retry", 30*time.Second,
 		"how often to retry restoring staged volumes whose devices could not be restored at start, for example because the backing file system was not yet mounted (0 = never)")
 	klog.InitFlags(fs) // -v and klog's other flags
@@ -182,12 +195,24 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return fmt.Errorf("open store: %w", err)
 	}
+	classes, down, err := openClasses(st.Dir(), cfg.classes, rootRefs(cfg))
+	if err != nil {
+		return err
+	}
 	thawAbandoned(st.Dir())
+	for _, c := range classes {
+		thawAbandoned(c.st.Dir())
+		cfg.devices.ClassDirs = append(cfg.devices.ClassDirs, c.st.Dir())
+	}
 	cfg.devices.AdoptUnmarked = true // once per data directory: the upgrade
 	cfg.devices.Report = klog.ErrorS
+	hadUblk := kernel.ModuleLoaded("ublk_drv")
 	be, fallback, err := backend.Select(cfg.backend, cfg.devices)
 	if err != nil {
 		return fmt.Errorf("backend %s: %w", cfg.backend, err)
+	}
+	if !hadUblk && kernel.ModuleLoaded("ublk_drv") {
+		klog.InfoS("loaded the kernel module", "module", "ublk_drv")
 	}
 	// The backend is not closed at exit: its devices outlive the process
 	// and the next plugin adopts them, exactly as after a crash. Closing
@@ -201,18 +226,19 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	// kernel as a crash does.
 	var startup metrics.Startup
 	if fallback != nil {
-		klog.ErrorS(fallback.Err, "ublk does not work on this node; serving volumes with loop devices",
+		klog.ErrorS(fallback.Err, "ublk cannot serve on this node; serving volumes with loop devices",
 			"backend", cfg.backend, "reason", fallback.Reason, "metric", "fastblk_backend_fallback")
 		startup.BackendFallback = fallback.Reason
+		cfg.driver.LoopBecause = fallback.Reason + ": " + fallback.Err.Error()
 	}
 	if err := cfg.peer.check(); err != nil {
 		return err
 	}
 	var peers *peerChannel
 	var api dynamic.Interface
-	if cfg.peer.address != "" || cfg.labelContents || cfg.labelGroups {
+	if cfg.peer.address != "" || cfg.labelContents || cfg.labelGroups || cfg.kubeReport {
 		if api, err = kubeapi.InCluster("plugin"); err != nil {
-			return fmt.Errorf("kubernetes API (for the peer channel and the snapshot labeller): %w", err)
+			return fmt.Errorf("kubernetes API (for the peer channel, the snapshot labeller and --kube-report): %w", err)
 		}
 	}
 	if be.Name() != "loop" {
@@ -221,6 +247,16 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		if lb, err := backend.New("loop", cfg.devices); err == nil {
 			cfg.driver.FormerBackends = []blockdev.Backend{lb}
 		}
+	}
+	if cfg.kubeReport {
+		rep := &nodereport.Reporter{API: api, Driver: cfg.driver.Name, Node: cfg.driver.NodeID}
+		rep.Start(ctx)
+		reason, why := "", ""
+		if fallback != nil {
+			reason, why = fallback.Reason, fallback.Err.Error()
+		}
+		rep.Backend(be.Name(), reason, why)
+		cfg.driver.NoCapacity = rep
 	}
 	if cfg.peer.address != "" {
 		peers = &peerChannel{}
@@ -232,7 +268,10 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if err != nil {
 		return err
 	}
-	logStartup(cfg, st, be)
+	if err := addClasses(drv, classes, down); err != nil {
+		return err
+	}
+	logStartup(cfg, drv, st, be)
 	if err := drv.Reconcile(ctx); err != nil {
 		if cfg.reconcileRetry > 0 {
 			klog.ErrorS(err, "some staged volumes could not be restored; retrying", "every", cfg.reconcileRetry)
@@ -423,12 +462,18 @@ func quarantineCause(q any, path string, startupErrs []error) error {
 	return errors.New("set aside by an earlier start (its cause was logged then)")
 }
 
-func logStartup(cfg *serveConfig, st *store.Store, be blockdev.Backend) {
-	avail, total, err := st.Capacity()
+func logStartup(cfg *serveConfig, drv *driver.Driver, st *store.Store, be blockdev.Backend) {
 	klog.InfoS("csi-fastblk starting", "version", version, "driver", cfg.driver.Name, "nodeID", cfg.driver.NodeID,
-		"kernel", kernel.Release(), "backend", be.Name(), "dataDir", cfg.store.Dir, "reserveBytes", cfg.store.ReserveBytes, "reserveRatio", cfg.store.ReserveRatio,
-		"capacityAvailable", avail, "capacityTotal", total, "capacityErr", err,
-		"volumes", len(st.Volumes()), "snapshots", len(st.Snapshots()))
+		"kernel", kernel.Release(), "backend", be.Name(), "dataDir", cfg.store.Dir, "reserveBytes", cfg.store.ReserveBytes, "reserveRatio", cfg.store.ReserveRatio)
+	for _, c := range drv.ClassStatus() {
+		if c.Unavailable {
+			klog.ErrorS(errors.New(c.Error), "device class unavailable: its volumes are out of service, their files kept, until it is served again",
+				"deviceClass", c.Name, "path", c.Path, "volumes", c.Stranded)
+			continue
+		}
+		klog.InfoS("device class", "deviceClass", c.Name, "path", c.Path, "capacityAvailable", c.CapacityAvailable,
+			"capacityTotal", c.CapacityTotal, "capacityErr", c.Error, "volumes", c.Volumes, "snapshots", c.Snapshots)
+	}
 	if f, ok := be.(interface{ Features() uint64 }); ok {
 		klog.InfoS("ublk driver features", "flags", fmt.Sprintf("%#x", f.Features()))
 	}
@@ -436,7 +481,11 @@ func logStartup(cfg *serveConfig, st *store.Store, be blockdev.Backend) {
 	if r, ok := be.(interface{ StartupErrors() []error }); ok {
 		startupErrs = r.StartupErrors()
 	}
-	for _, q := range []any{st, be} {
+	quarantiners := []any{be}
+	for _, st := range drv.Stores() {
+		quarantiners = append(quarantiners, st)
+	}
+	for _, q := range quarantiners {
 		if q, ok := q.(blockdev.Quarantiner); ok {
 			for _, p := range q.Quarantined() {
 				klog.ErrorS(quarantineCause(q, p, startupErrs),
@@ -447,4 +496,34 @@ func logStartup(cfg *serveConfig, st *store.Store, be blockdev.Backend) {
 	for _, err := range startupErrs {
 		klog.ErrorS(err, "device recovery at start-up")
 	}
+}
+
+// rootRefs are paths on the node's root filesystem, where a device class
+// needs a reserve: / and, in a cluster, the kubelet's plugin registration
+// directory (the kubelet's own filesystem, which its evictions watch).
+func rootRefs(cfg *serveConfig) []string {
+	refs := []string{"/"}
+	if cfg.registration.dir != "" {
+		refs = append(refs, cfg.registration.dir)
+	}
+	return refs
+}
+
+// addClasses gives the driver the device classes: those opened, and those
+// it cannot serve. A class whose name the driver refuses (too long for
+// this node's volume IDs) is one it cannot serve.
+func addClasses(drv *driver.Driver, open []openClass, down []downClass) error {
+	for _, c := range open {
+		if err := drv.AddDeviceClass(c.name, c.st); err != nil {
+			c.st.Close()
+			vols, _ := devclass.Volumes(c.st.Dir())
+			down = append(down, downClass{name: c.name, path: c.st.Dir(), volumes: vols, why: err})
+		}
+	}
+	for _, c := range down {
+		if err := drv.AddUnavailableClass(c.name, c.path, c.volumes, c.why); err != nil {
+			return fmt.Errorf("device class %s: %w", c.name, err)
+		}
+	}
+	return nil
 }

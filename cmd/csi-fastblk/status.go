@@ -193,12 +193,13 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 	}
 	fmt.Fprintf(w, "node %s  driver %s %s  kernel %s  backend %s  %s\n",
 		st.NodeID, st.Driver, st.Version, st.Kernel, st.Backend, health)
-	fmt.Fprintf(w, "capacity %s available of %s  volumes %d  snapshots %d",
-		human(st.CapacityAvailable), human(st.CapacityTotal), len(st.Volumes), st.Snapshots)
+	fmt.Fprintf(w, "volumes %d  snapshots %d", len(st.Volumes), st.Snapshots)
 	if st.PidsHeadroom != nil {
 		fmt.Fprintf(w, "  pids headroom %d", *st.PidsHeadroom)
 	}
 	fmt.Fprintln(w)
+	fmt.Fprintln(w)
+	printClasses(w, st.Classes)
 	if len(st.Quarantined) > 0 {
 		fmt.Fprintf(w, "QUARANTINED: %d unreadable record(s) set aside; their volumes are out of service until restored or removed:\n", len(st.Quarantined))
 		for _, p := range st.Quarantined {
@@ -232,7 +233,7 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "VOLUME\tNAME\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tLIMIT\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
+	fmt.Fprintln(tw, "VOLUME\tNAME\tCLASS\tSIZE\tACCESS\tDEVICE\tBACKEND\tQUEUES\tDEPTH\tMAX-IO\tLIMIT\tSTATE\tREADS\tWRITES\tREAD\tWRITTEN\tIN-FLIGHT")
 	for _, v := range st.Volumes {
 		state, reads, writes, rb, wb, inflight := "detached", "-", "-", "-", "-", "-"
 		if v.Device != "" {
@@ -250,11 +251,46 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 		if v.Tuning.MaxIOBytes > 0 {
 			maxIO = human(int64(v.Tuning.MaxIOBytes))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			v.ID, v.Name, human(v.SizeBytes), dash(v.Access), dash(v.Device), dash(v.Backend),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			v.ID, v.Name, dash(v.Class), human(v.SizeBytes), dash(v.Access), dash(v.Device), dash(v.Backend),
 			v.Tuning.Queues, v.Tuning.QueueDepth, maxIO, limitText(v.Limits), state, reads, writes, rb, wb, inflight)
 	}
 	tw.Flush()
+}
+
+// printClasses is the table of device classes, then, for each class the
+// node cannot serve, why and its volumes out of service.
+func printClasses(w io.Writer, classes []driver.ClassStatus) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CLASS\tPATH\tAVAILABLE\tTOTAL\tFS-FREE\tVOLUMES\tSNAPSHOTS\tSTATE")
+	for _, c := range classes {
+		state := "served"
+		switch {
+		case c.Unavailable:
+			state = "UNAVAILABLE"
+		case c.Error != "":
+			state = "error: " + c.Error
+		}
+		if c.Unavailable {
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t%d\t-\t%s\n", c.Name, c.Path, c.Volumes, state)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", c.Name, c.Path, human(c.CapacityAvailable), human(c.CapacityTotal),
+			human(c.FilesystemFree), c.Volumes, c.Snapshots, state)
+	}
+	tw.Flush()
+	for _, c := range classes {
+		if !c.Unavailable {
+			continue
+		}
+		fmt.Fprintf(w, "UNAVAILABLE device class %s: %s\n", c.Name, c.Error)
+		if len(c.Stranded) > 0 {
+			fmt.Fprintf(w, "  %d volume(s) out of service, their files kept in %s:\n", len(c.Stranded), c.Path)
+			for _, id := range c.Stranded {
+				fmt.Fprintf(w, "    %s\n", id)
+			}
+		}
+	}
 }
 
 // limitText shows rate limits as "5000iops,200.0MiB/s" (one field, as

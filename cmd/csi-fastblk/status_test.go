@@ -2,6 +2,7 @@ package main
 
 import (
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -120,5 +121,44 @@ func TestPrintStatusPulls(t *testing.T) {
 		SizeBytes: 1 << 30, ExpectedBytes: 512 << 20, ReceivedBytes: 128 << 20, Seconds: 3}}})
 	if !strings.Contains(b.String(), "COPYING into v1 (pvc-1) from s1-n1 on node n1: ") {
 		t.Errorf("status does not show the copy:\n%s", b.String())
+	}
+}
+
+// TestPrintStatusClasses proves status lists every device class and each
+// volume's, and names a class the node cannot serve with why and the
+// volumes it keeps out of service.
+func TestPrintStatusClasses(t *testing.T) {
+	vols := slices.Clone(statusVolumes)
+	vols[0].Class, vols[1].Class = "default", "nvme"
+	st := driver.NodeStatus{Volumes: vols, Classes: []driver.ClassStatus{
+		{Name: "default", Path: "/var/lib/csi-fastblk", CapacityAvailable: 10 << 30, CapacityTotal: 20 << 30, Volumes: 1},
+		{Name: "nvme", Path: "/mnt/fastblk/nvme", CapacityAvailable: 1 << 30, CapacityTotal: 2 << 30, Volumes: 1, Snapshots: 3},
+		{Name: "old", Path: "/mnt/old", Unavailable: true, Error: "removed from the configuration while 1 of its volumes are in /mnt/old",
+			Stranded: []string{"v0123.old.n1"}},
+	}}
+	if got := statusColumn(t, st, "CLASS"); !maps.Equal(got, map[string]string{"vublk": "default", "vloop": "nvme", "vdet": "-"}) {
+		t.Errorf("CLASS per volume %v", got)
+	}
+	var b strings.Builder
+	printStatus(&b, st)
+	rows := map[string]string{}
+	for _, l := range strings.Split(b.String(), "\n") {
+		if f := strings.Fields(l); len(f) > 0 {
+			rows[f[0]] = strings.Join(f, " ")
+		}
+	}
+	for class, want := range map[string]string{
+		"nvme": "nvme /mnt/fastblk/nvme 1.0GiB 2.0GiB 0B 1 3 served",
+		"old":  "old /mnt/old - - - 0 - UNAVAILABLE",
+	} {
+		if rows[class] != want {
+			t.Errorf("class row %q, want %q:\n%s", rows[class], want, b.String())
+		}
+	}
+	for _, want := range []string{"UNAVAILABLE device class old: removed from the configuration",
+		"  1 volume(s) out of service, their files kept in /mnt/old:\n    v0123.old.n1\n"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, b.String())
+		}
 	}
 }

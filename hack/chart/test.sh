@@ -33,6 +33,7 @@ declare -A sets=(
 	[distributed-in-cluster]="--set snapshotController.distributedInCluster=true --api-versions snapshot.storage.k8s.io/v1"
 	[node-groups]="--set nodeGroups[0].name=nvme,nodeGroups[0].nodeSelector.disk=nvme,nodeGroups[0].dataDir=/mnt/fastblk,nodeGroups[0].reserve=10Gi"
 	[admission]="--set namespace.create=true,namespace.name=fastblk-system,priorityClass.create=true"
+	[device-classes]="--set deviceClasses[0].name=nvme,deviceClasses[0].path=/mnt/fastblk/nvme,deviceClasses[0].reserve=5%,deviceClasses[1].name=hdd,deviceClasses[1].path=/srv/hdd/fastblk,storageClass.deviceClass=nvme"
 	[classes]="--set storageClasses[0].name=fastblk-xfs,storageClasses[0].fsType=xfs,storageClasses[1].name=capped,storageClasses[1].maxIOPS=1000,storageClasses[2].name=thick,storageClasses[2].preallocation=falloc"
 	[monitoring]="--set metrics.monitor.enabled=true --set metrics.prometheusRule.enabled=true --set metrics.dashboard.enabled=true"
 	[snapshot-metadata]="--set snapshotMetadata.enabled=true --set snapshotMetadata.service.clusterIP=10.96.0.53 --api-versions cbt.storage.k8s.io/v1beta1"

@@ -40,7 +40,7 @@ LOGS=$K8S_WORK/logs
 # creates are listed in $K8S_WORK/created and removed by down.
 # /lib/modules is a hostPath of the chart (DirectoryOrCreate), absent on some
 # machines: made here so that kubelet does not leave it behind.
-HOST_DIRS=(/run/netns /lib/modules /var/lib/kubelet /var/lib/csi-fastblk /dev/fastblk /etc/cni/net.d /var/lib/cni
+HOST_DIRS=(/run/netns /lib/modules /var/lib/kubelet /var/lib/csi-fastblk /var/lib/fastblk-classes /dev/fastblk /etc/cni/net.d /var/lib/cni
 	/var/lib/containerd /run/containerd /var/log/pods /var/log/containers)
 
 node_ip() { echo "$NET.$((10 + ${1#n}))"; }
@@ -416,19 +416,43 @@ loop_devices() {
 	return 0
 }
 
+# disk_numbers prints the MAJ:MIN of each loop device over a file under
+# $K8S_WORK (the nodes' device-class disks, and any volume device left).
+disk_numbers() {
+	local d
+	d=$(loop_devices)
+	[[ -z $d ]] || losetup -l -n -O MAJ:MIN $d 2>/dev/null | tr -d ' '
+}
+
+# class_loop_devices prints loop devices whose backing file is on a
+# device-class disk of a node (node.sh: a loop device over an image under
+# $K8S_WORK): the plugin's devices of those classes' volumes.
+class_loop_devices() {
+	local disks name majmin
+	disks=$(disk_numbers)
+	[[ -n $disks ]] || return 0
+	while read -r name majmin; do
+		grep -qx "$majmin" <<<"$disks" && echo "$name"
+	done < <(losetup -l -n -O NAME,BACK-MAJ:MIN 2>/dev/null)
+	return 0
+}
+
 # stale_loop_devices prints loop devices attached since up to a deleted
 # volume file of a node: the kernel shows such a file as
-# /volumes/<id>.img (deleted), relative to the nodes' data directory mount,
-# on the filesystem of $K8S_WORK. The plugin deleted the file and left the
-# device attached.
+# /volumes/<id>.img (deleted), relative to the nodes' data directory (or
+# device class) mount, on the filesystem of $K8S_WORK or of a device-class
+# disk. The plugin deleted the file and left the device attached.
 stale_loop_devices() {
-	local dev name majmin file
-	dev=$(stat -c %d "$K8S_WORK")
+	local devs name majmin file disk
+	devs=" $(stat -c %d "$K8S_WORK") "
+	for disk in $(disk_numbers); do
+		devs+="$(((${disk%%:*} << 8) | (${disk##*:} & 0xff) | ((${disk##*:} & ~0xff) << 12))) "
+	done
 	while read -r name majmin file; do
 		[[ $file =~ ^/volumes/v[0-9a-f]+\.img\ \(deleted\)$ ]] || continue
 		grep -qx "$name" "$K8S_WORK/loop.before" 2>/dev/null && continue
 		local maj=${majmin%%:*} min=${majmin##*:}
-		(((maj << 8 | (min & 0xff) | (min & ~0xff) << 12) == dev)) && echo "$name"
+		[[ $devs == *" $(((maj << 8) | (min & 0xff) | ((min & ~0xff) << 12))) "* ]] && echo "$name"
 	done < <(losetup -l -n -O NAME,BACK-MAJ:MIN,BACK-FILE 2>/dev/null)
 	return 0
 }
@@ -458,7 +482,12 @@ down() {
 	kill_pids TERM "${pids[@]}"
 	mapfile -t pids < <(our_pids)
 	kill_pids KILL "${pids[@]}"
-	# 3. loop devices the plugins left attached to the nodes' volume files.
+	# 3. loop devices the plugins left attached to the nodes' volume files
+	#    (those on the device-class disks first, which keep their disks busy).
+	for d in $(class_loop_devices); do
+		log "detaching $d (a volume file on a device-class disk)"
+		losetup -d "$d" || true
+	done
 	for d in $(loop_devices); do
 		log "detaching $d (backing file under $K8S_WORK)"
 		losetup -d "$d" || true

@@ -55,7 +55,7 @@ plugin_image() {
 tests() {
 	local rc=0 log=$K8S_WORK/logs/go-test.log
 	go test -c -o "$K8S_WORK/k8s.test" ./test/k8s/
-	(cd test/k8s && FASTBLK_K8S=$ROOT/hack/k8s/cluster.sh K8S_WORK=$K8S_WORK \
+	(cd test/k8s && FASTBLK_K8S=$ROOT/hack/k8s/cluster.sh K8S_WORK=$K8S_WORK FASTBLK_PROMTOOL=$K8S_BIN/promtool \
 		"$K8S_WORK/k8s.test" -test.v -test.timeout 40m ${E2E_K8S_RUN:+-test.run "$E2E_K8S_RUN"}) >"$log" 2>&1 || rc=$?
 	grep -E '^\s*--- (PASS|FAIL|SKIP)' "$log" >"$K8S_WORK/logs/go-test.summary" || true
 	((rc == 0)) || grep -E '^\s+\S+_test.go:[0-9]+:' "$log" | tail -n 40 >&2 || true

@@ -7,7 +7,8 @@
 #   3. kube-apiserver, kube-controller-manager, kube-scheduler, kubelet,
 #      kube-proxy and kubectl from the k8s.io/kubernetes Go module through a
 #      wrapper module that replaces the staging modules by their releases;
-#   4. helm as hack/chart builds it;
+#   4. helm as hack/chart builds it, and promtool from Debian's prometheus
+#      package (the tests evaluate the chart's alerts with it);
 #   5. the CSI sidecars from their Go modules: csi-provisioner, csi-snapshotter,
 #      snapshot-controller and csi-snapshot-metadata at the chart's versions,
 #      csi-resizer at $RESIZER_TAG (lib.sh: the newest release the module
@@ -414,6 +415,24 @@ test_images() {
 	rm -rf "$root"
 }
 
+# promtool is Prometheus' rule checker, from the machine's Debian release's
+# prometheus package (unpacked into the cache; nothing is installed): the
+# cluster tests evaluate the chart's alert expressions with it against the
+# plugins' real metrics (test/k8s TestBackendInPlainSight).
+promtool() {
+	local dir=$K8S_CACHE/src/prometheus deb
+	[[ -x $K8S_BIN/promtool ]] && return 0
+	log "fetching promtool (Debian's prometheus package)"
+	mkdir -p "$dir" && rm -rf "${dir:?}"/*
+	(cd "$dir" && { apt-get download -qq -o APT::Sandbox::User=root prometheus 2>/dev/null ||
+		{ apt-get update -qq && apt-get download -qq -o APT::Sandbox::User=root prometheus; }; })
+	deb=$(ls -t "$dir"/prometheus_*.deb | head -n1)
+	dpkg-deb -x "$deb" "$dir/root"
+	install -m 0755 "$dir/root/usr/bin/promtool" "$K8S_BIN/promtool"
+	rm -rf "$dir"
+	"$K8S_BIN/promtool" --version >/dev/null || die "promtool from $deb does not run"
+}
+
 # helm builds the pinned helm exactly as hack/chart does (its own cache).
 helm() {
 	(
@@ -430,7 +449,7 @@ helm() {
 # results cached.
 main() {
 	local steps=("$@") t0=$SECONDS
-	((${#steps[@]})) || steps=(packages etcd kube helm sidecars images e2e test_images)
+	((${#steps[@]})) || steps=(packages etcd kube helm promtool sidecars images e2e test_images)
 	exec 9>"$K8S_CACHE/install.lock"
 	if ! flock -n 9; then
 		log "waiting for the install already running (make test's prebuild logs to $PREBUILD_LOG)"

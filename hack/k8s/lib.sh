@@ -24,6 +24,11 @@ PREBUILD_PID="$K8S_CACHE/prebuild.pid"
 RESIZER_TAG=v1.14.0
 RESIZER_ARGS=--feature-gates=VolumeAttributesClass=true
 
+# Each node's two device-class disks (node.sh): sparse images of this size,
+# one xfs (its least size is 300 MB) and one ext4, at
+# /var/lib/fastblk-classes/{xfs,ext4} in the node's mount namespace.
+CLASS_DISK_SIZE=512M
+
 log() { printf '%s %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 

@@ -4,8 +4,8 @@
 #   nsenter --net=/run/netns/<ns> unshare -m --propagation private node.sh NODE
 # It bind-mounts the node's directories of $K8S_WORK/<node> over the usual
 # host paths (so the chart's kubeletDir and dataDir defaults are this node's
-# own), starts the node's containerd, imports the images, then starts kubelet
-# and kube-proxy, and waits. Killing it (and what it started) ends the node;
+# own), mounts two device classes' disks, starts the node's containerd,
+# imports the images, then starts kubelet and kube-proxy, and waits. Killing it (and what it started) ends the node;
 # its mount namespace, and every mount in it, goes with the last process.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -38,6 +38,7 @@ fi
 binds=(
 	/var/lib/kubelet:kubelet
 	/var/lib/csi-fastblk:data
+	/var/lib/fastblk-classes:classes
 	/dev/fastblk:dev-fastblk
 	/etc/cni/net.d:cni-conf
 	/var/lib/cni:cni-state
@@ -52,6 +53,26 @@ for b in "${binds[@]}"; do
 	mount --bind "$dir/${b#*:}" "${b%%:*}"
 done
 mount --make-shared /var/lib/kubelet
+# Two device classes' disks (test/k8s TestDeviceClasses): an xfs and an
+# ext4 filesystem on loop devices over sparse images in the node's
+# directory (disks/), mounted in this mount namespace only, below
+# /var/lib/fastblk-classes. mount -o loop sets the devices to clear
+# themselves when the namespace's last process ends and unmounts them. The
+# chart mounts their parent with HostToContainer propagation, which needs
+# a shared (or slave) mount.
+mkdir -p "$dir/disks"
+for fs in xfs ext4; do
+	img=$dir/disks/$fs.img
+	rm -f "$img"
+	truncate -s "$CLASS_DISK_SIZE" "$img"
+	case $fs in
+	xfs) mkfs.xfs -q -f "$img" ;;
+	ext4) mkfs.ext4 -q -F -E lazy_itable_init=1,lazy_journal_init=1 "$img" ;;
+	esac
+	mkdir -p "/var/lib/fastblk-classes/$fs"
+	mount -o loop "$img" "/var/lib/fastblk-classes/$fs"
+done
+mount --make-shared /var/lib/fastblk-classes
 # Kubelet sets these kernel-wide sysctls to its preferred values at start
 # (vm.overcommit_memory=1, kernel.panic_on_oops=1, ...) and fails when it
 # cannot; the host's must not change. In this mount namespace each one that

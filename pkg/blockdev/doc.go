@@ -13,6 +13,8 @@
 //
 //	store       volumes and snapshots under the data directory: records,
 //	            capacity, the directory's lock; crash-safe (owner, filecopy)
+//	devclass    the node's device classes: the checks of a class's
+//	            directory before its store opens it, and the classes served
 //	backend     Backend selection and the ublk and loop adapters
 //	            (backendtest: the conformance suite both run)
 //	quiesce     holding a volume in use steady for a copy: the policy,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/backend"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/devclass"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
 )
 
@@ -119,10 +120,14 @@ func checkParams(p map[string]string) error {
 			if r, err := ParseBandwidth(v); err != nil || (r != 0 && r < minTransferRate) {
 				return fmt.Errorf("parameter %s=%q: want bytes per second, at least 1Mi, or 0 for no bound (e.g. 200Mi)", k, v)
 			}
+		case ParamDeviceClass:
+			if err := devclass.CheckName(v); err != nil {
+				return fmt.Errorf("parameter %s: %w", k, err)
+			}
 		case ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth, ParamPreallocation:
 		default:
 			if !strings.HasPrefix(k, paramCSIPrefix) {
-				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s, %s, %s, %s, %s, %s)", k, ParamFsType,
+				return fmt.Errorf("unknown parameter %q (known: %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", k, ParamFsType, ParamDeviceClass,
 					ParamQueues, ParamQueueDepth, ParamMaxIOSize, ParamMaxIOPS, ParamMaxBandwidth, ParamPreallocation, ParamTransferRate, ParamCrossNodeSource)
 			}
 		}

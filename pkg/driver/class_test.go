@@ -68,7 +68,7 @@ func TestClaimMetadataKept(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := resp.GetVolume().GetVolumeId()
-	n.d.store.Close()
+	n.d.store.def.Close()
 	store, err := store.Open(store.Config{Dir: filepath.Join(dir, "data")})
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +82,7 @@ func TestClaimMetadataKept(t *testing.T) {
 	if ns, name := v.Claim(); ns != "shop" || name != "data" {
 		t.Errorf("reopened record: claim %s/%s, want shop/data", ns, name)
 	}
-	n.d.store = store
+	n.d.store = &classes{def: store}
 	st, err := n.d.Status(ctx)
 	if err != nil {
 		t.Fatal(err)

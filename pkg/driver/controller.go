@@ -145,32 +145,51 @@ func (s *Controller) volumeSpec(req *csi.CreateVolumeRequest) (store.VolumeSpec,
 		return spec, invalid("%v", err)
 	}
 	if src := req.GetVolumeContentSource(); src != nil {
+		kind, id := "snapshot", src.GetSnapshot().GetSnapshotId()
 		switch {
-		// A source on another node is pulled from there over the peer
-		// channel (pull.go); without the channel, ResourceExhausted.
 		case src.GetSnapshot() != nil:
-			if src.GetSnapshot().GetSnapshotId() == "" {
-				return spec, invalid("snapshot source has no ID")
-			}
-			id, err := s.d.localID(src.GetSnapshot().GetSnapshotId(), "snapshot", codes.ResourceExhausted)
-			if err != nil {
-				return spec, s.d.remoteSource(&spec, "snapshot", src.GetSnapshot().GetSnapshotId())
-			}
-			spec.SourceSnapshotID = id
 		case src.GetVolume() != nil:
-			if src.GetVolume().GetVolumeId() == "" {
-				return spec, invalid("volume source has no ID")
-			}
-			id, err := s.d.localID(src.GetVolume().GetVolumeId(), "volume", codes.ResourceExhausted)
-			if err != nil {
-				return spec, s.d.remoteSource(&spec, "volume", src.GetVolume().GetVolumeId())
-			}
-			spec.SourceVolumeID = id
+			kind, id = "volume", src.GetVolume().GetVolumeId()
 		default:
 			return spec, invalid("unsupported volume content source")
 		}
+		if id == "" {
+			return spec, invalid("%s source has no ID", kind)
+		}
+		if err := sameClass(kind, id, spec.Params); err != nil {
+			return spec, err
+		}
+		// A source on another node is pulled from there over the peer
+		// channel (pull.go); without the channel, ResourceExhausted.
+		if _, tag := splitID(id); tag != "" && tag != s.d.tag {
+			return spec, s.d.remoteSource(&spec, kind, id)
+		}
+		storeID, err := s.d.localID(id, kind, codes.NotFound)
+		if err != nil {
+			return spec, err
+		}
+		if kind == "snapshot" {
+			spec.SourceSnapshotID = storeID
+		} else {
+			spec.SourceVolumeID = storeID
+		}
 	}
 	return spec, nil
+}
+
+// sameClass refuses a restore or clone into another device class than its
+// source's. Within a class it is a reflink where the filesystem can (the
+// same disk), or a copy on that disk; across classes it would always be a
+// full copy from one disk to another, of any length, inside the
+// provisioner's call, holding a volume in use frozen for it: a choice the
+// StorageClass should make visibly, with a class of the source's.
+func sameClass(kind, id string, params map[string]string) error {
+	_, from, _ := parseID(id)
+	if to := className(params); from != to {
+		return invalid("%s %s is in device class %s and the StorageClass asks for device class %s: a restore or clone stays in its source's class "+
+			"(it shares the source's disk); use a StorageClass with %s: %q", kind, id, from, to, ParamDeviceClass, from)
+	}
+	return nil
 }
 
 // sizeFor turns a capacity range into a size: the required bytes (or the
@@ -242,7 +261,9 @@ func (d *Driver) csiVolume(v blockdev.Volume, src *csi.VolumeContentSource) *csi
 	if src == nil {
 		srcID := d.publicID
 		if v.SourceNode != "" {
-			srcID = func(id string) string { return id + "-" + v.SourceNode }
+			// Its source's class is its own (sameClass).
+			_, class := d.store.of(v.ID)
+			srcID = func(id string) string { return formatID(id, class, v.SourceNode) }
 		}
 		switch {
 		case v.SourceSnapshotID != "":
@@ -353,18 +374,29 @@ func (s *Controller) GetCapacity(ctx context.Context, req *csi.GetCapacityReques
 		}
 	}
 	// Capacity is per StorageClass (the provisioner passes the class's
-	// parameters): a class this node would refuse at CreateVolume, for
-	// example one with rate limits on a loop-backend node, gets none, so
-	// the scheduler places its volumes on nodes that can serve them.
-	if err := s.d.checkClass(req.GetParameters()); err != nil {
-		klog.V(4).InfoS("no capacity for the class", "parameters", req.GetParameters(), "reason", err)
+	// parameters) and comes from its device class's store: a class this
+	// node would refuse at CreateVolume, for example one with rate
+	// limits on a loop-backend node or a device class it lacks, gets
+	// none, so the scheduler places its volumes on nodes that can serve
+	// them; why is told to the cluster (Config.NoCapacity).
+	var st *store.Store
+	err := s.d.checkClass(req.GetParameters())
+	if err == nil {
+		st, err = s.d.store.get(className(req.GetParameters()))
+	}
+	if err != nil {
+		why := status.Convert(err).Message()
+		klog.V(4).InfoS("no capacity for the class", "parameters", req.GetParameters(), "reason", why)
+		if s.d.cfg.NoCapacity != nil {
+			s.d.cfg.NoCapacity.NoCapacity(req.GetParameters(), why)
+		}
 		return &csi.GetCapacityResponse{}, nil
 	}
-	avail, _, err := s.d.store.Capacity()
+	avail, _, err := st.Capacity()
 	if p, _ := preallocationFromParams(req.GetParameters()); p != blockdev.PreallocOff && err == nil {
 		// Never over-provisioned: a preallocated volume takes its
 		// blocks when it is made.
-		avail, err = s.d.store.PreallocatedCapacity()
+		avail, err = st.PreallocatedCapacity()
 	}
 	if err != nil {
 		return nil, toStatus(fmt.Errorf("capacity: %w", err))

@@ -56,6 +56,13 @@ type Config struct {
 	// (serve passes the loop backend when it runs ublk): such a volume
 	// keeps its device until it is unstaged (deviceBackend).
 	FormerBackends []blockdev.Backend
+	// NoCapacity is told why GetCapacity gives a StorageClass no
+	// capacity on this node (nil: only the log at -v=4 says).
+	NoCapacity NoCapacityReporter
+	// LoopBecause says why the node serves loop devices where ublk was
+	// asked for (--backend auto fell back), for the messages of what
+	// only ublk can do ("": it did not fall back).
+	LoopBecause string
 	// CopyBudget is the share of an in-use volume's IOPS this node's
 	// background copies (restores, clones, streams to and from peers)
 	// may cost it (pacing.go): 0 for copypace.DefaultBudget, negative
@@ -63,12 +70,20 @@ type Config struct {
 	CopyBudget float64
 }
 
+// NoCapacityReporter is told, by GetCapacity, why this node gives the
+// StorageClass of params no capacity, so that users see it where they
+// look: the scheduler only says that no node had enough free storage.
+// It must not block.
+type NoCapacityReporter interface {
+	NoCapacity(params map[string]string, why string)
+}
+
 var driverNameRE = regexp.MustCompile(`^[a-zA-Z][A-Za-z0-9-._]{0,61}[a-zA-Z]$`)
 
 // Driver implements the three CSI services. Create it with New.
 type Driver struct {
 	cfg     Config
-	store   *store.Store
+	store   *classes // the device classes' stores (classes.go)
 	backend blockdev.Backend
 	mounter *mount.SafeFormatAndMount
 	exec    utilexec.Interface
@@ -106,7 +121,7 @@ func New(cfg Config, store *store.Store, backend blockdev.Backend) (*Driver, err
 	ex := utilexec.New()
 	d := &Driver{
 		cfg:     cfg,
-		store:   store,
+		store:   &classes{def: store},
 		backend: backend,
 		mounter: &mount.SafeFormatAndMount{Interface: mount.New(""), Exec: ex},
 		exec:    ex,
@@ -239,8 +254,12 @@ func (d *Driver) checkLimits(v blockdev.Volume) error {
 		return err
 	}
 	if !lim.IsZero() && d.limitSetter() == nil {
-		return fmt.Errorf("rate limits (%s, %s) need the ublk backend; this node serves volumes with %s",
-			ParamMaxIOPS, ParamMaxBandwidth, d.backend.Name())
+		why := ""
+		if d.cfg.LoopBecause != "" {
+			why = " (" + d.cfg.LoopBecause + ")"
+		}
+		return fmt.Errorf("rate limits (%s, %s) need the ublk backend; this node serves volumes with %s%s",
+			ParamMaxIOPS, ParamMaxBandwidth, d.backend.Name(), why)
 	}
 	return nil
 }

@@ -215,7 +215,7 @@ func TestAttachRequestTuning(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d := &Driver{cfg: Config{Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 64, MaxIOBytes: 128 << 10}}, store: store}
+	d := &Driver{cfg: Config{Tuning: blockdev.Tuning{Queues: 2, QueueDepth: 64, MaxIOBytes: 128 << 10}}, store: &classes{def: store}}
 	v := blockdev.Volume{ID: blockdev.VolumeID("pvc-tuned"), SizeBytes: 1 << 30,
 		Params: map[string]string{ParamQueueDepth: "16", ParamMaxIOSize: "1Mi"}}
 	req := d.attachRequest(v)

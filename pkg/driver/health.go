@@ -19,6 +19,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/mountinfo"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // Volume and storage health (CSI v1.13 alpha RPCs). Every check reads real
@@ -55,6 +56,7 @@ const (
 	reasonDataDirRO       = "DataDirReadOnly"
 	reasonDataDirNoWrite  = "DataDirNotWritable"
 	reasonLowSpace        = "LowSpace"
+	reasonClassDown       = "DeviceClassUnavailable"
 )
 
 const (
@@ -349,25 +351,43 @@ func storageHealth(f storageFacts) []*storageEntry {
 	return out
 }
 
-func (d *Driver) storageFacts(ctx context.Context) storageFacts {
-	f := storageFacts{dir: d.store.Dir(), backend: d.backend.Name()}
+// storageFacts gathers what the node sees of the data directory dir and,
+// with list, of the backend.
+func (d *Driver) storageFacts(ctx context.Context, dir string, list bool) storageFacts {
+	f := storageFacts{dir: dir, backend: d.backend.Name()}
 	f.stats, f.statErr = fsstat.Stat(f.dir)
 	if f.statErr == nil && !f.stats.ReadOnly {
 		f.probeErr = fsstat.ProbeWrite(f.dir)
 	}
-	_, f.listErr = d.backend.List(ctx)
+	if list {
+		_, f.listErr = d.backend.List(ctx)
+	}
 	return f
 }
 
+// NodeGetStorageHealth judges every device class's directory, the backend
+// once, and names each class the node cannot serve.
 func (s *Node) NodeGetStorageHealth(ctx context.Context, _ *csi.NodeGetStorageHealthRequest) (*csi.NodeGetStorageHealthResponse, error) {
-	return &csi.NodeGetStorageHealthResponse{BackendHealth: storageHealth(s.d.storageFacts(ctx))}, nil
+	var out []*storageEntry
+	first := true
+	s.d.store.each(func(_ string, st *store.Store) {
+		out = append(out, storageHealth(s.d.storageFacts(ctx, st.Dir(), first))...)
+		first = false
+	})
+	for _, name := range slices.Sorted(maps.Keys(s.d.store.down)) {
+		dc := s.d.store.down[name]
+		out = append(out, storEntry(unreachable, reasonClassDown, "device class %s (%s) cannot be served: %v; %d volumes out of service",
+			name, dc.path, dc.why, len(dc.volumes)))
+	}
+	return &csi.NodeGetStorageHealthResponse{BackendHealth: out}, nil
 }
 
 func (s *Node) NodeGetVolumeHealth(ctx context.Context, req *csi.NodeGetVolumeHealthRequest) (*csi.NodeGetVolumeHealthResponse, error) {
-	id, staging, target := storeVolumeID(req.GetVolumeId()), req.GetStagingTargetPath(), req.GetVolumePublishPath()
-	if id == "" {
-		return nil, invalid("volume ID is missing")
+	id, err := s.d.nodeVolumeID(req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
+	staging, target := req.GetStagingTargetPath(), req.GetVolumePublishPath()
 	for _, p := range []string{staging, target} {
 		if err := checkPaths(p); p != "" && err != nil {
 			return nil, err

@@ -54,9 +54,11 @@ func (s *Identity) Probe(ctx context.Context, _ *csi.ProbeRequest) (*csi.ProbeRe
 // Healthy checks what the plugin needs to serve: free capacity can be read
 // from the data directory, the backend can list its devices, and none of
 // them holds its I/O for a failure the backend did not heal
-// (blockdev.HealthReporter).
+// (blockdev.HealthReporter). The other device classes' directories do not
+// count: a restart would not mend one, and the plugin serves the others
+// (status and storage health tell).
 func (d *Driver) Healthy(ctx context.Context) error {
-	if _, _, err := d.store.Capacity(); err != nil {
+	if _, _, err := d.store.def.Capacity(); err != nil {
 		return &healthError{part: "data directory", err: err}
 	}
 	if _, err := d.backend.List(ctx); err != nil {

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/devclass"
 )
 
 // Volume and snapshot IDs as Kubernetes sees them name the node that holds
@@ -26,6 +27,13 @@ import (
 // back to the scheduler) or answer "on node X" rather than NotFound, and
 // keep NotFound for what exists nowhere. IDs
 // without a tag (volumes made before tags) are looked up here as they are.
+//
+// The objects of a named device class (classes.go) carry the class
+// between the store's ID and the tag, set off by dots, so that every later
+// call, and a restarted plugin, knows the class from the ID alone:
+// "v0123…ef.nvme.worker-3". The default class's keep the shape above, so
+// volumes made before classes keep their IDs. A class name has no dot and
+// a tag may have some: the first two dots end the store's ID and the class.
 const (
 	storeIDLen  = 33 // blockdev's IDs: a kind letter and 32 hex digits
 	maxIDLen    = 128
@@ -42,12 +50,28 @@ func nodeTag(nodeID string) string {
 	return "#" + hex.EncodeToString(sum[:(hashTagLen-1)/2])
 }
 
-// publicID is the CSI ID of this node's store object id ("" stays "").
+// publicID is the CSI ID of this node's store object id ("" stays ""), in
+// the class that holds it.
 func (d *Driver) publicID(id string) string {
-	if id == "" {
+	_, class := d.store.of(id)
+	return d.publicIDIn(id, class)
+}
+
+// publicIDIn is the CSI ID of this node's store object id of class.
+func (d *Driver) publicIDIn(id, class string) string {
+	return formatID(id, class, d.tag)
+}
+
+// formatID is the CSI ID of the store object id of class on the node
+// tagged tag ("" stays "").
+func formatID(id, class, tag string) string {
+	switch {
+	case id == "":
 		return ""
+	case class == "" || class == devclass.Default:
+		return id + "-" + tag
 	}
-	return id + "-" + d.tag
+	return id + "." + class + "." + tag
 }
 
 // HoldsSnapshot reports whether the snapshot of CSI ID id is this node's:
@@ -88,22 +112,59 @@ func (d *Driver) HoldsGroupSnapshot(id string) bool {
 // splitID splits a CSI ID into the store's ID and the node tag ("" for an
 // ID without one, or one that is not ours: the store answers NotFound).
 func splitID(id string) (storeID, tag string) {
-	if len(id) <= storeIDLen+1 || id[storeIDLen] != '-' || !blockdev.ValidID(id[:storeIDLen]) {
-		return id, ""
+	storeID, _, tag = parseID(id)
+	return storeID, tag
+}
+
+// parseID splits a CSI ID into the store's ID, the device class (the
+// default's for an ID without one) and the node tag.
+func parseID(id string) (storeID, class, tag string) {
+	if len(id) <= storeIDLen+1 || !blockdev.ValidID(id[:storeIDLen]) {
+		return id, devclass.Default, ""
 	}
-	return id[:storeIDLen], id[storeIDLen+1:]
+	switch rest := id[storeIDLen+1:]; id[storeIDLen] {
+	case '-':
+		return id[:storeIDLen], devclass.Default, rest
+	case '.':
+		class, tag, ok := strings.Cut(rest, ".")
+		if ok && tag != "" && devclass.CheckName(class) == nil {
+			return id[:storeIDLen], class, tag
+		}
+	}
+	return id, devclass.Default, ""
 }
 
 // localID maps a CSI ID to this node's store ID. An ID tagged with another
 // node gives a status with code and a message that names that node (or its
-// tag) and how to reach it: what the caller should do differs per RPC.
+// tag) and how to reach it: what the caller should do differs per RPC. An
+// ID of this node's of a device class it cannot serve gives
+// FailedPrecondition (classAvailable).
 func (d *Driver) localID(id, kind string, code codes.Code) (string, error) {
 	storeID, tag := splitID(id)
-	if tag == "" || tag == d.tag {
-		return storeID, nil
+	if tag != "" && tag != d.tag {
+		return "", status.Errorf(code, "%s %s lives on %s, not on node %s: node-local %ss are only served by the plugin on their own node",
+			kind, id, tagNode(tag), d.cfg.NodeID, kind)
 	}
-	return "", status.Errorf(code, "%s %s lives on %s, not on node %s: node-local %ss are only served by the plugin on their own node",
-		kind, id, tagNode(tag), d.cfg.NodeID, kind)
+	if err := d.classAvailable(kind, id); err != nil {
+		return "", err
+	}
+	return storeID, nil
+}
+
+// classAvailable refuses, with FailedPrecondition, a CSI ID of this node's
+// (or untagged) of a device class this node does not serve: its objects
+// are not found here, but that does not make them gone (a DeleteVolume
+// must not succeed for them), and the message says what is wrong with the
+// class. Another node's IDs are that node's to judge.
+func (d *Driver) classAvailable(kind, id string) error {
+	_, class, tag := parseID(id)
+	if tag != "" && tag != d.tag {
+		return nil
+	}
+	if _, err := d.store.get(class); err != nil {
+		return status.Errorf(codes.FailedPrecondition, "%s %s: %s", kind, id, status.Convert(err).Message())
+	}
+	return nil
 }
 
 // tagNode names the node of a tag for messages.
@@ -129,11 +190,17 @@ func (d *Driver) sourceElsewhere(kind, id string) error {
 		kind, id, tagNode(tag), d.cfg.NodeID, kind, hint)
 }
 
-// storeVolumeID is the store's ID of a volume in a node RPC. Kubelet only
+// nodeVolumeID is the store's ID of a volume in a node RPC. Kubelet only
 // asks the plugin of the node a volume's PV is pinned to, so the tag is not
 // checked (NodeUnpublishVolume must also work for a volume the store no
-// longer knows).
-func storeVolumeID(id string) string {
+// longer knows); the class is (classAvailable).
+func (d *Driver) nodeVolumeID(id string) (string, error) {
+	if id == "" {
+		return "", invalid("volume ID is missing")
+	}
+	if err := d.classAvailable("volume", id); err != nil {
+		return "", err
+	}
 	storeID, _ := splitID(id)
-	return storeID
+	return storeID, nil
 }

@@ -108,7 +108,7 @@ func snapshotSource(id string) *csi.VolumeContentSource {
 // and every tagged ID stays within the CSI limit and splits back.
 func TestNodeTags(t *testing.T) {
 	for _, node := range []string{"n1", "worker-3.example.com", strings.Repeat("a", maxNodeInID), strings.Repeat("b", maxNodeInID+1), strings.Repeat("c", 253)} {
-		d := &Driver{cfg: Config{NodeID: node}, tag: nodeTag(node)}
+		d := &Driver{cfg: Config{NodeID: node}, tag: nodeTag(node), store: &classes{}}
 		for _, storeID := range []string{blockdev.VolumeID("pvc-1"), blockdev.SnapshotID("snap-1")} {
 			id := d.publicID(storeID)
 			if len(id) > maxIDLen {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // fullBelow is the free space of the data directory under which
@@ -20,7 +21,7 @@ const fullBelow = 1 << 20
 // ioWatch is what WatchIOErrors remembers between two looks.
 type ioWatch struct {
 	errors map[string]uint64 // volume ID -> errors counted so far
-	full   bool              // the data directory had no free block
+	full   map[string]bool   // device class -> its directory had no free block
 }
 
 // WatchIOErrors looks every interval, until ctx ends, for what makes I/O
@@ -33,7 +34,7 @@ type ioWatch struct {
 func (d *Driver) WatchIOErrors(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	w := ioWatch{errors: map[string]uint64{}}
+	w := ioWatch{errors: map[string]uint64{}, full: map[string]bool{}}
 	for {
 		d.lookForIOErrors(&w)
 		select {
@@ -46,18 +47,22 @@ func (d *Driver) WatchIOErrors(ctx context.Context, interval time.Duration) {
 
 // lookForIOErrors is one look of WatchIOErrors.
 func (d *Driver) lookForIOErrors(w *ioWatch) {
-	if st, err := fsstat.Stat(d.store.Dir()); err == nil {
+	d.store.each(func(class string, s *store.Store) {
+		st, err := fsstat.Stat(s.Dir())
+		if err != nil {
+			return
+		}
 		full := st.AvailableBytes < fullBelow
 		switch {
-		case full && !w.full:
+		case full && !w.full[class]:
 			klog.ErrorS(nil, "the data directory is full: writes into unallocated parts of volumes, and overwrites of blocks they share with "+
 				"snapshots or clones, fail with ENOSPC until space is freed",
-				"availableBytes", st.AvailableBytes, "totalBytes", st.TotalBytes)
-		case !full && w.full:
-			klog.InfoS("the data directory has free space again", "availableBytes", st.AvailableBytes)
+				"deviceClass", class, "dataDir", s.Dir(), "availableBytes", st.AvailableBytes, "totalBytes", st.TotalBytes)
+		case !full && w.full[class]:
+			klog.InfoS("the data directory has free space again", "deviceClass", class, "availableBytes", st.AvailableBytes)
 		}
-		w.full = full
-	}
+		w.full[class] = full
+	})
 	statser, ok := d.backend.(blockdev.IOStatser)
 	if !ok {
 		return

@@ -46,10 +46,12 @@ func (s *Node) NodeGetInfo(context.Context, *csi.NodeGetInfoRequest) (*csi.NodeG
 }
 
 func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequest) (*csi.NodeStageVolumeResponse, error) {
-	id, staging, c := storeVolumeID(req.GetVolumeId()), req.GetStagingTargetPath(), req.GetVolumeCapability()
+	id, err := s.d.nodeVolumeID(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	staging, c := req.GetStagingTargetPath(), req.GetVolumeCapability()
 	switch {
-	case id == "":
-		return nil, invalid("volume ID is missing")
 	case staging == "":
 		return nil, invalid("staging target path is missing")
 	case c == nil:
@@ -73,10 +75,11 @@ func (s *Node) NodeStageVolume(ctx context.Context, req *csi.NodeStageVolumeRequ
 }
 
 func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolumeRequest) (*csi.NodeUnstageVolumeResponse, error) {
-	id, staging := storeVolumeID(req.GetVolumeId()), req.GetStagingTargetPath()
-	if id == "" {
-		return nil, invalid("volume ID is missing")
+	id, err := s.d.nodeVolumeID(req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
+	staging := req.GetStagingTargetPath()
 	if staging == "" {
 		return nil, invalid("staging target path is missing")
 	}
@@ -95,10 +98,12 @@ func (s *Node) NodeUnstageVolume(ctx context.Context, req *csi.NodeUnstageVolume
 }
 
 func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolumeRequest) (*csi.NodePublishVolumeResponse, error) {
-	id, target, c := storeVolumeID(req.GetVolumeId()), req.GetTargetPath(), req.GetVolumeCapability()
+	id, err := s.d.nodeVolumeID(req.GetVolumeId())
+	if err != nil {
+		return nil, err
+	}
+	target, c := req.GetTargetPath(), req.GetVolumeCapability()
 	switch {
-	case id == "":
-		return nil, invalid("volume ID is missing")
 	case target == "":
 		return nil, invalid("target path is missing")
 	case c == nil:
@@ -126,10 +131,11 @@ func (s *Node) NodePublishVolume(ctx context.Context, req *csi.NodePublishVolume
 }
 
 func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVolumeRequest) (*csi.NodeUnpublishVolumeResponse, error) {
-	id, target := storeVolumeID(req.GetVolumeId()), req.GetTargetPath()
-	if id == "" {
-		return nil, invalid("volume ID is missing")
+	id, err := s.d.nodeVolumeID(req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
+	target := req.GetTargetPath()
 	if target == "" {
 		return nil, invalid("target path is missing")
 	}
@@ -165,10 +171,11 @@ func (s *Node) NodeUnpublishVolume(ctx context.Context, req *csi.NodeUnpublishVo
 }
 
 func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeStatsRequest) (*csi.NodeGetVolumeStatsResponse, error) {
-	id, path := storeVolumeID(req.GetVolumeId()), req.GetVolumePath()
-	if id == "" {
-		return nil, invalid("volume ID is missing")
+	id, err := s.d.nodeVolumeID(req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
+	path := req.GetVolumePath()
 	if path == "" {
 		return nil, invalid("volume path is missing")
 	}
@@ -186,10 +193,11 @@ func (s *Node) NodeGetVolumeStats(ctx context.Context, req *csi.NodeGetVolumeSta
 }
 
 func (s *Node) NodeExpandVolume(ctx context.Context, req *csi.NodeExpandVolumeRequest) (*csi.NodeExpandVolumeResponse, error) {
-	id, path := storeVolumeID(req.GetVolumeId()), req.GetVolumePath()
-	if id == "" {
-		return nil, invalid("volume ID is missing")
+	id, err := s.d.nodeVolumeID(req.GetVolumeId())
+	if err != nil {
+		return nil, err
 	}
+	path := req.GetVolumePath()
 	if path == "" {
 		return nil, invalid("volume path is missing")
 	}

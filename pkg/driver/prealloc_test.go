@@ -122,7 +122,7 @@ func TestPreallocatedVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer o.Close()
-	n.d.store = o
+	n.d.store = &classes{def: o}
 	capFor := func(params map[string]string) int64 {
 		resp, err := n.ctrl.GetCapacity(ctx, &csi.GetCapacityRequest{Parameters: params, AccessibleTopology: n.d.topology()})
 		if err != nil {

@@ -161,13 +161,15 @@ func (d *Driver) pull(ctx context.Context, req *csi.CreateVolumeRequest, spec st
 	if spec.SourceVolumeID != "" {
 		kind, srcID = peer.SourceVolume, spec.SourceVolumeID
 	}
+	// The source's class is the volume's (sameClass).
+	source := formatID(srcID, className(spec.Params), spec.SourceNode)
 	if d.cfg.NoPeerData {
-		return nil, d.pinToSource(kind, srcID+"-"+spec.SourceNode, "the installation's plugins send no data to each other (--peer-serve-data=false)")
+		return nil, d.pinToSource(kind, source, "the installation's plugins send no data to each other (--peer-serve-data=false)")
 	}
 	// The copy's context is its own, not the call's: only DeleteVolume
 	// (cancelPull) ends it.
 	copyCtx, cancel := context.WithCancel(context.Background())
-	p := &pull{id: id, source: srcID + "-" + spec.SourceNode, kind: kind, node: spec.SourceNode, spec: spec,
+	p := &pull{id: id, source: source, kind: kind, node: spec.SourceNode, spec: spec,
 		explicit: check.SizeBytes != 0, limit: req.GetCapacityRange().GetLimitBytes(), started: time.Now(), cancel: cancel, done: make(chan struct{})}
 	wait := maxPullWait
 	if q := d.pulls.add(p); q != p {

@@ -52,7 +52,8 @@ func (n *testNode) snapshot(name, vol string) string {
 func (n *testNode) file(id string) string {
 	storeID, _ := splitID(id)
 	if blockdev.IsSnapshotID(storeID) {
-		return filepath.Join(n.d.store.Dir(), "snapshots", storeID+blockdev.ImageSuffix)
+		st, _ := n.d.store.of(storeID)
+		return filepath.Join(st.Dir(), "snapshots", storeID+blockdev.ImageSuffix)
 	}
 	return n.d.store.VolumeFile(storeID)
 }
@@ -71,7 +72,7 @@ func fileSum(t testing.TB, path string) [32]byte {
 func (n *testNode) dataFiles() string {
 	var names []string
 	for _, sub := range []string{"volumes", "snapshots", "meta"} {
-		filepath.WalkDir(filepath.Join(n.d.store.Dir(), sub), func(p string, _ fs.DirEntry, _ error) error {
+		filepath.WalkDir(filepath.Join(n.d.store.def.Dir(), sub), func(p string, _ fs.DirEntry, _ error) error {
 			names = append(names, p)
 			return nil
 		})

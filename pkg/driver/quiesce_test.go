@@ -142,7 +142,7 @@ func TestRawBlockUsesBackendIOHolder(t *testing.T) {
 	requireRoot(t)
 	n := newTestNode(t, t.TempDir()) // ext4: no reflink
 	qb := &quiescingBackend{Backend: n.backend}
-	d, err := New(n.d.cfg, n.d.store, qb)
+	d, err := New(n.d.cfg, n.d.store.def, qb)
 	if err != nil {
 		t.Fatal(err)
 	}

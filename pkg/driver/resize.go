@@ -41,6 +41,9 @@ func (d *Driver) modifyVolume(ctx context.Context, req *csi.ControllerModifyVolu
 		klog.InfoS("forwarding to the volume's node", "volumeID", id, "call", "ControllerModifyVolume", "nodeTag", tag)
 		return d.cfg.Peers.ModifyVolume(ctx, tag, req)
 	}
+	if err := d.classAvailable("volume", id); err != nil {
+		return nil, err
+	}
 	id, err := d.localID(id, "volume", codes.FailedPrecondition)
 	if err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "modify: %s; %s", status.Convert(err).Message(), d.noPeers())
@@ -98,6 +101,9 @@ func (d *Driver) expandVolume(ctx context.Context, req *csi.ControllerExpandVolu
 	if tag, ok := d.elsewhere(id, forward); ok {
 		klog.InfoS("forwarding to the volume's node", "volumeID", id, "call", "ControllerExpandVolume", "nodeTag", tag)
 		return d.cfg.Peers.ExpandVolume(ctx, tag, req)
+	}
+	if err := d.classAvailable("volume", id); err != nil {
+		return nil, err
 	}
 	if id, err = d.localID(id, "volume", codes.FailedPrecondition); err != nil {
 		return nil, status.Errorf(codes.FailedPrecondition, "expand: %s; %s", status.Convert(err).Message(), d.noPeers())

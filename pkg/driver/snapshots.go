@@ -90,7 +90,8 @@ func (d *Driver) holdFor(v blockdev.Volume) (store.Hold, error) {
 			"copy it when no pod uses it", v.ID, v.Node.Backend, d.backend.Name())
 	}
 	holder, _ := be.(blockdev.IOHolder)
-	hold, how, err := quiesce.For(v, d.store.Dir(), holder, d.store.CanReflink)
+	st, _ := d.store.of(v.ID)
+	hold, how, err := quiesce.For(v, st.Dir(), holder, st.CanReflink)
 	switch {
 	case errors.Is(err, quiesce.ErrInconsistent):
 		return nil, precondition("volume %s is in use as a raw block device: the %s backend cannot hold its I/O and the data "+
@@ -175,9 +176,10 @@ func logHeld(id, what string, resume func() error) func() error {
 // returned topology with reflect.DeepEqual on proto messages, which fails
 // for equal values.
 func (d *Driver) csiSnapshot(s blockdev.Snapshot) *csi.Snapshot {
+	_, class := d.store.of(s.ID) // its source's, which may be gone
 	return &csi.Snapshot{
-		SnapshotId:     d.publicID(s.ID),
-		SourceVolumeId: d.publicID(s.SourceVolumeID),
+		SnapshotId:     d.publicIDIn(s.ID, class),
+		SourceVolumeId: d.publicIDIn(s.SourceVolumeID, class),
 		SizeBytes:      s.SizeBytes,
 		CreationTime:   timestamppb.New(s.CreatedAt),
 		ReadyToUse:     true,

@@ -3,7 +3,9 @@ package driver
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
@@ -13,6 +15,7 @@ import (
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/fsstat"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/qos"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
 
 // NodeStatus is what the plugin reports about its node: served at /status
@@ -27,14 +30,12 @@ type NodeStatus struct {
 	HealthError string `json:"healthError,omitempty"`
 	// HealthSummary is HealthError without host paths (HealthSummary),
 	// for /healthz on the network.
-	HealthSummary     string `json:"healthSummary,omitempty"`
-	CapacityAvailable int64  `json:"capacityAvailable"`
-	CapacityTotal     int64  `json:"capacityTotal"`
-	// FilesystemFree is what the data directory's filesystem has free
-	// (for unprivileged users), whatever volumes were promised.
-	FilesystemFree int64          `json:"filesystemFree"`
-	Volumes        []VolumeStatus `json:"volumes"`
-	Snapshots      int            `json:"snapshots"`
+	HealthSummary string `json:"healthSummary,omitempty"`
+	// Classes are the node's device classes, the default first, then
+	// those it cannot serve.
+	Classes   []ClassStatus  `json:"classes"`
+	Volumes   []VolumeStatus `json:"volumes"`
+	Snapshots int            `json:"snapshots"`
 	// PidsHeadroom is how many more tasks the plugin's cgroup may start
 	// under its pids limit (cgroup.PidsHeadroom); nil when there is no
 	// limit. Each ublk queue is two of them.
@@ -59,10 +60,33 @@ type NodeStatus struct {
 	CopyPacing copypace.Status `json:"copyPacing"`
 }
 
+// ClassStatus describes one device class: its directory and what it can
+// still provision, or why the node cannot serve it.
+type ClassStatus struct {
+	Name              string `json:"name"`
+	Path              string `json:"path"`
+	CapacityAvailable int64  `json:"capacityAvailable"`
+	CapacityTotal     int64  `json:"capacityTotal"`
+	// FilesystemFree is what the directory's filesystem has free (for
+	// unprivileged users), whatever volumes were promised.
+	FilesystemFree int64 `json:"filesystemFree"`
+	Volumes        int   `json:"volumes"`
+	Snapshots      int   `json:"snapshots"`
+	// Unavailable: the node cannot serve the class, for Error; its
+	// volumes, the CSI IDs in Stranded (found in its directory), are out
+	// of service, their files kept, until it can. A served class has an
+	// Error when its capacity cannot be read.
+	Unavailable bool     `json:"unavailable,omitempty"`
+	Error       string   `json:"error,omitempty"`
+	Stranded    []string `json:"stranded,omitempty"`
+}
+
 // VolumeStatus describes one volume and, when attached, its device.
 type VolumeStatus struct {
-	ID        string `json:"id"`
-	Name      string `json:"name"`
+	ID   string `json:"id"`
+	Name string `json:"name"`
+	// Class is the volume's device class.
+	Class     string `json:"class"`
 	SizeBytes int64  `json:"sizeBytes"`
 	// AllocatedBytes is the disk space the volume's sparse file takes.
 	AllocatedBytes int64 `json:"allocatedBytes"`
@@ -101,10 +125,7 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	if err := d.Healthy(ctx); err != nil {
 		st.Healthy, st.HealthError, st.HealthSummary = false, err.Error(), HealthSummary(err)
 	}
-	st.CapacityAvailable, st.CapacityTotal, _ = d.store.Capacity()
-	if fs, err := fsstat.Stat(d.store.Dir()); err == nil {
-		st.FilesystemFree = fs.AvailableBytes
-	}
+	st.Classes = d.ClassStatus()
 	st.Snapshots = len(d.store.Snapshots())
 	st.Pulls = d.pullStatus()
 	st.CopyPacing = d.copies.Status()
@@ -148,7 +169,8 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	}
 	statser, _ := d.backend.(blockdev.IOStatser)
 	for _, v := range d.store.Volumes() {
-		vs := VolumeStatus{ID: v.ID, Name: v.Name, SizeBytes: v.SizeBytes, StagingPath: v.Node.StagingPath,
+		_, class := d.store.of(v.ID)
+		vs := VolumeStatus{ID: v.ID, Name: v.Name, Class: class, SizeBytes: v.SizeBytes, StagingPath: v.Node.StagingPath,
 			FsType: v.Node.FsType, Targets: len(v.Node.Targets), Tuning: v.Node.Tuning, PVName: v.Params[ParamPVName]}
 		vs.PVCNamespace, vs.PVCName = v.Claim()
 		vs.AllocatedBytes, _ = fsstat.AllocatedBytes(d.store.VolumeFile(v.ID))
@@ -170,4 +192,30 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 		st.Volumes = append(st.Volumes, vs)
 	}
 	return st, nil
+}
+
+// ClassStatus describes every device class: those served, then those the
+// node cannot serve, by name.
+func (d *Driver) ClassStatus() []ClassStatus {
+	var out []ClassStatus
+	d.store.each(func(name string, s *store.Store) {
+		cs := ClassStatus{Name: name, Path: s.Dir(), Volumes: len(s.Volumes()), Snapshots: len(s.Snapshots())}
+		var err error
+		if cs.CapacityAvailable, cs.CapacityTotal, err = s.Capacity(); err != nil {
+			cs.Error = err.Error()
+		}
+		if fs, err := fsstat.Stat(s.Dir()); err == nil {
+			cs.FilesystemFree = fs.AvailableBytes
+		}
+		out = append(out, cs)
+	})
+	for _, name := range slices.Sorted(maps.Keys(d.store.down)) {
+		dc := d.store.down[name]
+		cs := ClassStatus{Name: name, Path: dc.path, Volumes: len(dc.volumes), Unavailable: true, Error: dc.why.Error()}
+		for _, id := range dc.volumes {
+			cs.Stranded = append(cs.Stranded, d.publicIDIn(id, name))
+		}
+		out = append(out, cs)
+	}
+	return out
 }

@@ -28,6 +28,9 @@ const ServiceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 // The resources the plugin reads or writes.
 var (
 	Pods                    = corev1.SchemeGroupVersion.WithResource("pods")
+	Nodes                   = corev1.SchemeGroupVersion.WithResource("nodes")
+	Events                  = corev1.SchemeGroupVersion.WithResource("events")
+	StorageClasses          = storagev1.SchemeGroupVersion.WithResource("storageclasses")
 	Secrets                 = corev1.SchemeGroupVersion.WithResource("secrets")
 	PersistentVolumes       = corev1.SchemeGroupVersion.WithResource("persistentvolumes")
 	PersistentVolumeClaims  = corev1.SchemeGroupVersion.WithResource("persistentvolumeclaims")

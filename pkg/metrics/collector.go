@@ -26,18 +26,23 @@ var (
 	// kube-state-metrics and the kubelet name them, so queries join on
 	// them without relabelling (scrape with honor_labels: the target's own
 	// namespace label would otherwise rename this one exported_namespace).
-	volLabels = []string{"volume_id", "name", "namespace", "persistentvolumeclaim", "persistentvolume"}
+	volLabels = []string{"volume_id", "name", "namespace", "persistentvolumeclaim", "persistentvolume", "device_class"}
+	// classLabels name a device class (package devclass; "default" is
+	// the data directory's).
+	classLabels = []string{"device_class"}
 	// pullLabels name a copy in flight: its target and its source.
 	pullLabels = []string{"volume_id", "name", "namespace", "persistentvolumeclaim", "source", "source_node"}
 
 	descBuild     = prometheus.NewDesc(ns+"_build_info", "Always 1; the labels are facts fixed for the life of the plugin process: its version, VCS revision, Go version, backend and kernel release.", []string{"version", "revision", "goversion", "backend", "kernel"}, nil)
 	descUp        = prometheus.NewDesc(ns+"_healthy", "1 when the plugin's backend and data directory are usable.", nil, nil)
-	descFSFree    = prometheus.NewDesc(ns+"_node_filesystem_free_bytes", "Free space of the data directory's filesystem, whatever volumes may still grow into.", nil, nil)
+	descFSFree    = prometheus.NewDesc(ns+"_node_filesystem_free_bytes", "Free space of the device class's filesystem, whatever volumes may still grow into.", classLabels, nil)
 	descAlloc     = prometheus.NewDesc(ns+"_volume_allocated_bytes", "Disk space the volume's sparse file takes.", volLabels, nil)
-	descCapAvail  = prometheus.NewDesc(ns+"_node_capacity_available_bytes", "Bytes the node can still provision (after over-provisioning).", nil, nil)
-	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the data directory's filesystem, times the over-provisioning ratio when it is above 1.", nil, nil)
-	descVolumes   = prometheus.NewDesc(ns+"_volumes", "Volumes on this node.", nil, nil)
-	descSnapshots = prometheus.NewDesc(ns+"_snapshots", "Snapshots on this node.", nil, nil)
+	descCapAvail  = prometheus.NewDesc(ns+"_node_capacity_available_bytes", "Bytes the device class can still provision on the node (after its reserve and over-provisioning): what GetCapacity reports for its StorageClasses.", classLabels, nil)
+	descCapTotal  = prometheus.NewDesc(ns+"_node_capacity_total_bytes", "Size of the device class's filesystem, times its over-provisioning ratio when it is above 1.", classLabels, nil)
+	descVolumes   = prometheus.NewDesc(ns+"_volumes", "Volumes of the device class on this node.", classLabels, nil)
+	descSnapshots = prometheus.NewDesc(ns+"_snapshots", "Snapshots of the device class on this node.", classLabels, nil)
+	descClassDown = prometheus.NewDesc(ns+"_device_class_unavailable", "1 for a device class the node cannot serve (a bad directory, or removed while volumes use it), labelled with its volumes out of service; absent for the classes it serves.", append(classLabels, "path"), nil)
+	descStranded  = prometheus.NewDesc(ns+"_device_class_stranded_volumes", "Volumes in the directory of a device class the node cannot serve: out of service, their files kept, until it can.", classLabels, nil)
 	descQuarant   = prometheus.NewDesc(ns+"_quarantined_records", "Records (volume metadata, ublk device states) set aside because they could not be read; each keeps its volume out of service until an operator restores or removes it.", nil, nil)
 	descPids      = prometheus.NewDesc(ns+"_node_pids_headroom", "Tasks the plugin's cgroup may still start under its pids limit (absent without a limit): the Go runtime's threads and the mkfs and mount children need room under it.", nil, nil)
 	descSize      = prometheus.NewDesc(ns+"_volume_size_bytes", "Provisioned size of the volume.", volLabels, nil)
@@ -88,7 +93,7 @@ func NewCollector(status StatusFunc, startup Startup) *Collector {
 }
 
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBuild, descUp, descFSFree, descAlloc, descCapAvail, descCapTotal, descVolumes, descSnapshots, descQuarant, descPids, descSize,
+	for _, d := range []*prometheus.Desc{descBuild, descUp, descFSFree, descAlloc, descCapAvail, descCapTotal, descVolumes, descSnapshots, descClassDown, descStranded, descQuarant, descPids, descSize,
 		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency,
 		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback, descFailingIO, descPullRecv, descPullExp, descPullSize,
 		descCopies, descCopyAllow, descCopyCost, descCopyPause} {
@@ -111,14 +116,21 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	gauge(descBuild, 1, st.Version, revision, runtime.Version(), st.Backend, st.Kernel)
 	gauge(descUp, b2f(st.Healthy))
-	gauge(descFSFree, float64(st.FilesystemFree))
 	if r := c.startup.BackendFallback; r != "" {
 		gauge(descFallback, 1, r)
 	}
-	gauge(descCapAvail, float64(st.CapacityAvailable))
-	gauge(descCapTotal, float64(st.CapacityTotal))
-	gauge(descVolumes, float64(len(st.Volumes)))
-	gauge(descSnapshots, float64(st.Snapshots))
+	for _, cl := range st.Classes {
+		if cl.Unavailable {
+			gauge(descClassDown, 1, cl.Name, cl.Path)
+			gauge(descStranded, float64(len(cl.Stranded)), cl.Name)
+			continue
+		}
+		gauge(descFSFree, float64(cl.FilesystemFree), cl.Name)
+		gauge(descCapAvail, float64(cl.CapacityAvailable), cl.Name)
+		gauge(descCapTotal, float64(cl.CapacityTotal), cl.Name)
+		gauge(descVolumes, float64(cl.Volumes), cl.Name)
+		gauge(descSnapshots, float64(cl.Snapshots), cl.Name)
+	}
 	gauge(descQuarant, float64(len(st.Quarantined)))
 	if st.Backend == "ublk" {
 		gauge(descFailingIO, float64(len(st.FailingIO)))
@@ -140,7 +152,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descCopyCost, cp.Cost)
 	counter(descCopyPause, float64(cp.Pauses))
 	for _, v := range st.Volumes {
-		l := []string{v.ID, v.Name, v.PVCNamespace, v.PVCName, v.PVName}
+		l := []string{v.ID, v.Name, v.PVCNamespace, v.PVCName, v.PVName, v.Class}
 		gauge(descSize, float64(v.SizeBytes), l...)
 		gauge(descAlloc, float64(v.AllocatedBytes), l...)
 		if v.Limits.IOPS > 0 {

@@ -76,9 +76,14 @@ type plugin struct {
 func newPlugin(t *testing.T, args ...string) *plugin { return newPluginIn(t, -1, args...) }
 
 // newPluginIn starts the plugin in the cgroup open as cgroupFD (-1: this
-// process's cgroup).
+// process's cgroup), with extra serve flags args.
 func newPluginIn(t *testing.T, cgroupFD int, args ...string) *plugin {
-	bin := requireVM(t)
+	return startBinary(t, requireVM(t), cgroupFD, args...)
+}
+
+// startBinary is newPluginIn with the plugin binary bin, whatever the
+// kernel offers.
+func startBinary(t *testing.T, bin string, cgroupFD int, args ...string) *plugin {
 	dir := workDir(t)
 	p := &plugin{t: t, bin: bin, dir: dir, dataDir: filepath.Join(dir, "data"),
 		devDir: filepath.Join(dir, "dev"), sock: filepath.Join(dir, "csi.sock"), cgroupFD: cgroupFD, args: args}

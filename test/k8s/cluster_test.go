@@ -76,13 +76,19 @@ func requireChart(t *testing.T) *cluster {
 // installChart installs the chart as the chart README says: a namespace
 // that admits privileged pods, then the chart, with the snapshot-controller
 // the cluster lacks (the CRDs come from the chart's crds/) and its class as
-// the default.
+// the default, and the nodes' two device classes (the xfs and ext4 disks
+// node.sh mounts) with a StorageClass each.
 func (c *cluster) installChart(t *testing.T) {
 	t.Helper()
 	installTried = true
 	c.pluginNamespace(t)
-	out, err := c.run("", "helm", "install", release, chartDir(t), "--namespace", pluginNS,
-		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
+	args := []string{"install", release, chartDir(t), "--namespace", pluginNS,
+		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true"}
+	for i, fs := range classDisks {
+		args = append(args, "--set", fmt.Sprintf("deviceClasses[%d].name=%s,deviceClasses[%d].path=%s", i, fs, i, classDir+"/"+fs),
+			"--set", fmt.Sprintf("storageClasses[%d].name=%s,storageClasses[%d].deviceClass=%s", i, classStorageClass(fs), i, fs))
+	}
+	out, err := c.run("", "helm", args...)
 	if err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}

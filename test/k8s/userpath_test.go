@@ -375,7 +375,10 @@ func (c *cluster) pluginPods(t *testing.T) (map[string]string, string) {
 
 // capacities is the available capacity of StorageClass fastblk per node,
 // from the CSIStorageCapacity objects the provisioners publish.
-func (c *cluster) capacities() (map[string]int64, error) {
+func (c *cluster) capacities() (map[string]int64, error) { return c.capacitiesOf("fastblk") }
+
+// capacitiesOf is the available capacity of StorageClass class per node.
+func (c *cluster) capacitiesOf(class string) (map[string]int64, error) {
 	out, err := c.kubectl("-n", pluginNS, "get", "csistoragecapacities", "-o", "json")
 	if err != nil {
 		return nil, err
@@ -394,7 +397,7 @@ func (c *cluster) capacities() (map[string]int64, error) {
 	}
 	caps := map[string]int64{}
 	for _, it := range list.Items {
-		if it.StorageClassName != "fastblk" {
+		if it.StorageClassName != class {
 			continue
 		}
 		n, err := parseQuantity(it.Capacity)

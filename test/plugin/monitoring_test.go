@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	"github.com/container-storage-interface/spec/lib/go/csi"
+	dto "github.com/prometheus/client_model/go"
 
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 	"github.com/fastblk/csi-fastblk/test/internal/monitoring"
 )
 
@@ -20,10 +22,14 @@ import (
 // of its /metrics (the families a loop-backed plugin without a pids limit
 // cannot show, monitoring.Conditional, are checked on a ublk plugin by
 // test/e2e in the VM). Alerts
-// may also read Prometheus' own up series.
+// may also read Prometheus' own up series. The plugin runs with --backend
+// auto, which on this machine (no ublk) falls back to loop, and with a
+// device class whose path is missing, so that the families of a fallback
+// and of an unavailable class are served too.
 func TestMonitoringNamesExportedMetrics(t *testing.T) {
 	testgate.RequireRoot(t)
-	p := startPlugin(t)
+	dir := t.TempDir()
+	p := launchArgs(t, buildBinary(t), dir, []string{"--backend", "auto", "--device-class=name=gone,path=" + filepath.Join(dir, "gone")})
 	capBlock := &csi.VolumeCapability{
 		AccessType: &csi.VolumeCapability_Block{Block: &csi.VolumeCapability_BlockVolume{}},
 		AccessMode: &csi.VolumeCapability_AccessMode{Mode: csi.VolumeCapability_AccessMode_SINGLE_NODE_WRITER},
@@ -46,6 +52,11 @@ func TestMonitoringNamesExportedMetrics(t *testing.T) {
 	fams, err := monitoring.Families(strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if _, err := ublk.HaveUblk(); err == nil {
+		// A machine with ublk does not fall back: the family is served
+		// by the nodes that do (test/k8s TestBackendInPlainSight).
+		fams["fastblk_backend_fallback"] = dto.MetricType_GAUGE
 	}
 	chart := filepath.Join("..", "..", "charts", "csi-fastblk")
 	dash, err := monitoring.DashboardQueries(filepath.Join(chart, "dashboards", "csi-fastblk.json"))

@@ -167,6 +167,38 @@ securityContext:
 {{- if or (eq $d $k) (hasPrefix (printf "%s/" $k) $d) -}}
 {{- fail (printf "%s %s must not be inside kubeletDir %s (it would overlap the kubelet mounts)" .dataDirKey .dataDir $k) -}}
 {{- end -}}
+{{- $g := . -}}
+{{- $seen := dict -}}
+{{- range $i, $c := .deviceClasses -}}
+{{- $p := $c.path | trimSuffix "/" -}}
+{{- $where := printf "%s[%d] (%s)" $g.classesKey $i $c.name -}}
+{{- if hasKey $seen $c.name -}}
+{{- fail (printf "%s: the device class name %s is used twice" $where $c.name) -}}
+{{- end -}}
+{{- $_ := set $seen $c.name true -}}
+{{- if or (eq $p $k) (hasPrefix (printf "%s/" $k) $p) (hasPrefix (printf "%s/" $p) $k) -}}
+{{- fail (printf "%s: path %s must not overlap kubeletDir %s" $where $c.path $k) -}}
+{{- end -}}
+{{- if or (eq $p $d) (hasPrefix (printf "%s/" $d) $p) (hasPrefix (printf "%s/" $p) $d) -}}
+{{- fail (printf "%s: path %s overlaps %s %s: each class needs a directory of its own" $where $c.path $g.dataDirKey $g.dataDir) -}}
+{{- end -}}
+{{- range $j, $o := $g.deviceClasses -}}
+{{- $q := $o.path | trimSuffix "/" -}}
+{{- if and (ne $i $j) (or (eq $p $q) (hasPrefix (printf "%s/" $q) $p)) -}}
+{{- fail (printf "%s: path %s overlaps device class %s's path %s: each class needs a directory of its own" $where $c.path $o.name $o.path) -}}
+{{- end -}}
+{{- end -}}
+{{- if hasKey $c "overProvisionRatio" -}}
+{{- $r := float64 $c.overProvisionRatio -}}
+{{- if or (lt $r 1.0) (gt $r 100.0) -}}
+{{- fail (printf "%s: overProvisionRatio %v must be from 1 to 100" $where $c.overProvisionRatio) -}}
+{{- end -}}
+{{- end -}}
+{{- $parent := dir $p -}}
+{{- if or (eq $parent $k) (hasPrefix (printf "%s/" $parent) $k) (hasPrefix (printf "%s/" $k) $parent) -}}
+{{- fail (printf "%s: path %s: its parent directory %s, which the chart mounts into the plugin pod, overlaps kubeletDir %s; put the class elsewhere" $where $c.path $parent $k) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- $names := dict -}}
 {{- $selectors := dict -}}
@@ -212,23 +244,48 @@ securityContext:
 group of values.nodeGroups, or one for every node. Each item: suffix (of the
 DaemonSet's name, "" for the single one), group (its label value, "" for the
 single one), nodeSelector, dataDir, dataDirKey (the value it came from, for
-messages), reserve and hostPathType. */}}
+messages), reserve, hostPathType, deviceClasses (the group's, else
+values.deviceClasses) and classesKey (where they came from). */}}
 {{- define "csi-fastblk.nodeGroups" -}}
 {{- $out := list -}}
 {{- if .Values.nodeGroups -}}
 {{- range $i, $g := .Values.nodeGroups -}}
 {{- $sel := merge (dict) (deepCopy $g.nodeSelector) (deepCopy (default dict $.Values.nodeSelector)) -}}
 {{- $create := ternary $g.createDataDir true (hasKey $g "createDataDir") -}}
+{{- $own := hasKey $g "deviceClasses" -}}
 {{- $out = append $out (dict "suffix" (printf "-%s" $g.name) "group" $g.name "nodeSelector" $sel
   "dataDir" $g.dataDir "dataDirKey" (printf "nodeGroups[%d].dataDir" $i)
   "reserve" (include "csi-fastblk.size" (ternary $g.reserve $.Values.reserve (hasKey $g "reserve")))
-  "hostPathType" (ternary "DirectoryOrCreate" "Directory" $create)) -}}
+  "hostPathType" (ternary "DirectoryOrCreate" "Directory" $create)
+  "deviceClasses" (default list (ternary $g.deviceClasses $.Values.deviceClasses $own))
+  "classesKey" (ternary (printf "nodeGroups[%d].deviceClasses" $i) "deviceClasses" $own)) -}}
 {{- end -}}
 {{- else -}}
 {{- $out = append $out (dict "suffix" "" "group" "" "nodeSelector" (default dict .Values.nodeSelector)
-  "dataDir" .Values.dataDir "dataDirKey" "dataDir" "reserve" (include "csi-fastblk.size" .Values.reserve) "hostPathType" "DirectoryOrCreate") -}}
+  "dataDir" .Values.dataDir "dataDirKey" "dataDir" "reserve" (include "csi-fastblk.size" .Values.reserve) "hostPathType" "DirectoryOrCreate"
+  "deviceClasses" (default list .Values.deviceClasses) "classesKey" "deviceClasses") -}}
 {{- end -}}
 {{- toYaml $out -}}
+{{- end -}}
+
+{{/* deviceClassArg renders a device class as --device-class's value. */}}
+{{- define "csi-fastblk.deviceClassArg" -}}
+{{- $r := include "csi-fastblk.size" .reserve -}}
+{{- printf "name=%s,path=%s" .name (.path | trimSuffix "/") -}}
+{{- if not (has $r (list "" "0")) }},reserve={{ $r }}{{ end -}}
+{{- with .overProvisionRatio }},over-provision-ratio={{ . }}{{ end -}}
+{{- end -}}
+
+{{/* classParents renders, as a YAML list, the parent directories of a node
+group's device class paths, each once, sorted: the chart mounts these, so
+that a class's missing path is the plugin's error for that class alone.
+Call with a node group item. */}}
+{{- define "csi-fastblk.classParents" -}}
+{{- $parents := dict -}}
+{{- range .deviceClasses -}}
+{{- $_ := set $parents (dir (.path | trimSuffix "/")) true -}}
+{{- end -}}
+{{- toYaml (keys $parents | sortAlpha) -}}
 {{- end -}}
 
 {{/* storageClasses renders, as a YAML list, every StorageClass to create:

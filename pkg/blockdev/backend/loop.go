@@ -34,9 +34,11 @@ const detachTimeout = 30 * time.Second
 // devices with its mark, never by backing path: another user of the kernel
 // (another node on the same kernel, losetup) can bind the same path.
 type loopBackend struct {
-	volDir string // <DataDir>/volumes with symlinks resolved
-	devDir string
-	owner  uint64
+	// volDirs are <DataDir>/volumes and each class directory's
+	// volumes/, symlinks resolved; the first is DataDir's.
+	volDirs []string
+	devDir  string
+	owner   uint64
 }
 
 // markPrefix starts the mark of every device of this backend's owner.
@@ -51,18 +53,22 @@ func newLoopBackend(cfg Config) (blockdev.Backend, error) {
 	if _, err := os.Stat(loop.Control); err != nil {
 		return nil, fmt.Errorf("loop backend: %w: %w", blockdev.ErrNotSupported, err)
 	}
-	volDir := filepath.Join(cfg.DataDir, "volumes")
-	if err := os.MkdirAll(volDir, 0o700); err != nil {
-		return nil, fmt.Errorf("loop backend: %w", err)
+	var volDirs []string
+	for _, dir := range append([]string{cfg.DataDir}, cfg.ClassDirs...) {
+		volDir := filepath.Join(dir, blockdev.VolumesDir)
+		if err := os.MkdirAll(volDir, 0o700); err != nil {
+			return nil, fmt.Errorf("loop backend: %w", err)
+		}
+		volDir, err := filepath.EvalSymlinks(volDir)
+		if err == nil {
+			volDir, err = filepath.Abs(volDir)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("loop backend: %w", err)
+		}
+		volDirs = append(volDirs, volDir)
 	}
-	volDir, err := filepath.EvalSymlinks(volDir)
-	if err == nil {
-		volDir, err = filepath.Abs(volDir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("loop backend: %w", err)
-	}
-	b := &loopBackend{volDir: volDir, devDir: cfg.DevDir, owner: cfg.Owner}
+	b := &loopBackend{volDirs: volDirs, devDir: cfg.DevDir, owner: cfg.Owner}
 	if b.devDir == "" {
 		b.devDir = DefaultDevDir
 	}
@@ -97,7 +103,7 @@ func (b *loopBackend) adoptUnmarked(done string) error {
 			continue
 		}
 		var st unix.Stat_t
-		if err := unix.Stat(b.file(id), &st); err != nil || st.Dev != d.BackingDev || st.Ino != d.BackingInode {
+		if err := unix.Stat(b.file(b.volDirs[0], id), &st); err != nil || st.Dev != d.BackingDev || st.Ino != d.BackingInode {
 			continue // not this directory's file, whatever its path says
 		}
 		if err := loop.SetMark(d.Path, b.mark(id)); err != nil {
@@ -114,8 +120,21 @@ func (b *loopBackend) Name() string { return "loop" }
 
 func (b *loopBackend) Close() error { return nil }
 
-// file is the backing file of a volume as the kernel reports it.
-func (b *loopBackend) file(id string) string { return filepath.Join(b.volDir, id+blockdev.ImageSuffix) }
+// file is the backing file of a volume in volDir as the kernel reports it.
+func (b *loopBackend) file(volDir, id string) string {
+	return filepath.Join(volDir, id+blockdev.ImageSuffix)
+}
+
+// isFile reports whether path is the volume's file in one of the data
+// directories.
+func (b *loopBackend) isFile(path, id string) bool {
+	for _, dir := range b.volDirs {
+		if path == b.file(dir, id) {
+			return true
+		}
+	}
+	return false
+}
 
 // Attach binds the volume file to a loop device, or returns the device that
 // already serves it, and points <DevDir>/<id> at it.
@@ -127,8 +146,8 @@ func (b *loopBackend) Attach(ctx context.Context, req blockdev.AttachRequest) (b
 		return blockdev.Device{}, fmt.Errorf("attach %s: rate limits (%v): the loop backend cannot enforce them, ublk can: %w",
 			req.VolumeID, req.Limits, blockdev.ErrNotSupported)
 	}
-	file := b.file(req.VolumeID)
-	if err := b.checkFile(req.File, file); err != nil {
+	file, err := b.checkFile(req.File, req.VolumeID)
+	if err != nil {
 		return blockdev.Device{}, err
 	}
 	d, err := b.find(req.VolumeID)
@@ -145,19 +164,20 @@ func (b *loopBackend) Attach(ctx context.Context, req blockdev.AttachRequest) (b
 	return dev, nil
 }
 
-// checkFile accepts only the volume's own file under the data directory.
-func (b *loopBackend) checkFile(given, want string) error {
+// checkFile accepts only the volume's own file under one of the data
+// directories, and returns it as the kernel will report it.
+func (b *loopBackend) checkFile(given, id string) (string, error) {
 	real, err := filepath.EvalSymlinks(given)
 	if errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("attach %s: %w", given, blockdev.ErrNotFound)
+		return "", fmt.Errorf("attach %s: %w", given, blockdev.ErrNotFound)
 	}
 	if err != nil {
-		return fmt.Errorf("attach %s: %w", given, err)
+		return "", fmt.Errorf("attach %s: %w", given, err)
 	}
-	if real != want {
-		return fmt.Errorf("attach %s: not the volume file %s: %w", given, want, blockdev.ErrInvalid)
+	if !b.isFile(real, id) {
+		return "", fmt.Errorf("attach %s: not the file of volume %s in a data directory (%s): %w", given, id, strings.Join(b.volDirs, ", "), blockdev.ErrInvalid)
 	}
-	return nil
+	return real, nil
 }
 
 // find returns our loop device serving the volume's current file, or
@@ -169,7 +189,7 @@ func (b *loopBackend) find(id string) (loop.Device, error) {
 		return loop.Device{}, err
 	}
 	for _, d := range found {
-		if !d.Deleted && d.BackingFile == b.file(id) {
+		if !d.Deleted && b.isFile(d.BackingFile, id) {
 			return d, nil
 		}
 	}
@@ -231,7 +251,7 @@ func (b *loopBackend) Resize(ctx context.Context, volumeID string, sizeBytes int
 }
 
 // List returns the loop devices carrying our mark that serve a volume file
-// of this data directory.
+// of the data directories.
 func (b *loopBackend) List(ctx context.Context) ([]blockdev.Device, error) {
 	all, err := loop.List()
 	if err != nil {
@@ -240,7 +260,7 @@ func (b *loopBackend) List(ctx context.Context) ([]blockdev.Device, error) {
 	var out []blockdev.Device
 	for _, d := range all {
 		id, ok := strings.CutPrefix(d.Mark, b.markPrefix())
-		if ok && blockdev.IsVolumeID(id) && d.BackingFile == b.file(id) {
+		if ok && blockdev.IsVolumeID(id) && b.isFile(d.BackingFile, id) {
 			out = append(out, b.device(id, d))
 		}
 	}

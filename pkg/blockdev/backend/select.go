@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/owner"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
@@ -17,8 +19,14 @@ import (
 // Config configures whichever backend is selected.
 type Config struct {
 	// DataDir is the Store's data directory; backends only list and
-	// adopt devices whose backing files live under it.
+	// adopt devices whose backing files live under it or under one of
+	// ClassDirs. Its owner token, ublk device records and loop marks
+	// serve them all.
 	DataDir string
+	// ClassDirs are the data directories of the node's other device
+	// classes (package devclass), whose volume files the backend serves
+	// too.
+	ClassDirs []string
 	// Owner marks the devices of this data directory; backends only list,
 	// adopt and detach devices carrying it. Zero means
 	// owner.Ensure(DataDir).
@@ -100,34 +108,68 @@ type Config struct {
 // UblkControl is the ublk control device; its presence selects ublk in "auto".
 const UblkControl = "/dev/ublk-control"
 
-// Reasons "auto" falls back to loop where the ublk control device exists,
-// as Fallback.Reason (a metric label).
+// Reasons "auto" falls back to loop, as Fallback.Reason (a metric label).
 const (
+	FallbackUblkAbsent     = "ublk_absent"      // the kernel has no ublk_drv (not built in, no such module, no module loading)
+	FallbackUblkLoadFailed = "ublk_load_failed" // ublk_drv exists but could not be loaded, or its control device did not appear
 	FallbackIOUringRefused = "io_uring_refused" // io_uring_setup or io_uring_enter refused: sysctl, seccomp
 	FallbackUblkTimeout    = "ublk_timeout"     // a ublk control command did not answer in time
 	FallbackUblkFailed     = "ublk_failed"      // any other failure to start the ublk backend
 )
 
-// Fallback says why "auto" serves volumes with loop devices on a node
-// whose kernel has ublk_drv.
+// Fallback says why "auto" serves volumes with loop devices.
 type Fallback struct {
 	Reason string // one of the Fallback* reasons
 	Err    error  // what failed
 }
 
+// controlWait bounds the wait for the ublk control device after ublk_drv
+// is loaded (devtmpfs makes it as the module starts; a /dev that is not
+// the host's devtmpfs never shows it).
+const controlWait = 5 * time.Second
+
+// loadUblk makes the ublk control device exist: it loads ublk_drv unless
+// the device is there, and waits for the device to appear.
+func loadUblk(control string) error {
+	if _, err := os.Stat(control); err == nil {
+		return nil
+	}
+	if err := kernel.LoadModule(context.Background(), "ublk_drv"); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(controlWait); ; time.Sleep(20 * time.Millisecond) {
+		_, err := os.Stat(control)
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("ublk_drv is loaded, but %s did not appear within %v (is /dev the host's devtmpfs?): %w", control, controlWait, err)
+		}
+	}
+}
+
+// loadFailure classifies loadUblk's error.
+func loadFailure(err error) *Fallback {
+	if errors.Is(err, kernel.ErrNoModules) || errors.Is(err, kernel.ErrModuleAbsent) {
+		return &Fallback{Reason: FallbackUblkAbsent, Err: err}
+	}
+	return &Fallback{Reason: FallbackUblkLoadFailed, Err: err}
+}
+
 // NewBackend returns the backend named kind: "loop", "ublk", or "auto"
-// (ublk when /dev/ublk-control exists and works, loop otherwise).
+// (ublk when it works, loading ublk_drv first where the kernel has it and
+// has not loaded it; loop otherwise).
 func New(kind string, cfg Config) (blockdev.Backend, error) {
 	b, _, err := Select(kind, cfg)
 	return b, err
 }
 
 // SelectBackend is NewBackend that also says, for "auto", why it chose loop
-// although the ublk control device exists (nil when it did not fall back).
-// "auto" never fails for ublk's sake: io_uring refused by the kernel
-// (kernel.io_uring_disabled) or a seccomp filter, a ublk control command
-// that times out, or any other ublk start-up error make it fall back to
-// loop. "ublk" fails with that error instead.
+// (nil when it did not fall back). "auto" never fails for ublk's sake: a
+// kernel without ublk_drv, a module that cannot be loaded, io_uring
+// refused by the kernel (kernel.io_uring_disabled) or a seccomp filter, a
+// ublk control command that times out, or any other ublk start-up error
+// make it fall back to loop. "ublk" fails with that error instead.
 func Select(kind string, cfg Config) (blockdev.Backend, *Fallback, error) {
 	if cfg.DataDir == "" {
 		return nil, nil, fmt.Errorf("%s backend: no data directory: %w", kind, blockdev.ErrInvalid)
@@ -141,15 +183,18 @@ func Select(kind string, cfg Config) (blockdev.Backend, *Fallback, error) {
 			return nil, nil, fmt.Errorf("%s backend: %w", kind, err)
 		}
 	}
+	control := cfg.UblkControl
+	if control == "" {
+		control = UblkControl
+	}
 	switch kind {
 	case "auto":
-		control := cfg.UblkControl
-		if control == "" {
-			control = UblkControl
-		}
-		if _, err := os.Stat(control); err != nil {
-			b, err := newLoopBackend(cfg)
-			return b, nil, err
+		if err := loadUblk(control); err != nil {
+			b, lerr := newLoopBackend(cfg)
+			if lerr != nil {
+				return nil, nil, fmt.Errorf("ublk backend: %w; loop backend: %w", err, lerr)
+			}
+			return b, loadFailure(err), nil
 		}
 		b, err := startUblk(cfg)
 		if err == nil {
@@ -162,6 +207,12 @@ func Select(kind string, cfg Config) (blockdev.Backend, *Fallback, error) {
 		}
 		return lb, fb, nil
 	case "ublk":
+		if _, err := parseUblkModes(cfg); err != nil {
+			return nil, nil, err
+		}
+		if err := loadUblk(control); err != nil {
+			return nil, nil, fmt.Errorf("ublk backend: %w", err)
+		}
 		b, err := startUblk(cfg)
 		return b, nil, err
 	case "loop":

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fastblk/csi-fastblk/internal/testgate"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/kernel"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/ublk"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/uring"
 )
@@ -185,4 +186,36 @@ func refuseIOUring() error {
 		return fmt.Errorf("install seccomp filter: %w", errno)
 	}
 	return nil
+}
+
+// TestAutoCountsFallbackWithoutUblk: where the ublk control device does not
+// exist, "auto" still tries ublk (it loads ublk_drv, kernel.LoadModule) and,
+// when that fails, serves with loop AND says why: a fallback is a fallback
+// whatever its cause (issue 52: it was recorded only when the control device
+// existed, so a node without ublk_drv fell back silently). On this machine
+// the kernel has no ublk_drv and loads no modules; in the VM the module is
+// loaded, but the control device named here never appears.
+func TestAutoCountsFallbackWithoutUblk(t *testing.T) {
+	testgate.RequireRoot(t)
+	cfg := selectConfig(t)
+	cfg.UblkControl = filepath.Join(t.TempDir(), "no-ublk-control")
+	b, fb, err := Select("auto", cfg)
+	if err != nil {
+		t.Fatalf("Select(auto): %v", err)
+	}
+	closeBackend(t, b)
+	if b.Name() != "loop" || fb == nil || fb.Err == nil {
+		t.Fatalf("no ublk control device: backend %s, fallback %+v; want loop and the reason", b.Name(), fb)
+	}
+	want := FallbackUblkAbsent
+	if kernel.ModuleLoaded("ublk_drv") {
+		want = FallbackUblkLoadFailed
+	}
+	if fb.Reason != want {
+		t.Errorf("fallback reason %q (%v), want %q", fb.Reason, fb.Err, want)
+	}
+	t.Logf("fallback: %s: %v", fb.Reason, fb.Err)
+	if _, _, err := Select("ublk", cfg); err == nil || !strings.Contains(err.Error(), "ublk_drv") {
+		t.Errorf("Select(ublk) without ublk: %v, want an error naming ublk_drv", err)
+	}
 }

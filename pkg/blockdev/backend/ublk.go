@@ -35,48 +35,20 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 	if cfg.DevDir == "" {
 		cfg.DevDir = "/dev/fastblk"
 	}
-	var batch ublk.Mode // "": the server's default (off)
-	if cfg.BatchIO != "" {
-		var err error
-		if batch, err = ublk.ParseMode("ublk batch i/o", cfg.BatchIO); err != nil {
-			return nil, ublkErr("ublk backend", err)
-		}
-	}
-	var zc ublk.Mode // "": auto
-	if cfg.ZeroCopy != "" {
-		var err error
-		if zc, err = ublk.ParseMode("ublk zero copy", cfg.ZeroCopy); err != nil {
-			return nil, ublkErr("ublk backend", err)
-		}
-	}
-	var uc ublk.Mode // "": auto
-	if cfg.UserCopy != "" {
-		var err error
-		if uc, err = ublk.ParseMode("ublk user copy", cfg.UserCopy); err != nil {
-			return nil, ublkErr("ublk backend", err)
-		}
-	}
-	var nowait ublk.Mode // "": auto
-	if cfg.NowaitWrites != "" {
-		var err error
-		if nowait, err = ublk.ParseMode("ublk nowait writes", cfg.NowaitWrites); err != nil {
-			return nil, ublkErr("ublk backend", err)
-		}
-	}
-	ablation, err := cfg.ablation()
+	m, err := parseUblkModes(cfg)
 	if err != nil {
-		return nil, ublkErr("ublk backend", err)
+		return nil, err
 	}
 	srv, startup, err := ublk.NewServer(context.Background(), ublk.ServerConfig{
 		StateDir:     filepath.Join(cfg.DataDir, blockdev.UblkStateDir),
 		Owner:        cfg.Owner,
-		BatchIO:      batch,
-		ZeroCopy:     zc,
-		UserCopy:     uc,
-		NowaitWrites: nowait,
+		BatchIO:      m.batch,
+		ZeroCopy:     m.zeroCopy,
+		UserCopy:     m.userCopy,
+		NowaitWrites: m.nowait,
 		Threads:      cfg.Threads,
 		ThreadPolicy: ublk.ThreadPolicy(cfg.ThreadPolicy),
-		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers,
+		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: m.ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers,
 			DiskSlots: cfg.DiskSlots},
 		Queue:             ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
 		Report:            cfg.Report,
@@ -92,6 +64,36 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		}
 	}
 	return b, nil
+}
+
+// ublkModes are the ublk server's switches, as Config names them.
+type ublkModes struct {
+	batch, zeroCopy, userCopy, nowait ublk.Mode // "": the server's defaults
+	ablation                          ublk.Ablation
+}
+
+// parseUblkModes reads cfg's ublk switches, refusing bad ones (ErrInvalid)
+// before anything is opened or loaded.
+func parseUblkModes(cfg Config) (ublkModes, error) {
+	var m ublkModes
+	for _, f := range []struct {
+		what string
+		in   string
+		out  *ublk.Mode
+	}{{"ublk batch i/o", cfg.BatchIO, &m.batch}, {"ublk zero copy", cfg.ZeroCopy, &m.zeroCopy}, {"ublk user copy", cfg.UserCopy, &m.userCopy}, {"ublk nowait writes", cfg.NowaitWrites, &m.nowait}} {
+		if f.in == "" {
+			continue
+		}
+		var err error
+		if *f.out, err = ublk.ParseMode(f.what, f.in); err != nil {
+			return m, ublkErr("ublk backend", err)
+		}
+	}
+	var err error
+	if m.ablation, err = cfg.ablation(); err != nil {
+		return m, ublkErr("ublk backend", err)
+	}
+	return m, nil
 }
 
 // StartupErrors returns what went wrong re-adopting or sweeping devices.
