@@ -227,6 +227,10 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if cfg.BatchIO == "" {
 		cfg.BatchIO = ModeOff
 	}
+	if cfg.ThreadPolicy == "" && (cfg.Thread.Pin || cfg.Thread.Near) {
+		// Threads pinned one per CPU are a shared pool's.
+		cfg.ThreadPolicy = ThreadsShared
+	}
 	if cfg.ThreadPolicy == "" {
 		cfg.ThreadPolicy = DefaultThreadPolicy
 	}
