@@ -83,6 +83,16 @@ func serveFlags(fs *flag.FlagSet) *serveConfig {
 		})
 	fs.DurationVar(&c.devices.Poll, "ublk-poll", time.Millisecond,
 		"longest a ublk server thread with few requests in service polls for completions before sleeping; it polls for twice its usual wait within this (0 = never poll, saves CPU)")
+	c.devices.FailUnservedAfter = defaultFailUnservedAfter
+	fs.Func("ublk-fail-unserved-after", "how long a ublk device the plugin keeps but cannot re-adopt (no readable record names it) holds its I/O "+
+		"before the plugin fails it with EIO (0 = hold it until a plugin re-adopts it; default 1m)", func(s string) error {
+		d, err := time.ParseDuration(s)
+		if err == nil && d < 0 {
+			err = fmt.Errorf("%v is negative", d)
+		}
+		c.devices.FailUnservedAfter = d
+		return err
+	})
 	fs.IntVar(&c.devices.Threads, "ublk-threads", 0, "ublk server threads: with --ublk-thread-policy shared, how many serve every device (0 = one per CPU the plugin may use, at most its CPU limit); with device, the most started before devices share (0 = 256, fewer under a pids limit)")
 	fs.StringVar(&c.devices.ThreadPolicy, "ublk-thread-policy", "", "how devices get ublk server threads: device (the default: each device a thread of its own, as each loop device has its worker) or shared (a few threads serve every device)")
 	fs.IntVar(&c.devices.ThreadTags, "ublk-thread-tags", 0, "benchmarks only: most tags each ublk server thread serves, sizing its rings (0 = default)")
@@ -212,6 +222,9 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	// Linux 6.12 (TestUpgradeStall; how often: docs/benchmark-studies.md,
 	// "Figures behind code comments"), where exiting as a crash never has
 	// (TestCrashStall and the kill -9 recovery tests); docs/upgrades.md.
+	// What the exit does instead is hand each device's change record over
+	// with its I/O held (Driver.HandOver), and leave the rest to the
+	// kernel as a crash does.
 	var startup metrics.Startup
 	if fallback != nil {
 		klog.ErrorS(fallback.Err, "ublk cannot serve on this node; serving volumes with loop devices",
@@ -227,6 +240,13 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 	if cfg.peer.address != "" || cfg.labelContents || cfg.labelGroups || cfg.kubeReport {
 		if api, err = kubeapi.InCluster("plugin"); err != nil {
 			return fmt.Errorf("kubernetes API (for the peer channel, the snapshot labeller and --kube-report): %w", err)
+		}
+	}
+	if be.Name() != "loop" {
+		// Volumes staged through loop devices before a restart onto
+		// ublk keep them until they are unstaged.
+		if lb, err := backend.New("loop", cfg.devices); err == nil {
+			cfg.driver.FormerBackends = []blockdev.Backend{lb}
 		}
 	}
 	if cfg.kubeReport {
@@ -305,10 +325,36 @@ func serve(ctx context.Context, cfg *serveConfig) error {
 		return serveWithPeers(ctx, cfg, api, drv, peers, lis)
 	})
 	klog.InfoS("stopped")
+	handOver(drv)
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// defaultFailUnservedAfter is --ublk-fail-unserved-after's default: long
+// enough for a start and two reconcile retries to re-adopt a device whose
+// record is repaired meanwhile, short enough that its writers get EIO
+// before the kernel's hung task warnings (120 s).
+const defaultFailUnservedAfter = 60 * time.Second
+
+// handOverWait bounds the hand-over of the devices' change records at
+// exit (the kubelet kills the container 30 s after SIGTERM, the CSI
+// server's graceful stop included).
+const handOverWait = 10 * time.Second
+
+// handOver hands every device's change record over to the next plugin as
+// this one stops (Driver.HandOver): the first delta of each volume after
+// a rollout still comes from the records.
+func handOver(drv *driver.Driver) {
+	ctx, cancel := context.WithTimeout(context.Background(), handOverWait)
+	defer cancel()
+	start := time.Now()
+	if err := drv.HandOver(ctx); err != nil {
+		klog.ErrorS(err, "some change records were not handed over: the first delta of their volumes after the restart compares snapshot files")
+		return
+	}
+	klog.InfoS("change records handed over", "took", time.Since(start))
 }
 
 // serveWithPeers serves the CSI endpoint and the peer channel until ctx

@@ -68,6 +68,25 @@ func TestServeNowaitWritesFlag(t *testing.T) {
 	}
 }
 
+// TestServeFailUnservedAfterFlag proves --ublk-fail-unserved-after takes a
+// duration (0: never), refuses a negative one or anything else, and is a
+// minute without it.
+func TestServeFailUnservedAfterFlag(t *testing.T) {
+	for arg, want := range map[string]time.Duration{"4s": 4 * time.Second, "0": 0, "-1s": -1, "soon": -1} {
+		fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		cfg := serveFlags(fs)
+		err := fs.Parse([]string{"--ublk-fail-unserved-after=" + arg})
+		if bad := want < 0; (err != nil) != bad || !bad && cfg.devices.FailUnservedAfter != want {
+			t.Errorf("--ublk-fail-unserved-after=%s: %v, %v", arg, cfg.devices.FailUnservedAfter, err)
+		}
+	}
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	if cfg := serveFlags(fs); fs.Parse(nil) != nil || cfg.devices.FailUnservedAfter != time.Minute {
+		t.Errorf("without the flag: %v, want 1m", cfg.devices.FailUnservedAfter)
+	}
+}
+
 // TestServeMaxIOSizeFlag proves --max-io-size takes the StorageClass
 // parameter's format and refuses what ublk cannot take.
 func TestServeMaxIOSizeFlag(t *testing.T) {

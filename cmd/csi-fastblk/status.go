@@ -218,6 +218,13 @@ func printStatus(w io.Writer, st driver.NodeStatus) {
 			fmt.Fprintf(w, "  %s: %s\n", id, st.Kept[id])
 		}
 	}
+	if len(st.FailingIO) > 0 {
+		fmt.Fprintf(w, "FAILING I/O: %d ublk device(s) kept but not re-adopted (no readable record names them), their I/O failed with EIO; "+
+			"restore the volume's device link or state file, then restart the plugin:\n", len(st.FailingIO))
+		for _, dev := range slices.Sorted(maps.Keys(st.FailingIO)) {
+			fmt.Fprintf(w, "  %s since %s\n", dev, st.FailingIO[dev])
+		}
+	}
 	for _, p := range st.Pulls {
 		fmt.Fprintf(w, "COPYING into %s (%s) from %s on node %s: %s of at most %s of data received (source %s) in %.0fs\n",
 			p.VolumeID, p.Name, p.Source, p.SourceNode, human(p.ReceivedBytes), human(p.ExpectedBytes), human(p.SizeBytes), p.Seconds)

@@ -98,6 +98,23 @@ func TestPrintStatusQuarantined(t *testing.T) {
 }
 
 // TestPrintStatusPulls shows each copy in flight from another node.
+// TestPrintStatusFailingIO proves that ublk devices whose I/O the plugin
+// fails (it cannot re-adopt them) are named, with since when and what to
+// do, and that nothing is printed without them.
+func TestPrintStatusFailingIO(t *testing.T) {
+	var b strings.Builder
+	printStatus(&b, driver.NodeStatus{FailingIO: map[string]string{"/dev/ublkb3": "2026-12-07T12:00:00Z"}})
+	if !strings.Contains(b.String(), "FAILING I/O: 1 ublk device(s)") || !strings.Contains(b.String(), "  /dev/ublkb3 since 2026-12-07T12:00:00Z\n") ||
+		!strings.Contains(b.String(), "restart the plugin") {
+		t.Fatalf("status with a device failing its i/o:\n%s", b.String())
+	}
+	b.Reset()
+	printStatus(&b, driver.NodeStatus{})
+	if strings.Contains(b.String(), "FAILING") {
+		t.Fatalf("status without one:\n%s", b.String())
+	}
+}
+
 func TestPrintStatusPulls(t *testing.T) {
 	var b strings.Builder
 	printStatus(&b, driver.NodeStatus{Pulls: []driver.PullStatus{{VolumeID: "v1", Name: "pvc-1", Source: "s1-n1", SourceNode: "n1",

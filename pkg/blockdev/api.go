@@ -241,8 +241,8 @@ type Backend interface {
 }
 
 // IOHolder is implemented by backends that can hold a device's I/O while a
-// snapshot or clone of its backing file is taken; the driver uses it for raw
-// block volumes in use (a mounted volume's filesystem is frozen instead; see
+// snapshot or clone of its backing file is taken; the driver uses it for
+// volumes in use, a mounted volume's after its filesystem is frozen (see
 // package quiesce for the choice).
 //
 // HoldIO returns once every write the device has completed is in the

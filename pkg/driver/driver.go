@@ -59,6 +59,11 @@ type Config struct {
 	// Handoffs bound the volumes handoffs of one peer make here before
 	// their PVs come (handoff.go).
 	Handoffs HandoffLimits
+	// FormerBackends are backends of other kinds whose devices may still
+	// serve volumes staged before a restart onto this plugin's backend
+	// (serve passes the loop backend when it runs ublk): such a volume
+	// keeps its device until it is unstaged (deviceBackend).
+	FormerBackends []blockdev.Backend
 	// NoCapacity is told why GetCapacity gives a StorageClass no
 	// capacity on this node (nil: only the log at -v=4 says).
 	NoCapacity NoCapacityReporter
@@ -108,6 +113,10 @@ type Driver struct {
 	// keptVolumes: SetKept's, for the status.
 	keptMu      sync.Mutex
 	keptVolumes map[string]string
+	// stopping ends when the plugin stops (stop, by HandOver): calls
+	// waiting for a volume's lock then fail.
+	stopping context.Context
+	stop     context.CancelFunc
 }
 
 // New validates cfg and returns a Driver over store and backend.
@@ -132,6 +141,7 @@ func New(cfg Config, store *store.Store, backend blockdev.Backend) (*Driver, err
 		tag:     nodeTag(cfg.NodeID),
 	}
 	d.snapMeta = &SnapshotMetadata{d: d}
+	d.stopping, d.stop = context.WithCancel(context.Background())
 	d.copies = copypace.New(copypace.Config{Devices: d.attachedDevices, Budget: cfg.CopyBudget})
 	return d, nil
 }
@@ -166,12 +176,54 @@ func (d *Driver) reattach(ctx context.Context, id string) error {
 	if v.Node.StagingPath == "" {
 		return nil // unstaged meanwhile
 	}
+	switch be := d.deviceBackend(v); {
+	case be == nil:
+		return fmt.Errorf("staged on a %s device, which this plugin (backend %s) does not serve: its I/O waits for a plugin "+
+			"that does; a second device on its file is refused; unstage it (delete its pod) to move it to %s: %w",
+			v.Node.Backend, d.backend.Name(), d.backend.Name(), blockdev.ErrBusy)
+	case be != d.backend:
+		if dev, err := findDeviceOf(ctx, be, v.ID); err != nil || dev != nil {
+			// Its pod may use it: it keeps it (a second device on its
+			// file would leave the pod's writes out of every hold and
+			// change record) until the volume is unstaged.
+			klog.InfoS("volume kept on the device it was staged with before the restart; it moves to this backend at its next stage",
+				"volumeID", v.ID, "backend", v.Node.Backend, "device", v.Node.Device, "err", err)
+			return err
+		}
+		// Gone (a reboot): nothing uses it; a device of this backend
+		// takes its place.
+	}
 	dev, err := d.attach(ctx, v)
 	if err != nil {
 		return err
 	}
 	keepAllocated(v, dev)
+	if ns := v.Node; ns.Backend != dev.Backend || ns.Device != devicePath(dev) {
+		ns.Backend, ns.Device, ns.Tuning = dev.Backend, devicePath(dev), dev.Tuning
+		if _, err := d.store.UpdateNode(ctx, v.ID, ns); err != nil {
+			return errors.Join(fmt.Errorf("record the volume's new device: %w", err), d.detach(ctx, v.ID))
+		}
+	}
 	klog.InfoS("volume device restored", "volumeID", v.ID, "device", dev.Path, "link", dev.Link)
+	return nil
+}
+
+// deviceBackend returns the backend whose device serves v: this plugin's,
+// or, for a volume staged through another kind of device before a restart
+// onto this backend, that kind's (Config.FormerBackends: a loop device,
+// which the kernel serves without the plugin), which serves it until it is
+// unstaged. nil for a volume staged on a kind of device this plugin cannot
+// reach (a ublk device while it runs loop).
+func (d *Driver) deviceBackend(v blockdev.Volume) blockdev.Backend {
+	kind := v.Node.Backend
+	if v.Node.StagingPath == "" || kind == "" || kind == d.backend.Name() {
+		return d.backend
+	}
+	for _, b := range d.cfg.FormerBackends {
+		if b.Name() == kind {
+			return b
+		}
+	}
 	return nil
 }
 
@@ -224,10 +276,22 @@ func (d *Driver) checkLimits(v blockdev.Volume) error {
 	return nil
 }
 
-// lockVolume serialises calls on one volume ID.
+// lockVolume serialises calls on one volume ID. Once the plugin stops
+// (HandOver keeps every staged volume's lock: nothing may change a volume
+// after its change record was handed over), a call for a volume, waiting
+// or new, fails with Unavailable.
 func (d *Driver) lockVolume(ctx context.Context, id string) (func(), error) {
-	unlock, err := d.locks.lock(ctx, "volume/"+id)
-	if err != nil {
+	if d.stopping.Err() != nil {
+		return nil, status.Errorf(codes.Unavailable, "volume %s: the plugin is stopping", id)
+	}
+	waitCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(d.stopping, cancel)()
+	unlock, err := d.locks.lock(waitCtx, "volume/"+id)
+	switch {
+	case err != nil && d.stopping.Err() != nil && ctx.Err() == nil:
+		return nil, status.Errorf(codes.Unavailable, "wait for volume %s: the plugin is stopping", id)
+	case err != nil:
 		return nil, toStatus(fmt.Errorf("wait for volume %s: %w", id, err))
 	}
 	return unlock, nil

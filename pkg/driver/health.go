@@ -43,6 +43,7 @@ const (
 	reasonDeviceMissing   = "DeviceMissing"
 	reasonDeviceState     = "DeviceNotLive"
 	reasonDeviceHeld      = "DeviceHeld"
+	reasonDeviceFailing   = "DeviceFailingIO"
 	reasonLinkBroken      = "DeviceLinkBroken"
 	reasonStagingUnmount  = "StagingNotMounted"
 	reasonStagingWrongDev = "StagingWrongDevice"
@@ -167,6 +168,11 @@ func deviceHealth(ns blockdev.NodeState, f nodeFacts) []*volumeEntry {
 	case f.listErr != nil:
 		return volEntry(inaccessible, reasonBackendDown,
 			"volume is staged at %s but the %s backend cannot list devices: %v", ns.StagingPath, f.backend, f.listErr)
+	case f.device == nil && errors.Is(f.held, blockdev.ErrFailingIO):
+		return volEntry(inaccessible, reasonDeviceFailing,
+			"volume is staged at %s; the %s backend cannot tell which of the devices it keeps is its own, and fails the I/O of "+
+				"those (its writers get EIO) instead of holding it: %v; restore the volume's record (its device link, or its "+
+				"state file), then restart the plugin (csi-fastblk status)", ns.StagingPath, f.backend, f.held)
 	case f.device == nil && f.held != nil:
 		return volEntry(inaccessible, reasonDeviceHeld,
 			"volume is staged at %s; the %s backend keeps its device with its I/O held and does not serve it: %v; "+
@@ -285,10 +291,21 @@ func (d *Driver) nodeFacts(ctx context.Context, v blockdev.Volume, staging, targ
 	return f, nil
 }
 
-// findDevice returns the backend's device for the volume, or nil when it
-// lists none.
+// findDevice returns the volume's device, of this plugin's backend or a
+// former one (deviceBackend), or nil when none lists one.
 func (d *Driver) findDevice(ctx context.Context, id string) (*blockdev.Device, error) {
-	devs, err := d.backend.List(ctx)
+	for _, b := range append([]blockdev.Backend{d.backend}, d.cfg.FormerBackends...) {
+		if dev, err := findDeviceOf(ctx, b, id); err != nil || dev != nil {
+			return dev, err
+		}
+	}
+	return nil, nil
+}
+
+// findDeviceOf returns b's device for the volume, or nil when it lists
+// none.
+func findDeviceOf(ctx context.Context, b blockdev.Backend, id string) (*blockdev.Device, error) {
+	devs, err := b.List(ctx)
 	if err != nil {
 		return nil, err
 	}

@@ -131,6 +131,10 @@ func TestNodeVolumeHealth(t *testing.T) {
 			f.device, f.held = nil, errors.New("volume v1: device 3 has 2097152 bytes, the volume 1048576: the volume's record and its device disagree")
 		},
 			want: []want{{hInacc, reasonDeviceHeld, []string{hStaging, "held", "device 3 has 2097152 bytes", "operator"}}}},
+		{name: "device held, unserved devices failing their i/o", facts: func(f *nodeFacts) {
+			f.device, f.held = nil, fmt.Errorf("volume v1: no device is recorded with the volume; ublk devices that no record names fail their i/o: /dev/ublkb3 since 2026-12-07T12:00:00Z (%w)", blockdev.ErrFailingIO)
+		},
+			want: []want{{hInacc, reasonDeviceFailing, []string{hStaging, "EIO", "/dev/ublkb3", "restart the plugin"}}}},
 		{name: "device gone", facts: func(f *nodeFacts) { f.device = nil },
 			want: []want{{hInacc, reasonDeviceMissing, []string{hStaging, hLink}}}},
 		{name: "device recovering", facts: func(f *nodeFacts) { f.state = "recovering" },

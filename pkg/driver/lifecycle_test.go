@@ -57,12 +57,23 @@ func newTestNodeWith(t testing.TB, dir, nodeID, kind string) *testNode {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() }) // its lock file would keep a tmpfs data dir mounted
-	b, err := backend.New(kind, backend.Config{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")})
+	cfg := backend.Config{DataDir: filepath.Join(dir, "data"), DevDir: filepath.Join(dir, "dev")}
+	b, err := backend.New(kind, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() }) // after the stages' cleanups, registered later
-	d, err := New(Config{Name: "fastblk.csi.io", NodeID: nodeID, ControllerExpansion: true}, store, b)
+	var former []blockdev.Backend
+	if kind != "loop" {
+		// As serve does: volumes staged through loop devices before a
+		// restart onto ublk keep them.
+		lb, err := backend.New("loop", cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		former = append(former, lb)
+	}
+	d, err := New(Config{Name: "fastblk.csi.io", NodeID: nodeID, ControllerExpansion: true, FormerBackends: former}, store, b)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -443,7 +443,11 @@ func (d *Driver) expand(ctx context.Context, v blockdev.Volume, path string, siz
 		}
 		v = grown
 	}
-	if err := d.backend.Resize(ctx, v.ID, v.SizeBytes); err != nil {
+	be := d.deviceBackend(v)
+	if be == nil {
+		return 0, fmt.Errorf("resize device: staged on a %s device, which this plugin does not serve: %w", v.Node.Backend, blockdev.ErrBusy)
+	}
+	if err := be.Resize(ctx, v.ID, v.SizeBytes); err != nil {
 		return 0, fmt.Errorf("resize device: %w", err)
 	}
 	if ns.Block {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
+	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/quiesce"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/store"
 )
@@ -76,29 +79,85 @@ func (s *Controller) CreateSnapshot(ctx context.Context, req *csi.CreateSnapshot
 // (nil when it is not in use), as package quiesce chooses: a frozen
 // filesystem, the backend's hold on the device's I/O, or a flushed device
 // copied by one reflink; a raw block volume that none of them can hold
-// gets FailedPrecondition rather than a torn copy. Each hold logs how long
-// it lasted.
+// gets FailedPrecondition rather than a torn copy. The means are those of
+// the backend whose device serves the volume (deviceBackend), and each
+// hold first checks that this device is the one the volume is published
+// with (checkHeldDevice). Each hold logs how long it lasted.
 func (d *Driver) holdFor(v blockdev.Volume) (store.Hold, error) {
-	holder, _ := d.backend.(blockdev.IOHolder)
+	be := d.deviceBackend(v)
+	if be == nil {
+		return nil, precondition("volume %s is staged on a %s device, which this plugin (backend %s) does not serve; "+
+			"copy it when no pod uses it", v.ID, v.Node.Backend, d.backend.Name())
+	}
+	holder, _ := be.(blockdev.IOHolder)
 	st, _ := d.store.of(v.ID)
 	hold, how, err := quiesce.For(v, st.Dir(), holder, st.CanReflink)
 	switch {
 	case errors.Is(err, quiesce.ErrInconsistent):
 		return nil, precondition("volume %s is in use as a raw block device: the %s backend cannot hold its I/O and the data "+
 			"directory's filesystem cannot reflink, so a copy would not be crash-consistent; copy it when no pod uses it, "+
-			"or use a data directory on xfs (reflink=1) or btrfs", v.ID, d.backend.Name())
+			"or use a data directory on xfs (reflink=1) or btrfs", v.ID, be.Name())
 	case err != nil:
 		return nil, toStatus(err)
 	case hold == nil:
 		return nil, nil
 	}
 	return func(ctx context.Context) (func() error, error) {
+		if err := checkHeldDevice(ctx, v, be); err != nil {
+			return nil, err
+		}
 		release, err := hold(ctx)
 		if err != nil {
 			return nil, err
 		}
 		return logHeld(v.ID, how, release), nil
 	}, nil
+}
+
+// checkHeldDevice fails, with ErrBusy, unless the device a hold of v is
+// about to hold is the device v is published with: its link
+// (v.Node.Device) must lead to the device its backend be serves for it,
+// and each raw block publication must bind that device's node. (A mounted
+// volume's filesystem is checked against the link by its freeze,
+// quiesce.FreezeVolume.) A hold of another device would leave the writes
+// the pod makes out of the copy's consistency and out of the cut of the
+// device's change record.
+func checkHeldDevice(ctx context.Context, v blockdev.Volume, be blockdev.Backend) error {
+	major, minor, err := blkdev.Number(v.Node.Device)
+	if err != nil {
+		return fmt.Errorf("hold volume %s: its device %s: %w: %w", v.ID, v.Node.Device, blockdev.ErrBusy, err)
+	}
+	dev, err := findDeviceOf(ctx, be, v.ID)
+	switch {
+	case err != nil:
+		return fmt.Errorf("hold volume %s: %w", v.ID, err)
+	case dev == nil:
+		return fmt.Errorf("hold volume %s: the %s backend serves no device for it, its link leads to %s (%d:%d): %w",
+			v.ID, be.Name(), v.Node.Device, major, minor, blockdev.ErrBusy)
+	}
+	ma, mi, err := blkdev.Number(dev.Path)
+	if err != nil {
+		return fmt.Errorf("hold volume %s: its device %s: %w: %w", v.ID, dev.Path, blockdev.ErrBusy, err)
+	}
+	if ma != major || mi != minor {
+		return fmt.Errorf("hold volume %s: its link leads to %d:%d, the %s backend serves it on %s (%d:%d): %w",
+			v.ID, major, minor, be.Name(), dev.Path, ma, mi, blockdev.ErrBusy)
+	}
+	if !v.Node.Block {
+		return nil
+	}
+	for _, target := range slices.Sorted(maps.Keys(v.Node.Targets)) {
+		// The publication is a bind mount of a device node: the node's.
+		ta, ti, err := blkdev.Number(target)
+		if err != nil {
+			continue // not bound any more: nothing writes through it
+		}
+		if ta != major || ti != minor {
+			return fmt.Errorf("hold volume %s: it is published at %s with device %d:%d, not with its device %s (%d:%d): %w",
+				v.ID, target, ta, ti, dev.Path, major, minor, blockdev.ErrBusy)
+		}
+	}
+	return nil
 }
 
 // logHeld wraps resume so that resuming logs how long the volume was held.

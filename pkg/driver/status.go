@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"slices"
+	"time"
 
 	"github.com/fastblk/csi-fastblk/pkg/blockdev"
 	"github.com/fastblk/csi-fastblk/pkg/blockdev/blkdev"
@@ -47,6 +48,10 @@ type NodeStatus struct {
 	// serve (blockdev.HeldReporter) to why. The plugin stays healthy
 	// (a restart would not resolve it); an operator must act.
 	Held map[string]string `json:"held,omitempty"`
+	// FailingIO maps each device the backend keeps but cannot serve,
+	// and whose I/O it fails instead of holding it
+	// (blockdev.FailingReporter), to since when (RFC 3339).
+	FailingIO map[string]string `json:"failingIO,omitempty"`
 	// Pulls are the copies from other nodes in flight (restores and
 	// clones whose source lives elsewhere).
 	Pulls []PullStatus `json:"pulls,omitempty"`
@@ -141,6 +146,14 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 			st.Held[id] = err.Error()
 		}
 	}
+	if f, ok := d.backend.(blockdev.FailingReporter); ok {
+		for dev, since := range f.FailingIO() {
+			if st.FailingIO == nil {
+				st.FailingIO = map[string]string{}
+			}
+			st.FailingIO[dev] = since.UTC().Format(time.RFC3339)
+		}
+	}
 	if room, err := cgroup.PidsHeadroom(os.Getpid()); err == nil && room >= 0 {
 		st.PidsHeadroom = &room
 	}
@@ -148,9 +161,16 @@ func (d *Driver) Status(ctx context.Context) (NodeStatus, error) {
 	if err != nil {
 		return st, fmt.Errorf("list devices: %w", err)
 	}
+	for _, b := range d.cfg.FormerBackends {
+		if former, err := b.List(ctx); err == nil {
+			devs = append(devs, former...)
+		}
+	}
 	byVolume := map[string]blockdev.Device{}
 	for _, dev := range devs {
-		byVolume[dev.VolumeID] = dev
+		if _, ok := byVolume[dev.VolumeID]; !ok {
+			byVolume[dev.VolumeID] = dev
+		}
 	}
 	statser, _ := d.backend.(blockdev.IOStatser)
 	for _, v := range d.store.Volumes() {

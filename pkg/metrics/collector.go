@@ -64,6 +64,7 @@ var (
 	descPullRecv  = prometheus.NewDesc(ns+"_pull_received_bytes", "Data bytes received so far by a copy in flight from another node (a restore or clone whose source lives there).", pullLabels, nil)
 	descPullExp   = prometheus.NewDesc(ns+"_pull_expected_bytes", "The most data bytes a copy in flight from another node will receive (the source's allocated bytes; holes and zeros do not travel).", pullLabels, nil)
 	descPullSize  = prometheus.NewDesc(ns+"_pull_source_size_bytes", "Size of the source of a copy in flight from another node.", pullLabels, nil)
+	descFailingIO = prometheus.NewDesc(ns+"_ublk_devices_failing_io", "ublk devices the plugin keeps but cannot re-adopt (no readable record names them) whose I/O it fails with EIO instead of holding it, after --ublk-fail-unserved-after.", nil, nil)
 	descCopies    = prometheus.NewDesc(ns+"_copy_pacing_copies", "Background copies (restores, clones, streams to and from other nodes) this node paces now.", nil, nil)
 	descCopyAllow = prometheus.NewDesc(ns+"_copy_pacing_allowed_bytes_per_second", "What this node's background copies together may move while a volume is in use, set from what they cost it; each copy still moves at least a tenth of its rate (0: each at that floor; absent while they are bounded by their own rates alone).", nil, nil)
 	descCopyCost  = prometheus.NewDesc(ns+"_copy_pacing_cost", "Share of its IOPS the background copies cost the worst-hit volume while they ran, in the last pause that measured one.", nil, nil)
@@ -94,7 +95,7 @@ func NewCollector(status StatusFunc, startup Startup) *Collector {
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBuild, descUp, descFSFree, descAlloc, descCapAvail, descCapTotal, descVolumes, descSnapshots, descClassDown, descStranded, descQuarant, descPids, descSize,
 		descState, descQueues, descDepth, descMaxIO, descIOs, descBytes, descIOTime, descInFlight, descErrors, descRecovered, descLatency,
-		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback, descPullRecv, descPullExp, descPullSize,
+		descLimIOPS, descLimBytes, descThrottled, descThrotTime, descFallback, descFailingIO, descPullRecv, descPullExp, descPullSize,
 		descCopies, descCopyAllow, descCopyCost, descCopyPause} {
 		ch <- d
 	}
@@ -131,6 +132,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descSnapshots, float64(cl.Snapshots), cl.Name)
 	}
 	gauge(descQuarant, float64(len(st.Quarantined)))
+	if st.Backend == "ublk" {
+		gauge(descFailingIO, float64(len(st.FailingIO)))
+	}
 	if st.PidsHeadroom != nil {
 		gauge(descPids, float64(*st.PidsHeadroom))
 	}

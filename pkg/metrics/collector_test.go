@@ -173,4 +173,11 @@ func TestHealthzNamesHeldVolumes(t *testing.T) {
 	if body := rec.Body.String(); rec.Code != http.StatusOK || body != want {
 		t.Errorf("/healthz with held volumes = %d %q, want 200 %q", rec.Code, body, want)
 	}
+	held.FailingIO = map[string]string{"/dev/ublkb3": "2026-12-07T12:00:00Z"}
+	rec = httptest.NewRecorder()
+	Handler(fixedStatus(held), Startup{}, false).ServeHTTP(rec, httptest.NewRequest("GET", "/healthz", nil))
+	want += "ublk device /dev/ublkb3: kept but not re-adopted, fails its i/o since 2026-12-07T12:00:00Z (see /status)\n"
+	if body := rec.Body.String(); rec.Code != http.StatusOK || body != want {
+		t.Errorf("/healthz with a device failing its i/o = %d %q, want 200 %q", rec.Code, body, want)
+	}
 }

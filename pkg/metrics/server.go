@@ -65,6 +65,9 @@ func healthz(status StatusFunc, startup Startup) http.Handler {
 			for _, id := range slices.Sorted(maps.Keys(st.Held)) {
 				fmt.Fprintf(w, "volume %s: device held, not served (see /status)\n", id)
 			}
+			for _, dev := range slices.Sorted(maps.Keys(st.FailingIO)) {
+				fmt.Fprintf(w, "ublk device %s: kept but not re-adopted, fails its i/o since %s (see /status)\n", dev, st.FailingIO[dev])
+			}
 		}
 	})
 }

@@ -61,7 +61,7 @@ func TestPrometheusRule(t *testing.T) {
 		}
 	}
 	for _, a := range []string{"FastblkPluginDown", "FastblkPluginAbsent", "FastblkPluginUnhealthy", "FastblkVolumeIOErrors", "FastblkDeviceNotLive",
-		"FastblkPidsHeadroomLow", "FastblkNodeCapacityLow", "FastblkBackendFallback", "FastblkDeviceClassUnavailable"} {
+		"FastblkDeviceFailingIO", "FastblkPidsHeadroomLow", "FastblkNodeCapacityLow", "FastblkBackendFallback", "FastblkDeviceClassUnavailable"} {
 		if _, ok := alerts[a]; !ok {
 			t.Errorf("alert %s missing (have %v)", a, alerts)
 		}

@@ -71,7 +71,9 @@ type plugin struct {
 	mountNS bool
 }
 
-func newPlugin(t *testing.T) *plugin { return newPluginIn(t, -1) }
+// newPlugin starts the plugin with the serve flags args besides the
+// harness's own.
+func newPlugin(t *testing.T, args ...string) *plugin { return newPluginIn(t, -1, args...) }
 
 // newPluginIn starts the plugin in the cgroup open as cgroupFD (-1: this
 // process's cgroup), with extra serve flags args.
@@ -129,6 +131,11 @@ func (p *plugin) start() {
 			return
 		}
 		if time.Now().After(deadline) || p.cmd.ProcessState != nil {
+			// Killed first: a plugin left running would hold the
+			// metrics address, and every later test would fail.
+			p.cmd.Process.Kill()
+			p.cmd.Wait()
+			p.cmd = nil
 			p.t.Fatalf("plugin not ready: %v\n%s", err, p.logTail())
 		}
 		<-time.After(50 * time.Millisecond)

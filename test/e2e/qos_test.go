@@ -73,7 +73,7 @@ func TestRateLimits(t *testing.T) {
 	p := newPlugin(t)
 	v := p.provision("paced", 128<<20, blockCap(), map[string]string{"queues": "2", "queueDepth": "32", "maxIOPS": "400"})
 	dev := p.devLink(v)
-	labels := fmt.Sprintf(`{name="paced",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, v.storeID())
+	labels := fmt.Sprintf(`{device_class="default",name="paced",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, v.storeID())
 	// Write the region fio uses once (64 requests, well within the
 	// limit): random writes into the holes of the fresh sparse file
 	// allocate blocks, which under emulation on 6.12 runs close to 1500

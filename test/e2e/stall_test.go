@@ -70,7 +70,7 @@ func restartStall(t *testing.T, p *plugin, how string, stop func()) {
 	rmed, rworst := iogap.Summary(starts)
 	t.Logf("ublk backend, %d restarts after %s: I/O stall median %.3f s, worst %.3f s (gaps %v); stop median %.3f s, worst %.3f s; start to ready median %.3f s, worst %.3f s",
 		len(gaps), how, gmed, gworst, gaps, smed, sworst, rmed, rworst)
-	if n := p.metric(`fastblk_volume_recoveries_total{name="stall",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="` + v.storeID() + `"}`); n != 1 {
+	if n := p.metric(`fastblk_volume_recoveries_total{device_class="default",name="stall",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="` + v.storeID() + `"}`); n != 1 {
 		t.Errorf("recoveries = %v after the last restart, want 1", n)
 	}
 }

@@ -229,7 +229,7 @@ func TestFullDisk(t *testing.T) {
 	}
 	p.waitLog(t, "the data directory is full")
 	if testBackend() == "ublk" {
-		if e := metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{name="full-disk",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, storeIDOf(id))); e < 1 {
+		if e := metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{device_class="default",name="full-disk",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, storeIDOf(id))); e < 1 {
 			t.Errorf("fastblk_volume_errors_total = %v after a failed write, want ≥ 1", e)
 		}
 		p.waitLog(t, "volume I/O failed", `volumeID="`+storeIDOf(id)+`"`)
@@ -308,7 +308,7 @@ func TestBackingEIO(t *testing.T) {
 	}
 	if testBackend() == "ublk" {
 		_, body := p.get(t, "/metrics")
-		if e := metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{name="backing-eio",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, storeIDOf(id))); e < 4 {
+		if e := metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{device_class="default",name="backing-eio",namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`, storeIDOf(id))); e < 4 {
 			t.Errorf("fastblk_volume_errors_total = %v after 4 failed I/Os, want ≥ 4", e)
 		}
 		p.waitLog(t, "volume I/O failed", `volumeID="`+storeIDOf(id)+`"`)

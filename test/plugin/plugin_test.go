@@ -272,7 +272,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 	// without its node tag.
 	storeID := storeIDOf(id)
 	labels := func(op string) string {
-		return fmt.Sprintf(`{name="metrics-vol",namespace="apps",%spersistentvolume="metrics-vol",persistentvolumeclaim="data",volume_id="%s"}`, op, storeID)
+		return fmt.Sprintf(`{device_class="default",name="metrics-vol",namespace="apps",%spersistentvolume="metrics-vol",persistentvolumeclaim="data",volume_id="%s"}`, op, storeID)
 	}
 	writes := "fastblk_volume_ios_total" + labels(`op="write",`)
 	_, body := p.get(t, "/metrics")

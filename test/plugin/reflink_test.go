@@ -89,7 +89,7 @@ func TestFullDiskAfterSnapshot(t *testing.T) {
 	}
 	if testBackend() == "ublk" {
 		errs := func(name, id string) float64 {
-			return metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{name=%q,namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`,
+			return metric(t, body, fmt.Sprintf(`fastblk_volume_errors_total{device_class="default",name=%q,namespace="",persistentvolume="",persistentvolumeclaim="",volume_id="%s"}`,
 				name, storeIDOf(id)))
 		}
 		if e := errs("cow", id); e < 1 {

@@ -99,6 +99,10 @@ type Config struct {
 	// no caller to return it to (a ublk server thread that fails); its
 	// arguments are klog.ErrorS's. Nil drops the reports.
 	Report func(err error, msg string, keysAndValues ...any)
+	// FailUnservedAfter (ublk only) bounds how long a ublk device the
+	// plugin keeps but cannot re-adopt holds its I/O before it fails it
+	// (ublk.ServerConfig.FailUnservedAfter); 0: for ever.
+	FailUnservedAfter time.Duration
 }
 
 // UblkControl is the ublk control device; its presence selects ublk in "auto".

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -49,8 +50,9 @@ func newUblkBackend(cfg Config) (blockdev.Backend, error) {
 		ThreadPolicy: ublk.ThreadPolicy(cfg.ThreadPolicy),
 		Thread: ublk.ThreadConfig{Tags: cfg.ThreadTags, Ablation: m.ablation, PollInFlight: cfg.PollInFlight, Pin: cfg.PinThreads, Near: cfg.NearQueues, IOWQWorkers: cfg.IOWQWorkers,
 			DiskSlots: cfg.DiskSlots},
-		Queue:  ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
-		Report: cfg.Report,
+		Queue:             ublk.QueueOptions{Poll: cfg.Poll, FixedBuffers: true, IdleReclaim: ublk.DefaultIdleReclaim},
+		Report:            cfg.Report,
+		FailUnservedAfter: cfg.FailUnservedAfter,
 	})
 	if err != nil {
 		return nil, ublkErr("ublk backend", err)
@@ -205,10 +207,18 @@ func (b *ublkBackend) CutChanges(volumeID string) ([]cbt.Extent, bool, error) {
 }
 
 // PutBackChanges returns a cut to the volume's device when the snapshot it
-// was for failed. A device gone meanwhile took its record with it; its
-// volume's record on disk says untrusted, as it has since the attach.
-func (b *ublkBackend) PutBackChanges(volumeID string, changes []cbt.Extent, trusted bool) {
-	_ = b.srv.PutBackChanges(volumeID, ublk.Changes{Extents: changes, Trusted: trusted})
+// was for failed. A device gone meanwhile, or that handed its record over
+// (HandOver), takes it no more: ErrNotFound, and the caller keeps it.
+func (b *ublkBackend) PutBackChanges(volumeID string, changes []cbt.Extent, trusted bool) error {
+	return ublkErr("put back changes of "+volumeID, b.srv.PutBackChanges(volumeID, ublk.Changes{Extents: changes, Trusted: trusted}))
+}
+
+// HandOver leaves the change record of the volume's device in its state
+// file for the next process, as the plugin stops without releasing the
+// device (ublk.Server.HandOver): the device's I/O stays held until the
+// process ends and the next one re-adopts it.
+func (b *ublkBackend) HandOver(ctx context.Context, volumeID string) error {
+	return ublkErr("hand over "+volumeID, b.srv.HandOver(ctx, volumeID))
 }
 
 // Resize makes the device report sizeBytes (UPDATE_SIZE, Linux 6.16+);
@@ -321,8 +331,21 @@ var _ blockdev.HeldReporter = (*ublkBackend)(nil)
 // Held returns, by volume, why a device kept for it is not served (its
 // state file lost, the volume's record and the kernel disagreeing: see
 // ublk.Server.Held). Unlike Health, it does not fail the plugin's
-// liveness: a restart cannot resolve it.
-func (b *ublkBackend) Held() map[string]error { return b.srv.Held() }
+// liveness: a restart cannot resolve it. A reason that says that devices
+// fail their I/O (ublk.ErrFailingIO) wraps blockdev.ErrFailingIO.
+func (b *ublkBackend) Held() map[string]error {
+	held := b.srv.Held()
+	for id, err := range held {
+		if errors.Is(err, ublk.ErrFailingIO) {
+			held[id] = fmt.Errorf("%w (%w)", err, blockdev.ErrFailingIO)
+		}
+	}
+	return held
+}
+
+// FailingIO returns, by block device, since when the server fails the I/O
+// of the devices it keeps but cannot re-adopt (Config.FailUnservedAfter).
+func (b *ublkBackend) FailingIO() map[string]time.Time { return b.srv.FailingIO() }
 
 var _ blockdev.IOHolder = (*ublkBackend)(nil)
 

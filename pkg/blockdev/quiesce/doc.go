@@ -6,7 +6,9 @@
 //     filesystem outlives the process that froze it, and ThawAbandoned
 //     thaws what a killed plugin left frozen;
 //   - a device whose backend can hold its I/O (blockdev.IOHolder, the
-//     ublk backend) is held by the backend itself;
+//     ublk backend) is held by the backend itself, after the freeze when
+//     a filesystem is mounted on it (a freeze does not stop a writer with
+//     the device open);
 //   - any other device is flushed (FlushDevice): its completed writes reach
 //     the file, but new ones keep flowing, so only a single reflink copies
 //     it consistently.

@@ -18,7 +18,12 @@ var ErrInconsistent = errors.New("no crash-consistent copy possible")
 //
 //   - a mounted volume: its filesystem is frozen (FreezeVolume, recorded in
 //     dataDir first, so that a plugin killed meanwhile thaws it when it
-//     starts again);
+//     starts again), then, where the backend can (holder), its device's
+//     I/O held too: a freeze stops the filesystem's writers, not a writer
+//     with the device open (root, beside the filesystem), and does not
+//     wait for such a writer's requests in flight, which the device's
+//     hold does. Released the other way round: the device resumes, then
+//     the filesystem thaws;
 //   - a raw block volume: the backend holds its device's I/O (holder, nil
 //     when the backend cannot); without a holder (loop) the device can
 //     only be flushed (FlushDevice), and the copy is consistent only as a
@@ -32,10 +37,22 @@ func For(v blockdev.Volume, dataDir string, holder blockdev.IOHolder, canReflink
 	switch {
 	case path == "":
 		return nil, "", nil
-	case !v.Node.Block:
+	case !v.Node.Block && holder == nil:
 		return func(ctx context.Context) (func() error, error) {
 			return FreezeVolume(ctx, dataDir, id, path, dev)
 		}, "filesystem frozen", nil
+	case !v.Node.Block:
+		return func(ctx context.Context) (func() error, error) {
+			thaw, err := FreezeVolume(ctx, dataDir, id, path, dev)
+			if err != nil {
+				return nil, err
+			}
+			resume, err := holder.HoldIO(ctx, id)
+			if err != nil {
+				return nil, errors.Join(err, thaw())
+			}
+			return func() error { return errors.Join(resume(), thaw()) }, nil
+		}, "filesystem frozen, device i/o held", nil
 	case holder != nil:
 		return func(ctx context.Context) (func() error, error) {
 			return holder.HoldIO(ctx, id)

@@ -27,7 +27,11 @@ import (
 //     makes it trusted again. A crash, a restart that re-adopts the device,
 //     or a backend that does not track (loop) thus leaves it untrusted.
 //     A volume without one (made before tracking, restored, cloned or
-//     imported) is untrusted until its first snapshot.
+//     imported) is untrusted until its first snapshot. It also keeps the
+//     cut of a failed snapshot that no device took back (putBack), which
+//     the next snapshot's record includes. It is removed before the
+//     volume's own record, so that no volume created later under the same
+//     ID finds it.
 //   - <snapshot-id>.json, the snapshot's record, written before the
 //     snapshot's own record: the ranges changed between the volume's
 //     previous snapshot (Prev) and this one, whether that is trusted, and
@@ -75,10 +79,12 @@ type snapshotChanges struct {
 // volume's device, while the volume is held for its snapshot, and gives
 // it back when the snapshot fails (a backend's CutChanges and
 // PutBackChanges, for the volume). Cut fails when the device is not
-// tracked.
+// tracked; PutBack fails when no device takes the cut back (it is gone,
+// or handed its record over), and the store then keeps it in the
+// volume's record (putBack).
 type ChangeCut struct {
 	Cut     func() (exts []cbt.Extent, trusted bool, err error)
-	PutBack func(exts []cbt.Extent, trusted bool)
+	PutBack func(exts []cbt.Extent, trusted bool) error
 }
 
 func (s *Store) changesPath(id string) string {

@@ -73,13 +73,20 @@ func (d *device) snapshot(name string) blockdev.Snapshot {
 	hold := func(context.Context) (func() error, error) { return func() error { return nil }, nil }
 	cut := &ChangeCut{
 		Cut:     func() ([]cbt.Extent, bool, error) { e, ok := d.tr.Cut(); return e, ok, nil },
-		PutBack: d.tr.PutBack,
+		PutBack: d.putBack,
 	}
 	snap, err := d.s.CreateSnapshotTracked(context.Background(), name, d.vol, hold, cut)
 	if err != nil {
 		d.t.Fatalf("snapshot %s: %v", name, err)
 	}
 	return snap
+}
+
+// putBack is ChangeCut.PutBack of the device: the cut goes back into its
+// tracker.
+func (d *device) putBack(exts []cbt.Extent, trusted bool) error {
+	d.tr.PutBack(exts, trusted)
+	return nil
 }
 
 func (d *device) detach() {
@@ -358,18 +365,26 @@ func TestFailedSnapshotPutsTheCutBack(t *testing.T) {
 	d := attachTracked(t, s, v.ID)
 	s1 := d.snapshot("s1")
 	d.write(mib, 4096, 1)
+	d.snapshotFailingAfterCut(d.putBack)
+	s2 := d.snapshot("s2")
+	if got := checkDelta(t, s, s1, s2, DeltaTracked); !slices.Equal(got, []cbt.Extent{{Offset: mib, Length: 64 << 10}}) {
+		t.Fatalf("delta = %v, want the write before the failed snapshot", got)
+	}
+}
+
+// snapshotFailingAfterCut takes a snapshot of the device's volume that
+// fails after its cut (the hold's release fails), the cut handed to
+// putBack.
+func (d *device) snapshotFailingAfterCut(putBack func([]cbt.Extent, bool) error) {
+	d.t.Helper()
 	boom := errors.New("release failed")
 	hold := func(context.Context) (func() error, error) { return func() error { return boom }, nil }
 	cut := &ChangeCut{
 		Cut:     func() ([]cbt.Extent, bool, error) { e, ok := d.tr.Cut(); return e, ok, nil },
-		PutBack: d.tr.PutBack,
+		PutBack: putBack,
 	}
-	if _, err := s.CreateSnapshotTracked(context.Background(), "failed", v.ID, hold, cut); !errors.Is(err, boom) {
-		t.Fatalf("err = %v, want the release's", err)
-	}
-	s2 := d.snapshot("s2")
-	if got := checkDelta(t, s, s1, s2, DeltaTracked); !slices.Equal(got, []cbt.Extent{{Offset: mib, Length: 64 << 10}}) {
-		t.Fatalf("delta = %v, want the write before the failed snapshot", got)
+	if _, err := d.s.CreateSnapshotTracked(context.Background(), "failed", d.vol, hold, cut); !errors.Is(err, boom) {
+		d.t.Fatalf("err = %v, want the release's", err)
 	}
 }
 
@@ -467,4 +482,101 @@ func bruteDelta(t *testing.T, a, b string) []cbt.Extent {
 		}
 	}
 	return cbt.Normalize(out)
+}
+
+// TestDeletedVolumesRecordNeverOutlivesIt: a volume whose change record
+// cannot be removed is not deleted (the deletion fails, and so does its
+// retry, the volume intact); once it can be, the deletion goes through,
+// and a new volume created under the same ID starts untrusted instead of
+// inheriting the old one's trusted record.
+func TestDeletedVolumesRecordNeverOutlivesIt(t *testing.T) {
+	ctx := context.Background()
+	s := openStore(t, t.TempDir())
+	v := mustCreate(t, s, VolumeSpec{Name: "v", SizeBytes: 8 * mib})
+	d := attachTracked(t, s, v.ID)
+	d.snapshot("s1")
+	d.write(mib, 4096, 1)
+	d.detach() // a clean hand-over: the record on disk is trusted
+	rec := s.changesPath(v.ID)
+	setImmutable(t, rec, true)
+	for try := range 2 { // the provisioner retries a failed deletion
+		err := s.DeleteVolume(ctx, v.ID, nil)
+		if _, gone := s.Volume(v.ID); err == nil || gone != nil {
+			setImmutable(t, rec, false)
+			t.Fatalf("deletion %d while the change record cannot be removed: %v, volume lookup %v; want an error and the volume kept",
+				try, err, gone)
+		}
+	}
+	setImmutable(t, rec, false)
+	if err := s.DeleteVolume(ctx, v.ID, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(rec); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("change record of the deleted volume: %v", err)
+	}
+	again := mustCreate(t, s, VolumeSpec{Name: "v", SizeBytes: 8 * mib})
+	if exts, trusted, err := s.BeginTracking(ctx, again.ID); err != nil || trusted {
+		t.Fatalf("new volume under the deleted one's ID starts from %v trusted %t (%v); want untrusted", exts, trusted, err)
+	}
+}
+
+// fsImmutable is FS_IMMUTABLE_FL (include/uapi/linux/fs.h); x/sys/unix
+// does not name it.
+const fsImmutable = 0x10
+
+// setImmutable sets or clears FS_IMMUTABLE_FL (chattr +i) on path: root
+// can neither remove nor replace the file while it is set.
+func setImmutable(t *testing.T, path string, on bool) {
+	t.Helper()
+	f, err := os.Open(path)
+	if !on && errors.Is(err, os.ErrNotExist) {
+		return // removed once it could be
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	flags, err := unix.IoctlGetUint32(int(f.Fd()), unix.FS_IOC_GETFLAGS)
+	if err != nil {
+		t.Fatalf("get flags of %s: %v", path, err)
+	}
+	if on {
+		flags |= fsImmutable
+	} else {
+		flags &^= fsImmutable
+	}
+	if err := unix.IoctlSetPointerInt(int(f.Fd()), unix.FS_IOC_SETFLAGS, int(flags)); err != nil {
+		t.Fatalf("set flags of %s: %v", path, err)
+	}
+	if on {
+		t.Cleanup(func() { setImmutable(t, path, false) })
+	}
+}
+
+// TestCutNoDeviceTakesBackIsKept: a snapshot fails after its cut while the
+// device no longer takes the cut back (the plugin stopped meanwhile and
+// the device handed its record, without the cut, over to the next
+// process; or the device is gone): the cut's writes must reach the next
+// snapshot's record all the same.
+func TestCutNoDeviceTakesBackIsKept(t *testing.T) {
+	s := openStore(t, t.TempDir())
+	v := mustCreate(t, s, VolumeSpec{Name: "v", SizeBytes: 8 * mib})
+	d := attachTracked(t, s, v.ID)
+	s1 := d.snapshot("s1")
+	d.write(mib, 4096, 1)
+	d.snapshotFailingAfterCut(func([]cbt.Extent, bool) error { return fmt.Errorf("put back: %w", os.ErrNotExist) })
+	// The next process's device carries on what it was handed over:
+	// everything since the cut (nothing), trusted.
+	exts, trusted := d.tr.Cut()
+	tr, err := cbt.NewTracker(v.SizeBytes, 2, exts, trusted)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := &device{t: t, s: s, vol: v.ID, tr: tr}
+	next.write(2*mib, 4096, 2)
+	s2 := next.snapshot("s2")
+	got := checkDelta(t, s, s1, s2, DeltaTracked)
+	if cbt.Total(cbt.Clip(got, mib, mib+4096)) != 4096 {
+		t.Fatalf("delta = %v, want the write before the failed snapshot in it", got)
+	}
 }

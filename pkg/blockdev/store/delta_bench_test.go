@@ -55,7 +55,8 @@ func BenchmarkDelta(b *testing.B) {
 		}
 	}
 	hold := func(context.Context) (func() error, error) { return func() error { return nil }, nil }
-	cut := &ChangeCut{Cut: func() ([]cbt.Extent, bool, error) { e, ok := tr.Cut(); return e, ok, nil }, PutBack: tr.PutBack}
+	cut := &ChangeCut{Cut: func() ([]cbt.Extent, bool, error) { e, ok := tr.Cut(); return e, ok, nil },
+		PutBack: func(e []cbt.Extent, ok bool) error { tr.PutBack(e, ok); return nil }}
 	base, err := s.CreateSnapshotTracked(ctx, "base", v.ID, hold, cut)
 	if err != nil {
 		b.Fatal(err)

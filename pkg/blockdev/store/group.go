@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -168,7 +169,7 @@ func (s *Store) takeGroup(ctx context.Context, g blockdev.GroupSnapshot, takes [
 	}
 	if err != nil {
 		for _, t := range takes {
-			s.abortTake(t)
+			err = errors.Join(err, s.abortTake(t))
 			atomicfile.Remove(s.metaPath(t.snap.ID))
 		}
 		// Should this fail, the record stays "creating": Open, or the

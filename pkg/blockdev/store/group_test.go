@@ -36,7 +36,11 @@ func (d *device) source(ev *events, failHold, failRelease error) GroupSource {
 				e, ok := d.tr.Cut()
 				return e, ok, nil
 			},
-			PutBack: func(e []cbt.Extent, ok bool) { *ev = append(*ev, "put back "+name); d.tr.PutBack(e, ok) },
+			PutBack: func(e []cbt.Extent, ok bool) error {
+				*ev = append(*ev, "put back "+name)
+				d.tr.PutBack(e, ok)
+				return nil
+			},
 		},
 	}
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -110,8 +111,8 @@ func (s *Store) takeSnapshot(ctx context.Context, snap blockdev.Snapshot, hold H
 		sc, err = s.commitTake(t)
 	}
 	if err != nil {
-		s.abortTake(t)
-		return classify(fmt.Errorf("create snapshot %s: %w", snap.ID, err))
+		err = classify(fmt.Errorf("create snapshot %s: %w", snap.ID, err))
+		return errors.Join(err, s.abortTake(t))
 	}
 	s.restartChanges(t, sc)
 	return nil
@@ -193,11 +194,12 @@ func (s *Store) commitTake(t *snapshotTake) (snapshotChanges, error) {
 }
 
 // abortTake removes what the take made and gives its cut back to the
-// device.
-func (s *Store) abortTake(t *snapshotTake) {
+// device, or keeps it in the volume's record (putBack); an error says
+// that the cut is in no record.
+func (s *Store) abortTake(t *snapshotTake) error {
 	atomicfile.Remove(s.changesPath(t.snap.ID))
 	atomicfile.Remove(t.file)
-	t.c.putBack(t.cut)
+	return s.putBack(t.snap.SourceVolumeID, t.cut, &t.c)
 }
 
 // restartChanges starts the source volume's record afresh from the
@@ -209,7 +211,7 @@ func (s *Store) abortTake(t *snapshotTake) {
 func (s *Store) restartChanges(t *snapshotTake, sc snapshotChanges) {
 	next := volumeChanges{Version: changesVersion, Base: t.snap.ID, BaseToken: sc.Token, Trusted: t.hold == nil}
 	if err := s.writeChanges(t.snap.SourceVolumeID, next); err != nil {
-		t.c.putBack(t.cut)
+		_ = s.putBack(t.snap.SourceVolumeID, t.cut, &t.c) // the snapshot stands
 	}
 }
 
@@ -233,16 +235,38 @@ func (c *heldCut) take(cut *ChangeCut) {
 	}
 }
 
-func (c *heldCut) putBack(cut *ChangeCut) {
-	if c.done && cut != nil && cut.PutBack != nil {
-		cut.PutBack(c.exts, c.trusted)
-		c.done = false
+// putBack returns the cut c of the volume's record to its device when the
+// snapshot it was for failed. When no device takes it (the device is gone,
+// or handed its record over to the next process), it goes into the
+// volume's record on disk instead, untrusted, and the next snapshot's
+// record takes it from there (snapshotChanges): the cut's writes are in
+// some record either way. The caller holds the volume's guard. The error
+// says that the cut is in no record.
+func (s *Store) putBack(volumeID string, cut *ChangeCut, c *heldCut) error {
+	if !c.done || cut == nil || cut.PutBack == nil {
+		return nil
 	}
+	c.done = false
+	perr := cut.PutBack(c.exts, c.trusted)
+	if perr == nil {
+		return nil
+	}
+	var vc volumeChanges
+	if !s.readChanges(volumeID, &vc) {
+		vc = volumeChanges{Version: changesVersion}
+	}
+	vc.Changes, vc.Trusted = cbt.Union(vc.Changes, c.exts), false
+	if err := s.writeChanges(volumeID, vc); err != nil {
+		return fmt.Errorf("the snapshot's cut of %s's change record is lost: %w; %w", volumeID, perr, err)
+	}
+	return nil
 }
 
 // snapshotChanges builds the change record of snap: the device's cut when
-// one was taken, else the volume's record, trusted only when no device
-// served the volume (inUse false) and the record is trusted.
+// one was taken, with the volume's record (what the device started from,
+// and any cut no device took back: putBack), else the volume's record,
+// trusted only when no device served the volume (inUse false) and the
+// record is trusted.
 func (s *Store) snapshotChanges(snap blockdev.Snapshot, inUse bool, c heldCut) (snapshotChanges, error) {
 	token, err := newToken()
 	if err != nil {
@@ -254,7 +278,7 @@ func (s *Store) snapshotChanges(snap blockdev.Snapshot, inUse bool, c heldCut) (
 		Prev: vc.Base, PrevToken: vc.BaseToken}
 	switch {
 	case c.done:
-		sc.Changes, sc.Trusted = c.exts, c.trusted && known
+		sc.Changes, sc.Trusted = cbt.Union(c.exts, vc.Changes), c.trusted && known
 	case !inUse:
 		sc.Changes, sc.Trusted = vc.Changes, known && vc.Trusted
 	}

@@ -214,10 +214,12 @@ func (s *Store) DeleteVolume(ctx context.Context, id string, detach func(ctx con
 			return fmt.Errorf("delete volume %s: detach a device left behind: %w", id, err)
 		}
 	}
-	if err := s.deleteObject(id); err != nil {
-		return err
+	// The change record goes first: one left behind by a volume that is
+	// gone would be taken by a new volume of the same ID for its own.
+	if err := atomicfile.Remove(s.changesPath(id)); err != nil {
+		return fmt.Errorf("delete volume %s: its change record: %w", id, err)
 	}
-	return atomicfile.Remove(s.changesPath(id))
+	return s.deleteObject(id)
 }
 
 // deleteObject removes the record (the object is gone from then on), then

@@ -2,6 +2,7 @@ package ublk
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -34,16 +35,29 @@ func TestServerRecordsChanges(t *testing.T) {
 		}
 	})
 	s := newTestServer(t, state)
-	defer s.Close()
+	defer func() { s.Close() }()
 	ctx := context.Background()
 	const g = cbt.Granularity
+	// cut cuts the record with the device's I/O held, as a snapshot does.
+	cut := func() (Changes, error) {
+		t.Helper()
+		resume, err := s.Pause(ctx, "vol")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resume()
+		return s.CutChanges("vol")
+	}
 	carry := []cbt.Extent{{Offset: 60 << 20, Length: g}}
 	d, err := s.Attach(ctx, AttachSpec{VolumeID: "vol", File: file, Changes: carry, ChangesTrusted: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	writeRead(t, d.Path, 1<<20, 1, true) // 256 KiB: 4 chunks
-	ch, err := s.CutChanges("vol")
+	if _, err := s.CutChanges("vol"); !errors.Is(err, os.ErrInvalid) {
+		t.Fatalf("cut with the device's i/o not held: %v, want an error wrapping os.ErrInvalid", err)
+	}
+	ch, err := cut()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +75,7 @@ func TestServerRecordsChanges(t *testing.T) {
 		t.Fatalf("zero out: %v", err)
 	}
 	f.Close()
-	ch, err = s.CutChanges("vol")
+	ch, err = cut()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,8 +108,7 @@ func TestServerRecordsChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = newTestServer(t, state)
-	defer s.Close()
-	ch, err = s.CutChanges("vol")
+	ch, err = cut()
 	if err != nil || !ch.Trusted || cbt.Total(cbt.Clip(ch.Extents, 40<<20, 40<<20+4*g)) != 4*g ||
 		cbt.Total(cbt.Clip(ch.Extents, 30<<20, 30<<20+4*g)) != 4*g {
 		t.Fatalf("re-adopted after a clean stop: %+v, %v; want the handed-over record, trusted", ch, err)
@@ -112,8 +125,7 @@ func TestServerRecordsChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = newTestServer(t, state)
-	defer s.Close()
-	if ch, err = s.CutChanges("vol"); err != nil || ch.Trusted {
+	if ch, err = cut(); err != nil || ch.Trusted {
 		t.Fatalf("re-adopted without a hand-over: %+v, %v; want untrusted", ch, err)
 	}
 	if err := s.Detach(ctx, "vol"); err != nil {

@@ -30,6 +30,9 @@ func FileTarget(fd int) Target { return dataplane.FileTarget(fd) }
 // NullTarget completes every request at once without backing I/O.
 func NullTarget() Target { return dataplane.NullTarget() }
 
+// FailTarget fails every request with EIO.
+func FailTarget() Target { return dataplane.FailTarget() }
+
 // DefaultIdleReclaim is QueueOptions.IdleReclaim's default.
 const DefaultIdleReclaim = dataplane.DefaultIdleReclaim
 

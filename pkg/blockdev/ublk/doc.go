@@ -27,9 +27,11 @@
 //     that the device's rate limits (pkg/blockdev/qos) do not let start
 //     yet. dataplane.go re-exports the types callers configure.
 //   - Change records (changes_linux.go): each device's cbt.Tracker, a
-//     bitmap per queue that the data plane marks; cut for a snapshot,
-//     handed over at a clean detach and by Close (in the device's state
-//     file, for the next process); untrusted after a re-adoption without.
+//     bitmap per queue that the data plane marks; cut for a snapshot (with
+//     the device's I/O held), handed over at a clean detach, and at a
+//     stop by HandOver or Close (in the device's state file, stamped with
+//     the backing file's change time, for the next process); untrusted
+//     after a re-adoption without one.
 //   - ChooseTuning (tuning.go): queues and depth from CPUs and a memory
 //     budget; the one place the policy is stated.
 //   - Server (server_linux.go, state.go): the devices of one plugin
@@ -41,7 +43,9 @@
 //     re-adopted in the process, through user recovery, onto the other
 //     threads and one started in its place (threadheal_linux.go); Health
 //     fails until they are, and stays failed, so that the plugin is
-//     restarted, where that is impossible.
+//     restarted, where that is impossible. A device it keeps but cannot
+//     re-adopt (no readable state names it) fails its I/O after a bound
+//     instead of holding it (unserved_linux.go).
 //
 // # Ownership
 //

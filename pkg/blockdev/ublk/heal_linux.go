@@ -148,6 +148,11 @@ func (s *Server) heal(ctx context.Context, spec AttachSpec, cause error) (Served
 	}
 	var devs []kernelDevice
 	for _, info := range infos {
+		if s.failingDevice(info.DevID) {
+			// Its I/O fails, served by this process: re-adopting it
+			// for the volume takes a restart (FailUnservedAfter).
+			continue
+		}
 		p, err := s.ctl.getParams(info.DevID)
 		devs = append(devs, kernelDevice{info: info, params: p, err: err})
 	}
@@ -187,10 +192,21 @@ func (s *Server) heal(ctx context.Context, spec AttachSpec, cause error) (Served
 // taking every other volume's device through a recovery each time. An
 // operator must decide; the volume's health condition and the node status
 // say so.
+//
+// While devices that no record names fail their I/O (FailUnservedAfter),
+// each held volume's reason names them too, wrapping ErrFailingIO: the
+// server cannot tell which of them is the volume's.
 func (s *Server) Held() map[string]error {
+	note := s.failingNote()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return maps.Clone(s.held)
+	held := maps.Clone(s.held)
+	if note != "" {
+		for id, err := range held {
+			held[id] = fmt.Errorf("%w; ublk devices that no record names (%w): %s", err, ErrFailingIO, note)
+		}
+	}
+	return held
 }
 
 // setHeld records (err non-nil) or forgets why the volume's device is held.

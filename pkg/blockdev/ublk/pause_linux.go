@@ -54,5 +54,6 @@ func (d *Device) Pause(ctx context.Context) (resume func(), err error) {
 		resume()
 		return nil, fmt.Errorf("pause ublk device %d: %w", d.ID(), err)
 	}
+	d.gate.MarkSettled()
 	return resume, nil
 }

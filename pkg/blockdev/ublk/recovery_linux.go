@@ -300,10 +300,10 @@ func (s *Server) adoptOne(ctx context.Context, st State) error {
 	}
 	lim := qos.New(st.Limits)
 	st.NowaitWrites = s.nowaitWrites(file, &st)
-	// The old process's record: handed over by its Close, or lost with
-	// it (then the record starts untrusted, and the volume's next
-	// snapshot's delta compares files).
-	changes, st, err := s.takeHandover(st)
+	// The old process's record: handed over at its stop (HandOver, or
+	// Close), or lost with it (then the record starts untrusted, and the
+	// volume's next snapshot's delta compares files).
+	changes, st, err := s.takeHandover(st, file)
 	if err != nil {
 		file.Close()
 		return fmt.Errorf("re-adopt %s: %w", st.VolumeID, err)

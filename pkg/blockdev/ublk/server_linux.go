@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -70,6 +71,13 @@ type ServerConfig struct {
 	// caller to return it to (a server thread that fails); its arguments
 	// are klog.ErrorS's.
 	Report func(err error, msg string, keysAndValues ...any)
+	// FailUnservedAfter bounds how long a device the server keeps but
+	// cannot serve holds its I/O: a started device carrying the owner
+	// token that no readable state names (its state file lost, and no
+	// volume's record agreeing with the kernel's view of it, see heal)
+	// fails every request with EIO once it has been so this long
+	// (unserved_linux.go). 0 holds its I/O until a process re-adopts it.
+	FailUnservedAfter time.Duration
 }
 
 // ThreadPolicy is how a Server gives devices server threads.
@@ -172,6 +180,9 @@ type Server struct {
 	// held are the devices kept but not served because their state is
 	// lost and the volume's record disagrees with the kernel (Held).
 	held map[string]error
+	// failing are the devices the server keeps but cannot serve whose
+	// I/O it fails (FailUnservedAfter), by device id.
+	failing map[uint32]*failing
 	// healMu serialises heal: two volumes whose records name one device
 	// must not both re-adopt it.
 	healMu sync.Mutex
@@ -216,6 +227,10 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	if cfg.BatchIO == "" {
 		cfg.BatchIO = ModeOff
 	}
+	if cfg.ThreadPolicy == "" && (cfg.Thread.Pin || cfg.Thread.Near) {
+		// Threads pinned one per CPU are a shared pool's.
+		cfg.ThreadPolicy = ThreadsShared
+	}
 	if cfg.ThreadPolicy == "" {
 		cfg.ThreadPolicy = DefaultThreadPolicy
 	}
@@ -258,6 +273,10 @@ func NewServer(ctx context.Context, cfg ServerConfig) (*Server, []error, error) 
 	}
 	errs := s.adopt(ctx)
 	s.watchAll()
+	if cfg.FailUnservedAfter > 0 {
+		s.heals.Add(1)
+		go s.watchUnserved(s.healCtx, cfg.FailUnservedAfter)
+	}
 	return s, errs, nil
 }
 
@@ -443,6 +462,7 @@ func (s *Server) Close() error {
 		// devices stay QUIESCED, their I/O held.
 		errs = append(errs, p.Close())
 	}
+	errs = append(errs, s.closeFailing()...)
 	s.mu.Lock()
 	stuck := s.stuck
 	s.stuck = nil
@@ -455,10 +475,11 @@ func (s *Server) Close() error {
 	handover := errors.Join(errs...) == nil
 	for _, sv := range devs {
 		errs = append(errs, sv.dev.Release(context.Background()))
-		sv.file.Close()
 		if handover {
+			// Stamped from the open file (handOver), so before it closes.
 			errs = append(errs, s.handOver(sv))
 		}
+		sv.file.Close()
 	}
 	return errors.Join(append(errs, s.ctl.Close())...)
 }

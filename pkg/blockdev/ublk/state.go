@@ -38,11 +38,12 @@ type State struct {
 	Flags uint64 `json:"flags"`
 	// Owner is the token stored in the device's ublksrv_flags.
 	Owner uint64 `json:"owner"`
-	// Handover is the device's change record as Close left it, once no
-	// server thread could mark it any more, for the next process to
-	// carry on (adoptOne consumes it before the device serves again).
-	// nil otherwise: a process that ended any other way lost the record.
-	Handover *Changes `json:"handover,omitempty"`
+	// Handover is the device's change record as the process that served
+	// it left it (HandOver at a stop, or Close), once no write could
+	// reach the file any more, for the next process to carry on
+	// (adoptOne consumes it before the device serves again). nil
+	// otherwise: a process that ended any other way lost the record.
+	Handover *Handover `json:"handover,omitempty"`
 }
 
 const (

@@ -28,7 +28,7 @@ func TestServerHealsFailedThread(t *testing.T) {
 	needUblk(t)
 	testgate.RequireTool(t, "fio")
 	dir := scratchDir(t)
-	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: filepath.Join(dir, "state"), Threads: 2})
+	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: filepath.Join(dir, "state"), Threads: 2, ThreadPolicy: ThreadsShared})
 	if err != nil || len(errs) > 0 {
 		t.Fatal(err, errs)
 	}
@@ -198,7 +198,7 @@ func TestServerHealRefusedWhereWarningPanics(t *testing.T) {
 	dir := scratchDir(t)
 	state := filepath.Join(dir, "state")
 	reports := make(chan error, 16)
-	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: state, Threads: 2,
+	s, errs, err := NewServer(context.Background(), ServerConfig{StateDir: state, Threads: 2, ThreadPolicy: ThreadsShared,
 		Report: func(err error, _ string, _ ...any) { reports <- err }})
 	if err != nil || len(errs) > 0 {
 		t.Fatal(err, errs)

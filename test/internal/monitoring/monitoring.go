@@ -39,6 +39,7 @@ var Conditional = map[string]string{
 	"fastblk_volume_limit_iops":              "volumes with maxIOPS (ublk)",
 	"fastblk_volume_limit_bytes_per_second":  "volumes with maxBandwidth (ublk)",
 	"fastblk_node_pids_headroom":             "a pids limit on the plugin's cgroup",
+	"fastblk_ublk_devices_failing_io":        "the ublk backend",
 }
 
 // Query is one expression of the dashboard or the rules, and where it is.

@@ -86,9 +86,13 @@ type plan struct {
 //
 // A descriptor out of range (see request) fails with -EINVAL; the kernel
 // sends none, but a wrapped length or offset must not reach the file. The
-// null target completes every supported op at once.
+// null target completes every supported op at once; the fail target fails
+// every request with -EIO.
 func planFor(r request, t Target) plan {
 	var p plan
+	if t.Kind == TargetFail {
+		return plan{act: actFail, errno: -int32(unix.EIO)}
+	}
 	if r.outOfRange && r.op != uapi.IOOpFlush {
 		return plan{act: actFail, errno: -int32(unix.EINVAL)}
 	}

@@ -129,6 +129,9 @@ func (l *queueState) issue(tag uint16) error {
 	}
 	sqe.UserData = encodeUD(udBacking, l.slot, tag)
 	l.backingStarted()
+	if t.plan.act == actWrite {
+		runWriteIssuedHook(off, n)
+	}
 	return nil
 }
 

@@ -137,7 +137,7 @@ func (c *QueueConfig) validate() error {
 		return fmt.Errorf("char device fd %d", c.CharFD)
 	case c.Target.Kind == TargetFile && c.Target.FD < 0:
 		return fmt.Errorf("backing file fd %d", c.Target.FD)
-	case c.Target.Kind != TargetFile && c.Target.Kind != TargetNull:
+	case c.Target.Kind != TargetFile && c.Target.Kind != TargetNull && c.Target.Kind != TargetFail:
 		return fmt.Errorf("target kind %d", c.Target.Kind)
 	case c.Flags&uapi.FlagAutoBufReg == 0 && c.Flags&uapi.FlagSupportZeroCopy != 0:
 		return fmt.Errorf("flags %#x: manual zero copy is not supported, use AUTO_BUF_REG, USER_COPY or copy mode", c.Flags)

@@ -25,7 +25,10 @@ import (
 // Gate pauses the queues of a device; its zero value is open.
 type Gate struct {
 	closed atomic.Bool
-	gen    atomic.Uint64 // bumped when the gate opens
+	// settled: closed, and no backing operation of the device was in
+	// flight since (MarkSettled).
+	settled atomic.Bool
+	gen     atomic.Uint64 // bumped when the gate opens
 }
 
 // Close makes the device's queues hold every request that arrives.
@@ -34,8 +37,18 @@ func (g *Gate) Close() { g.closed.Store(true) }
 // Closed reports whether the gate holds the device's requests.
 func (g *Gate) Closed() bool { return g.closed.Load() }
 
+// MarkSettled records that, the gate closed, none of the device's backing
+// operations is in flight any more (the pauser waited for them): until
+// the gate opens, the backing file holds every write and gets no other.
+func (g *Gate) MarkSettled() { g.settled.Store(g.closed.Load()) }
+
+// Held reports whether the device's I/O is held: the gate closed and
+// settled since (MarkSettled).
+func (g *Gate) Held() bool { return g.closed.Load() && g.settled.Load() }
+
 // Open lets the held requests go (the caller wakes the threads).
 func (g *Gate) Open() {
+	g.settled.Store(false)
 	g.closed.Store(false)
 	g.gen.Add(1)
 }

@@ -9,6 +9,9 @@ const (
 	// TargetNull completes every request at once with its full byte
 	// count and moves no data. For benchmarks only, never for users.
 	TargetNull
+	// TargetFail completes every request at once with EIO: a device the
+	// server keeps but cannot serve (Server.FailingIO).
+	TargetFail
 )
 
 // Target is the backing store of a device. It is a small value, not an
@@ -33,3 +36,6 @@ func FileTarget(fd int) Target { return Target{Kind: TargetFile, FD: fd} }
 
 // NullTarget returns the benchmark-only target that moves no data.
 func NullTarget() Target { return Target{Kind: TargetNull, FD: -1} }
+
+// FailTarget returns the target that fails every request with EIO.
+func FailTarget() Target { return Target{Kind: TargetFail, FD: -1} }

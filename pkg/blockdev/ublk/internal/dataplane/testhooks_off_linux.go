@@ -11,6 +11,8 @@ func runRingCloseHook(*threadLoop) {}
 
 func runFailHook(*threadLoop, failWindow, int) {}
 
+func runWriteIssuedHook(uint64, uint32) {}
+
 type queueHooks struct{}
 
 func (*queueHooks) eagain() bool { return false }

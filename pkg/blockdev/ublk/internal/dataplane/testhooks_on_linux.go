@@ -81,6 +81,26 @@ func setRoundHook(f func(*threadLoop)) {
 	roundHook.Store(&f)
 }
 
+// writeIssuedHook, when set, runs on a server thread each time it has
+// issued a backing write: marked in the queue's change record and counted
+// in flight, not yet submitted to the kernel.
+var writeIssuedHook atomic.Pointer[func(off uint64, n uint32)]
+
+func runWriteIssuedHook(off uint64, n uint32) {
+	if hook := writeIssuedHook.Load(); hook != nil {
+		(*hook)(off, n)
+	}
+}
+
+// OnWriteIssued runs f on the server thread after it issued each backing
+// write of n bytes at off, before the write is submitted: a write f makes
+// wait is recorded and in flight, and its data not yet in the file. stop
+// ends it.
+func OnWriteIssued(f func(off uint64, n uint32)) (stop func()) {
+	writeIssuedHook.Store(&f)
+	return func() { writeIssuedHook.Store(nil) }
+}
+
 // FailWindow is where in its loop FailThreadAt makes a thread fail.
 type FailWindow = failWindow
 
