@@ -334,7 +334,7 @@ func TestServeMetricsAndStatus(t *testing.T) {
 			t.Errorf("status output lacks %q:\n%s", want, out)
 		}
 	}
-	if !regexp.MustCompile(`metrics-vol\s+32\.0MiB`).Match(out) {
+	if !regexp.MustCompile(`metrics-vol\s+default\s+32\.0MiB`).Match(out) {
 		t.Errorf("status output lacks the volume size:\n%s", out)
 	}
 
