@@ -52,7 +52,10 @@ func (s *Server) Health() error {
 			}
 		}
 	}
-	if p := s.Threads(); p != nil && p.Len() > 0 && p.Live() == 0 {
+	// A shared pool with no live thread serves nothing; a per-device pool
+	// under its bound starts a thread for the next device, and its failed
+	// threads' devices are being healed (above).
+	if p := s.Threads(); p != nil && p.Len() > 0 && p.Live() == 0 && !p.CanStart() {
 		errs = append(errs, fmt.Errorf("all %d server threads failed: %w", p.Len(), ErrNoThread))
 	}
 	return errors.Join(errs...)

@@ -137,3 +137,32 @@ func TestDeviceThreadsShareWithoutRoom(t *testing.T) {
 		t.Fatalf("third device with room: %v, %v (%d threads); want a thread of its own", c, err, p.Len())
 	}
 }
+
+// TestDeviceThreadsCanStart proves a per-device pool says it can start a
+// thread while under its bound (so that its threads all failing is not the
+// end of serving, as it is for a shared pool), and not at its bound, and a
+// shared pool never says so.
+func TestDeviceThreadsCanStart(t *testing.T) {
+	p, err := NewDeviceThreads(1, ThreadConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if !p.CanStart() {
+		t.Fatal("empty per-device pool of bound 1: CanStart false")
+	}
+	if _, err := p.Pick(1, 64); err != nil {
+		t.Fatal(err)
+	}
+	if p.CanStart() {
+		t.Fatal("per-device pool at its bound: CanStart true")
+	}
+	s, err := NewThreads(1, ThreadConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.CanStart() {
+		t.Fatal("shared pool: CanStart true")
+	}
+}

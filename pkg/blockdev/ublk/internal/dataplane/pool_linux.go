@@ -129,6 +129,15 @@ const (
 	perDeviceTags = 1024
 )
 
+// CanStart reports whether a per-device pool may still start a thread
+// for a new device (it is under its bound): then no live thread is not
+// the end of serving, as it is for a shared pool.
+func (p *Threads) CanStart() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.max > 0 && !p.closed && len(p.threads) < p.max
+}
+
 // Len is the number of threads.
 func (p *Threads) Len() int {
 	p.mu.Lock()
