@@ -136,6 +136,22 @@ table() {
 	}' "$1"
 }
 
+# iowq LOG prints, per workload and ublk device, the medians over the
+# repetitions of the IOWQ lines in LOG: the most io-wq workers the server had
+# alive at once during a run, and the CPU seconds they and the server's other
+# threads took in it.
+iowq() {
+	awk "$AWK_MEDIAN"'
+	/^IOWQ / {
+		k = $2 " " $3; if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+		w[k] = w[k] " " $6; c[k] = c[k] " " $8; s[k] = s[k] " " $10
+	}
+	END {
+		if (n) printf "  %-30s %8s %11s %13s  (io-wq, medians)\n", "workload device", "workers", "iowq_cpu_s", "server_cpu_s"
+		for (i = 1; i <= n; i++) { k = order[i]; printf "  %-30s %8s %11s %13s\n", k, median(w[k]), median(c[k]), median(s[k]) }
+	}' "$1"
+}
+
 declare -A status=()
 for k in "${kernels[@]}"; do
 	set +e
@@ -154,6 +170,7 @@ for k in "${kernels[@]}"; do
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
 	grep -a -E '^bench: (ublk2? device|loop device|sparse|preallocated|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
 	table "$log"
+	iowq "$log"
 	grep -a -E '^(PROFILED|PROFILE) ' "$log" | sed 's/^/  /' || true
 done
 exit "$failed"
