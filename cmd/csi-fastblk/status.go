@@ -188,8 +188,19 @@ func fetchStatus(ctx context.Context, addr string) (driver.NodeStatus, []byte, e
 
 func printStatus(w io.Writer, st driver.NodeStatus) {
 	health := "healthy"
-	if !st.Healthy {
+	var down []string
+	for _, c := range st.Classes {
+		if c.Unavailable {
+			down = append(down, c.Name)
+		}
+	}
+	switch {
+	case !st.Healthy:
 		health = "UNHEALTHY: " + st.HealthError
+	case len(down) == 1:
+		health = "DEGRADED: device class " + down[0] + " unavailable"
+	case len(down) > 1:
+		health = "DEGRADED: device classes " + strings.Join(down, ", ") + " unavailable"
 	}
 	fmt.Fprintf(w, "node %s  driver %s %s  kernel %s  backend %s  %s\n",
 		st.NodeID, st.Driver, st.Version, st.Kernel, st.Backend, health)

@@ -162,3 +162,27 @@ func TestPrintStatusClasses(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintStatusDegradedByClass proves the status's first line does not
+// call a node healthy while one of its device classes cannot be served:
+// it says degraded and names the class (the plugin itself stays live, as
+// restarting it would not bring the class back).
+func TestPrintStatusDegradedByClass(t *testing.T) {
+	st := driver.NodeStatus{Healthy: true, Classes: []driver.ClassStatus{
+		{Name: "default", Path: "/var/lib/csi-fastblk"},
+		{Name: "old", Path: "/mnt/old", Unavailable: true, Error: "not mounted"},
+		{Name: "hdd", Path: "/mnt/hdd", Unavailable: true, Error: "not mounted"},
+	}}
+	var b strings.Builder
+	printStatus(&b, st)
+	first, _, _ := strings.Cut(b.String(), "\n")
+	if !strings.HasSuffix(first, "  DEGRADED: device classes old, hdd unavailable") {
+		t.Errorf("first line %q, want it to end with DEGRADED naming the classes", first)
+	}
+	b.Reset()
+	st.Classes = st.Classes[:1]
+	printStatus(&b, st)
+	if first, _, _ := strings.Cut(b.String(), "\n"); !strings.HasSuffix(first, "  healthy") {
+		t.Errorf("first line %q, want healthy with every class served", first)
+	}
+}

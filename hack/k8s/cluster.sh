@@ -170,7 +170,7 @@ control_plane() {
 		--listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
 		--initial-cluster e2e=http://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381 \
 		--unsafe-no-fsync --log-level warn
-	wait_for 30 etcd in_ns "$NS_CP" curl -sf http://127.0.0.1:2381/health
+	wait_for 60 etcd in_ns "$NS_CP" curl -sf http://127.0.0.1:2381/health
 	start kube-apiserver "$NS_CP" "$b/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
 		--advertise-address="$CP_IP" --bind-address=0.0.0.0 --secure-port=6443 \
 		--service-cluster-ip-range="$SERVICE_CIDR" \
@@ -186,7 +186,7 @@ control_plane() {
 		--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
 		--allow-privileged=true --profiling=false --v=1 \
 		--runtime-config=storage.k8s.io/v1beta1=true
-	wait_for 90 "kube-apiserver" kubectl get --raw /readyz
+	wait_for 180 "kube-apiserver" kubectl get --raw /readyz
 	start kube-controller-manager "$NS_CP" "$b/kube-controller-manager" \
 		--kubeconfig="$K8S_WORK/controller-manager.kubeconfig" \
 		--authentication-kubeconfig="$K8S_WORK/controller-manager.kubeconfig" \
@@ -314,10 +314,10 @@ nodes() {
 		echo $! >"$K8S_WORK/pids/node-$n"
 	done
 	for n in "${NODES[@]}"; do
-		wait_for 120 "node $n to start (see $LOGS/$n-node.log)" test -e "$K8S_WORK/$n/node.ready"
+		wait_for 300 "node $n to start (see $LOGS/$n-node.log)" test -e "$K8S_WORK/$n/node.ready"
 	done
 	for n in "${NODES[@]}"; do
-		wait_for 120 "node $n Ready" kubectl wait --for=condition=Ready "node/$n" --timeout=5s
+		wait_for 300 "node $n Ready" kubectl wait --for=condition=Ready "node/$n" --timeout=5s
 	done
 }
 

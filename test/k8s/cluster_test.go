@@ -82,17 +82,25 @@ func (c *cluster) installChart(t *testing.T) {
 	t.Helper()
 	installTried = true
 	c.pluginNamespace(t)
-	args := []string{"install", release, chartDir(t), "--namespace", pluginNS,
-		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true"}
-	for i, fs := range classDisks {
-		args = append(args, "--set", fmt.Sprintf("deviceClasses[%d].name=%s,deviceClasses[%d].path=%s", i, fs, i, classDir+"/"+fs),
-			"--set", fmt.Sprintf("storageClasses[%d].name=%s,storageClasses[%d].deviceClass=%s", i, classStorageClass(fs), i, fs))
-	}
-	out, err := c.run("", "helm", args...)
+	out, err := c.run("", "helm", append([]string{"install", release, chartDir(t), "--namespace", pluginNS}, testInstallValues()...)...)
 	if err != nil {
 		t.Fatalf("helm install: %v\n%s", err, out)
 	}
 	t.Logf("helm install:\n%s", firstLines(out, 8))
+}
+
+// testInstallValues are the --set flags of every test install of the
+// chart: the snapshot-controller, the default StorageClass, and the nodes'
+// device classes with a StorageClass each. A test that uninstalls and
+// reinstalls the chart uses them too, so the tests after it find the
+// cluster as installChart left it.
+func testInstallValues() []string {
+	args := []string{"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true"}
+	for i, fs := range classDisks {
+		args = append(args, "--set", fmt.Sprintf("deviceClasses[%d].name=%s,deviceClasses[%d].path=%s", i, fs, i, classDir+"/"+fs),
+			"--set", fmt.Sprintf("storageClasses[%d].name=%s,storageClasses[%d].deviceClass=%s", i, classStorageClass(fs), i, fs))
+	}
+	return args
 }
 
 // run runs cluster.sh TOOL ARGS with stdin, returning stdout; the error

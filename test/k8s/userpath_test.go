@@ -2206,8 +2206,7 @@ done`})
 		c.k(t, "annotate", "--overwrite", "crd", crd, "meta.helm.sh/release-name=snapshot-crds", "meta.helm.sh/release-namespace=kube-system")
 		c.k(t, "label", "--overwrite", "crd", crd, "app.kubernetes.io/managed-by=Helm")
 	}
-	out, err := c.run("", "helm", "install", release, chart, "--namespace", pluginNS,
-		"--set", "snapshotController.install=true", "--set", "storageClass.isDefault=true")
+	out, err := c.run("", "helm", append([]string{"install", release, chart, "--namespace", pluginNS}, testInstallValues()...)...)
 	if err != nil {
 		t.Fatalf("helm install on a cluster whose snapshot CRDs another release owns: %v\n%s", err, out)
 	}

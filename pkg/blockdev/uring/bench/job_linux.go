@@ -31,8 +31,8 @@ type job struct {
 	prepped     int // prepared since the last submission
 	ios, enters uint64
 	lat         hist
-	offered     time.Time // last offer of the thread to the Go scheduler
-	offers      uint64
+	offered     time.Time     // last offer of the thread to the Go scheduler
+	offers      atomic.Uint64 // read by tests while the job runs
 }
 
 func (j *job) run() (err error) {
@@ -190,7 +190,7 @@ func (j *job) loop() error {
 			}
 			runtime.Gosched()
 			j.offered = time.Now()
-			j.offers++
+			j.offers.Add(1)
 		}
 		if n == 0 {
 			if _, err := j.ring.SubmitAndWait(wait, 0); err != nil {
