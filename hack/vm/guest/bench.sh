@@ -146,6 +146,7 @@ tasks() {
 # until killed; iowq_report WL DEV REP prints what the server's io-wq did
 # during the run as an IOWQ line: the most io-wq workers (iou-wrk threads)
 # alive at once, the CPU seconds they and the server's other threads took.
+# The sampling costs the guest an awk and a sed a second, in ublk runs only.
 iowq_watch() {
 	: >/tmp/iowq.samples
 	_n=0
