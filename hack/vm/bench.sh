@@ -2,7 +2,7 @@
 # bench.sh (make bench-vm) measures a csi-fastblk ublk volume against the
 # kernel loop device with direct I/O, on the same backing file on the same
 # virtio disk, in one VM run per kernel (guest side: guest/bench.sh), and prints
-# per kernel a table of medians, the ratio of the ublk and loop medians, and
+# per kernel a table of medians (with their spread), the ratio of the ublk and loop medians, and
 # the median of the per-repetition ublk/loop ratios ("pairs": each pair ran
 # back to back, so it is the figure least moved by the host's drift). A
 # benchmark, not a test: it fails only when a VM run fails.
@@ -107,6 +107,13 @@ table() {
 		vals[wl, dev] = vals[wl, dev] " " $5; unit[wl] = $6; runs[wl, dev]++
 		rep[wl, $4, dev] = $5
 	}
+	function spread(list,   n, v, i, lo, hi) {
+		n = split(list, v, " ")
+		if (n == 0) return "-"
+		lo = hi = v[1] + 0
+		for (i = 2; i <= n; i++) { if (v[i] + 0 < lo) lo = v[i] + 0; if (v[i] + 0 > hi) hi = v[i] + 0 }
+		return lo "-" hi
+	}
 	function row(wl, d, ref,    u, l, p, r, pairs, key, f) {
 		u = median(vals[wl, d]); l = median(vals[wl, ref]); pairs = ""
 		for (key in rep) {
@@ -116,12 +123,13 @@ table() {
 		}
 		p = median(pairs)
 		r = (u != "" && l > 0) ? sprintf("%.2f", u / l) : "-"
-		printf "  %-18s %-6s %-12s %-12s %10s %10s %8s %6s  %d/%d%s\n", wl, unit[wl], d, ref, u == "" ? "-" : u, l == "" ? "-" : l, r,
+		printf "  %-18s %-6s %-12s %-12s %10s %11s %10s %11s %8s %6s  %d/%d%s\n", wl, unit[wl], d, ref, u == "" ? "-" : u, spread(vals[wl, d]),
+			l == "" ? "-" : l, spread(vals[wl, ref]), r,
 			p == "" ? "-" : sprintf("%.2f", p),
 			runs[wl, d], runs[wl, ref], (fails[wl, d] + fails[wl, ref]) ? "  (failed runs!)" : ""
 	}
 	END {
-		printf "  %-18s %-6s %-12s %-12s %10s %10s %8s %6s  %s\n", "workload", "unit", "device", "ref", "value", "ref value", "dev/ref", "pairs", "runs (dev/ref)"
+		printf "  %-18s %-6s %-12s %-12s %10s %11s %10s %11s %8s %6s  %s\n", "workload", "unit", "device", "ref", "value", "spread", "ref value", "ref spread", "dev/ref", "pairs", "runs (dev/ref)"
 		for (i = 1; i <= nw; i++) {
 			wl = order[i]
 			for (k = 1; k <= nd; k++) {
@@ -133,6 +141,22 @@ table() {
 				}
 			}
 		}
+	}' "$1"
+}
+
+# iowq LOG prints, per workload and ublk device, the medians over the
+# repetitions of the IOWQ lines in LOG: the most io-wq workers the server had
+# alive at once during a run, and the CPU seconds they and the server's other
+# threads took in it.
+iowq() {
+	awk "$AWK_MEDIAN"'
+	/^IOWQ / {
+		k = $2 " " $3; if (!(k in seen)) { seen[k] = 1; order[++n] = k }
+		w[k] = w[k] " " $6; c[k] = c[k] " " $8; s[k] = s[k] " " $10
+	}
+	END {
+		if (n) printf "  %-30s %8s %11s %13s  (io-wq, medians)\n", "workload device", "workers", "iowq_cpu_s", "server_cpu_s"
+		for (i = 1; i <= n; i++) { k = order[i]; printf "  %-30s %8s %11s %13s\n", k, median(w[k]), median(c[k]), median(s[k]) }
 	}' "$1"
 }
 
@@ -154,6 +178,7 @@ for k in "${kernels[@]}"; do
 	echo "-- kernel $(cat "$(kernel_dir "$k")/release")$( ((status[$k] == 0)) || echo " (VM run FAILED, exit ${status[$k]})")"
 	grep -a -E '^bench: (ublk2? device|loop device|sparse|preallocated|csi-fastblk|ublk server memory)' "$log" | sed 's/^/  /' || true
 	table "$log"
+	iowq "$log"
 	grep -a -E '^(PROFILED|PROFILE) ' "$log" | sed 's/^/  /' || true
 done
 exit "$failed"

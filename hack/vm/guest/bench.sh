@@ -4,6 +4,8 @@
 # fully written backing file on /data, repetitions alternating the two. Prints
 # one line per run for the host to tabulate:
 #   BENCH <workload> <ublk|ublk2|loop> <rep> <value> <unit>
+# and after each run on a ublk device what its server's io-wq did:
+#   IOWQ <workload> <device> <rep> workers N iowq_cpu_s S server_cpu_s S
 # Workloads: randread/randwrite 4k at iodepth 32 with 1 and 2 jobs (IOPS),
 # 1M sequential read/write (MiB/s), 4k randread and randwrite at iodepth 1
 # (mean latency, us).
@@ -133,6 +135,44 @@ run_fio() {
 		}'
 }
 
+# tasks PID prints one line per thread of PID: its tid, comm and CPU ticks
+# (user + system).
+tasks() {
+	awk '{ t = FILENAME; sub(/\/stat$/, "", t); sub(/^.*\//, "", t); c = $0; sub(/^[^(]*\(/, "", c); sub(/\).*$/, "", c)
+		s = $0; sub(/^.*\) /, "", s); split(s, f, " "); print t, c, f[12] + f[13] }' /proc/"$1"/task/*/stat 2>/dev/null
+}
+
+# iowq_watch PID samples PID's threads every second into /tmp/iowq.samples
+# until killed; iowq_report WL DEV REP prints what the server's io-wq did
+# during the run as an IOWQ line: the most io-wq workers (iou-wrk threads)
+# alive at once, the CPU seconds they and the server's other threads took.
+# The sampling costs the guest an awk and a sed a second, in ublk runs only.
+iowq_watch() {
+	: >/tmp/iowq.samples
+	_n=0
+	while :; do
+		tasks "$1" | sed "s/^/$_n /" >>/tmp/iowq.samples
+		_n=$((_n + 1))
+		sleep 1
+	done
+}
+iowq_report() {
+	awk -v wl="$1" -v dev="$2" -v rep="$3" '
+		FILENAME ~ /start/ { start[$1] = $3; next }
+		{
+			tid = $2; ticks[tid] = $4; iowq[tid] = ($3 ~ /^iou-wrk/)
+			if ($3 ~ /^iou-wrk/) alive[$1]++
+		}
+		END {
+			for (s in alive) if (alive[s] > most) most = alive[s]
+			for (tid in ticks) {
+				d = ticks[tid] - (tid in start ? start[tid] : 0)
+				if (iowq[tid]) w += d; else o += d
+			}
+			printf "IOWQ %s %s %s workers %d iowq_cpu_s %.2f server_cpu_s %.2f\n", wl, dev, rep, most, w / 100, o / 100
+		}' /tmp/iowq.start /tmp/iowq.samples
+}
+
 # sparse leaves the backing file all holes, for BENCH_SPARSE=1.
 sparse() {
 	truncate -s "$SIZE" "$FILE" || return 1
@@ -156,8 +196,8 @@ prealloc() {
 # profile WORKLOAD DEVICE-NAME DEV runs the workload once on DEV under perf
 # (the whole guest; cpu-clock, as the VM has no PMU; call graphs) and prints
 # its figure as a PROFILED line and the report as PROFILE lines: the sample
-# count, by command and DSO, by symbol (self), and by symbol with callees
-# (children).
+# count, by command and DSO, by command (every io-wq worker is one), by
+# symbol (self), and by symbol with callees (children).
 profile() {
 	# perf samples the run's measured window (after fio's 2 s ramp).
 	(sleep 2 && exec /usr/bin/perf record -q -a -g -e cpu-clock -F 499 -o /tmp/perf.data -- sleep "$RUNTIME" 2>/tmp/perf.err) &
@@ -169,7 +209,7 @@ profile() {
 	fi
 	echo "PROFILED $1 $2 $v"
 	echo "PROFILE $1 $2 samples $(/usr/bin/perf report -i /tmp/perf.data --stdio 2>/dev/null | sed -n 's/^# Samples: \([^ ]*\).*/\1/p' | head -n1)"
-	for _view in "dso:--no-children --sort comm,dso --percent-limit 1" "self:--no-children --sort sym --percent-limit 0.7" \
+	for _view in "dso:--no-children --sort comm,dso --percent-limit 1" "comm:--no-children --sort comm --percent-limit 0.3" "self:--no-children --sort sym --percent-limit 0.7" \
 		"children:--children --sort sym --percent-limit 5"; do
 		# shellcheck disable=SC2086
 		/usr/bin/perf report -i /tmp/perf.data --stdio -g none ${_view#*:} 2>/dev/null | grep -v -e '^#' -e '^ *$' |
@@ -221,8 +261,23 @@ main() {
 				case "${BENCH_SPARSE:-0}:$wl" in
 				1:*write*) prealloc "$mode" || { echo "BENCH $wl $d $rep FAIL -"; continue; } ;;
 				esac
+				pid=""
+				case $d in
+				ublk | ublk+*) pid=$UBLK_PID ;;
+				ublk2) pid=$UBLK2_PID ;;
+				esac
+				if [ -n "$pid" ]; then
+					tasks "$pid" >/tmp/iowq.start
+					iowq_watch "$pid" &
+					watch=$!
+				fi
 				v=$(run_fio "$wl" "$dev") || v="FAIL -"
 				echo "BENCH $wl $d $rep $v"
+				if [ -n "$pid" ]; then
+					kill "$watch" 2>/dev/null
+					wait "$watch" 2>/dev/null
+					iowq_report "$wl" "$d" "$rep"
+				fi
 			done
 		done
 		rep=$((rep + 1))

@@ -104,8 +104,9 @@ func NewDeviceThreads(max int, cfg ThreadConfig) (*Threads, error) {
 	if cfg.IOWQWorkers == 0 {
 		// The thread's io-wq serves one device: a stalled backing
 		// file holds only that device's writes, so the cap need not
-		// grow with the queues, and a few workers keep allocating
-		// writes from queueing on one inode's lock.
+		// grow with the queues. First writes into holes all go
+		// through it, and 32 workers did not serve them faster
+		// (docs/benchmarks.md, issue 50).
 		cfg.IOWQWorkers = PerDeviceIOWQWorkers
 	}
 	if cfg.Pollers == nil {
